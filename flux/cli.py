@@ -1,0 +1,159 @@
+"""The ``flux`` command: serve a broker, publish, subscribe, simulate.
+
+Each subcommand is a thin layer over the library: ``serve`` over
+``flux.router.main``, ``pub``/``sub`` over ``flux.client.trio``, ``sim`` over
+``flux.sim``. Errors a user can fix are printed in one line, without a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from flux import errors
+
+DEFAULT_URL = "flux://127.0.0.1:7070"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="flux")
+def main() -> None:
+    """Flux: an in-memory event streaming broker.
+
+    \b
+    Start a broker, then publish and subscribe from another terminal:
+      flux serve                          # router on 127.0.0.1:7070, one shard per CPU
+      flux pub orders.eu 'hello'          # prints the offset it was stored at
+      flux sub orders.eu --read-old       # prints messages as they arrive
+    """
+
+
+@main.command()
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
+              help="YAML config file (see README, 'Configuration').")
+@click.option("--host", default=None, help="Address to listen on.  [default: 127.0.0.1]")
+@click.option("--port", type=int, default=None,
+              help="The router's public port; 0 picks a free one.  [default: 7070]")
+@click.option("--shards", default=None, help="Shard processes: a number or 'auto' (one per CPU).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Set any config key, e.g. --set message.ttl=5 (repeatable).")
+def serve(config_path: str | None, host: str | None, port: int | None, shards: str | None,
+          overrides: tuple[str, ...]) -> None:
+    """Run a broker: the router plus one shard process per CPU.
+
+    Flags override --set, which overrides the config file. Ctrl-C (or SIGTERM)
+    drains and stops every shard before the router exits.
+    """
+    from flux import config as config_mod
+
+    shard_flag: int | str | None = shards
+    if shards is not None and shards != "auto":
+        if not shards.isdigit():
+            raise click.BadParameter("expected a number or 'auto'", param_hint="--shards")
+        shard_flag = int(shards)
+    try:
+        cfg = config_mod.load(config_path, list(overrides), host=host, port=port,
+                              shards=shard_flag)
+    except errors.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    from flux.router.main import serve_forever
+
+    sys.exit(serve_forever(cfg))
+
+
+@main.command()
+@click.argument("topic")
+@click.argument("payload", required=False)
+@click.option("--url", default=DEFAULT_URL, show_default=True, help="The router's address.")
+@click.option("--id", "message_id", default=None,
+              help="Message id for dedup (default: a random id, reused on retries).")
+@click.option("--lines", is_flag=True,
+              help="With '-' or no PAYLOAD: publish each line of stdin as its own message.")
+def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines: bool) -> None:
+    """Publish PAYLOAD (or stdin, with '-' or no PAYLOAD) to TOPIC.
+
+    Prints the offset, generation and whether it was a duplicate.
+    """
+    import trio
+
+    from flux.client.trio import connect
+
+    if payload is None or payload == "-":
+        data = sys.stdin.buffer.read()
+        bodies = data.splitlines() if lines else [data]
+    else:
+        bodies = [payload.encode()]
+        if lines:
+            raise click.UsageError("--lines reads stdin; pass '-' or no PAYLOAD")
+    if message_id is not None and len(bodies) != 1:
+        raise click.UsageError("--id applies to one message; drop it with --lines")
+
+    async def run() -> None:
+        async with connect(url) as client:
+            for body in bodies:
+                ack = await client.publish(topic, body, id=message_id)
+                dup = " (duplicate)" if ack.duplicate else ""
+                click.echo(f"{topic} offset={ack.offset} generation={ack.generation:#x}{dup}")
+
+    _run(run)
+
+
+@main.command()
+@click.argument("topic")
+@click.option("--url", default=DEFAULT_URL, show_default=True, help="The router's address.")
+@click.option("--name", default=None,
+              help="Subscription name: a durable cursor that survives reconnects.")
+@click.option("--read-old", is_flag=True, help="Start at the oldest message held (first use only).")
+@click.option("--from-offset", type=int, default=None, help="Start at this offset (first use only).")
+@click.option("--count", type=int, default=None, help="Exit after this many messages.")
+@click.option("--no-ack", is_flag=True, help="Do not ack (messages will be redelivered).")
+def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int | None,
+        count: int | None, no_ack: bool) -> None:
+    """Subscribe to TOPIC and print each message as it arrives (Ctrl-C to stop)."""
+    import trio
+
+    from flux.client.trio import connect
+
+    async def run() -> None:
+        seen = 0
+        async with connect(url) as client, client.subscribe(
+                topic, name=name, read_old=read_old, from_offset=from_offset) as subscription:
+            async for msg in subscription:
+                text = msg.payload.decode("utf-8", "backslashreplace")
+                click.echo(f"{msg.topic}@{msg.offset} id={msg.id} {text}")
+                if not no_ack:
+                    await msg.ack()
+                seen += 1
+                if count is not None and seen >= count:
+                    break
+
+    _run(run)
+
+
+def _run(fn: Any) -> None:
+    import trio
+
+    try:
+        trio.run(fn)
+    except KeyboardInterrupt:
+        pass
+    except errors.FluxError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot reach the broker: {exc}") from None
+
+
+def _add_optional_commands() -> None:
+    try:
+        from flux.sim.command import sim
+    except ImportError:
+        return
+    main.add_command(sim)
+
+
+_add_optional_commands()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""Broker configuration: the YAML schema of DESIGN.md §2, its defaults and validation.
+
+:func:`load` reads a file, applies ``--set key.path=value`` overrides and flags,
+and refuses unknown keys or bad values with :class:`~flux.errors.ConfigError`
+naming the key's path. The README's config reference mirrors :data:`DEFAULTS`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flux.errors import ConfigError
+
+DEFAULTS: dict[str, Any] = {
+    "port": 7070,
+    "host": "127.0.0.1",
+    "shards": "auto",
+    "max_frame_bytes": 8388608,
+    "topic": {"buffer": 1024, "max_bytes": 268435456},
+    "message": {"ttl": 60.0, "cleanup_time": 5.0, "dedup_window": 120.0},
+    "subscriber": {
+        "retry_count": 5,
+        "retry_interval": 1.0,
+        "cleanup_time": 10.0,
+        "timeout": 30.0,
+        "inactive_time": 300.0,
+        "heartbeat": 5.0,
+        "max_in_flight": 1000,
+    },
+    "router": {"control_port": 0, "adopt_window": 5.0},
+    "shard": {"ports": "auto", "advertise": [], "orphan_timeout": 60.0},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicConfig:
+    buffer: int = 1024
+    max_bytes: int = 268435456
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageConfig:
+    ttl: float = 60.0
+    cleanup_time: float = 5.0
+    dedup_window: float = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SubscriberConfig:
+    retry_count: int = 5
+    retry_interval: float = 1.0
+    cleanup_time: float = 10.0
+    timeout: float = 30.0
+    inactive_time: float = 300.0
+    heartbeat: float = 5.0
+    max_in_flight: int = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterConfig:
+    control_port: int = 0
+    adopt_window: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardConfig:
+    ports: str | tuple[int, ...] = "auto"
+    advertise: tuple[str, ...] = ()
+    orphan_timeout: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The whole validated configuration (immutable)."""
+
+    port: int = 7070
+    host: str = "127.0.0.1"
+    shards: int | str = "auto"
+    max_frame_bytes: int = 8388608
+    topic: TopicConfig = TopicConfig()
+    message: MessageConfig = MessageConfig()
+    subscriber: SubscriberConfig = SubscriberConfig()
+    router: RouterConfig = RouterConfig()
+    shard: ShardConfig = ShardConfig()
+
+    @property
+    def shard_count(self) -> int:
+        """The number of shard processes: ``shards``, or the usable CPUs for ``auto``."""
+        if isinstance(self.shards, int):
+            return self.shards
+        return usable_cpus()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as plain data (round-trips through :func:`from_dict`)."""
+        data = dataclasses.asdict(self)
+        data["shard"]["advertise"] = list(self.shard.advertise)
+        if not isinstance(self.shard.ports, str):
+            data["shard"]["ports"] = list(self.shard.ports)
+        return data
+
+    def replace(self, **overrides: Any) -> Config:
+        """A copy with dotted-path overrides applied, e.g. ``{"message.ttl": 5}``."""
+        data = self.to_dict()
+        for path, value in overrides.items():
+            _set_path(data, path, value)
+        return from_dict(data)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (``os.sched_getaffinity`` where available)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+def _positive_number(path: str, value: Any, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(path, f"expected a number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(path, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+def _int(path: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(path, f"expected an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise ConfigError(path, f"must be >= {minimum}{upper}, got {value}")
+    return value
+
+
+def _port(path: str, value: Any) -> int:
+    return _int(path, value, minimum=0, maximum=65535)
+
+
+def _check_keys(path: str, data: Any, allowed: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(path or "(root)", f"expected a mapping, got {data!r}")
+    for key in data:
+        if key not in allowed:
+            where = f"{path}.{key}" if path else str(key)
+            known = ", ".join(sorted(allowed))
+            raise ConfigError(where, f"unknown key (known keys here: {known})")
+    return data
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    """Validate plain data (missing keys take defaults) and build a :class:`Config`."""
+    data = _check_keys("", raw, DEFAULTS)
+    merged = copy.deepcopy(DEFAULTS)
+    for key, value in data.items():
+        if isinstance(DEFAULTS[key], dict):
+            merged[key].update(_check_keys(key, value, DEFAULTS[key]))
+        else:
+            merged[key] = value
+
+    shards = merged["shards"]
+    if shards != "auto":
+        shards = _int("shards", shards, minimum=1, maximum=1024)
+    host = merged["host"]
+    if not isinstance(host, str) or not host:
+        raise ConfigError("host", f"expected a host name or address, got {host!r}")
+
+    t, m, s, r, sh = (merged[k] for k in ("topic", "message", "subscriber", "router", "shard"))
+    ports = sh["ports"]
+    if ports != "auto":
+        if not isinstance(ports, list) or not ports:
+            raise ConfigError("shard.ports", f"expected 'auto' or a list of ports, got {ports!r}")
+        ports = tuple(_port(f"shard.ports[{i}]", p) for i, p in enumerate(ports))
+    advertise = sh["advertise"]
+    if not isinstance(advertise, list):
+        raise ConfigError("shard.advertise", f"expected a list of host:port, got {advertise!r}")
+    for i, a in enumerate(advertise):
+        if not isinstance(a, str) or ":" not in a or not a.rsplit(":", 1)[1].isdigit():
+            raise ConfigError(f"shard.advertise[{i}]", f"expected host:port, got {a!r}")
+    if isinstance(shards, int):
+        if ports != "auto" and len(ports) != shards:
+            raise ConfigError("shard.ports", f"has {len(ports)} ports for {shards} shards")
+        if advertise and len(advertise) != shards:
+            raise ConfigError("shard.advertise", f"has {len(advertise)} addresses for {shards} shards")
+
+    config = Config(
+        port=_port("port", merged["port"]),
+        host=host,
+        shards=shards,
+        max_frame_bytes=_int("max_frame_bytes", merged["max_frame_bytes"], minimum=1024),
+        topic=TopicConfig(
+            buffer=_int("topic.buffer", t["buffer"], minimum=1),
+            max_bytes=_int("topic.max_bytes", t["max_bytes"], minimum=1),
+        ),
+        message=MessageConfig(
+            ttl=_positive_number("message.ttl", m["ttl"], allow_zero=True),
+            cleanup_time=_positive_number("message.cleanup_time", m["cleanup_time"]),
+            dedup_window=_positive_number("message.dedup_window", m["dedup_window"],
+                                          allow_zero=True),
+        ),
+        subscriber=SubscriberConfig(
+            retry_count=_int("subscriber.retry_count", s["retry_count"]),
+            retry_interval=_positive_number("subscriber.retry_interval", s["retry_interval"],
+                                            allow_zero=True),
+            cleanup_time=_positive_number("subscriber.cleanup_time", s["cleanup_time"]),
+            timeout=_positive_number("subscriber.timeout", s["timeout"]),
+            inactive_time=_positive_number("subscriber.inactive_time", s["inactive_time"],
+                                           allow_zero=True),
+            heartbeat=_positive_number("subscriber.heartbeat", s["heartbeat"]),
+            max_in_flight=_int("subscriber.max_in_flight", s["max_in_flight"], minimum=1),
+        ),
+        router=RouterConfig(
+            control_port=_port("router.control_port", r["control_port"]),
+            adopt_window=_positive_number("router.adopt_window", r["adopt_window"],
+                                          allow_zero=True),
+        ),
+        shard=ShardConfig(
+            ports=ports,
+            advertise=tuple(advertise),
+            orphan_timeout=_positive_number("shard.orphan_timeout", sh["orphan_timeout"]),
+        ),
+    )
+    return config
+
+
+def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        if not isinstance(node, dict) or part not in node or not isinstance(node[part], dict):
+            raise ConfigError(".".join(parts[: i + 1]), "unknown section")
+        node = node[part]
+    if not isinstance(node, dict):
+        raise ConfigError(path, "unknown key")
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``key.path=value`` (the value is read as a YAML scalar or list)."""
+    path, sep, raw = text.partition("=")
+    if not sep or not path.strip():
+        raise ConfigError(text, "expected key.path=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(path.strip(), f"cannot parse value {raw!r}: {exc}") from None
+    return path.strip(), value
+
+
+def load(path: str | Path | None = None, overrides: list[str] | None = None,
+         **flags: Any) -> Config:
+    """Read ``path`` (optional), then apply ``--set`` overrides, then flags (``None`` skipped)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(str(path), f"cannot read: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(str(path), f"invalid YAML: {exc}") from None
+        if loaded is not None:
+            data = _check_keys("", loaded, DEFAULTS)
+    merged = copy.deepcopy(DEFAULTS)
+    for key, value in data.items():
+        if isinstance(DEFAULTS[key], dict) and isinstance(value, dict):
+            _check_keys(key, value, DEFAULTS[key])
+            merged[key].update(value)
+        else:
+            merged[key] = value
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _check_path_known(key)
+        _set_path(merged, key, value)
+    for key, value in flags.items():
+        if value is not None:
+            _set_path(merged, key, value)
+    return from_dict(merged)
+
+
+def _check_path_known(path: str) -> None:
+    node: Any = DEFAULTS
+    for i, part in enumerate(path.split(".")):
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(".".join(path.split(".")[: i + 1]), "unknown key")
+        node = node[part]

@@ -1,0 +1,209 @@
+"""Flux's typed errors: one class per failure a caller can act on.
+
+Every error the broker sends travels as a numeric code plus a message
+(PROTOCOL.md, "Error codes"); :func:`from_code` maps it back to the class here,
+so clients raise exactly what the shard meant. Local failures (timeouts, a lost
+connection) live in the same tree under :class:`FluxError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class FluxError(Exception):
+    """Base of every Flux error."""
+
+    code: ClassVar[int] = 1
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "", **details: Any) -> None:
+        super().__init__(message or self.__class__.__doc__ or self.__class__.__name__)
+        self.message = message
+        self.details = details
+
+
+# -- errors a shard or router reports (remote) ----------------------------------------
+
+
+class RemoteError(FluxError):
+    """The broker refused a request."""
+
+
+class ProtocolError(RemoteError):
+    """A frame could not be decoded or broke the protocol's rules."""
+
+    code = 10
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame's length prefix is over ``max_frame_bytes``."""
+
+    code = 11
+
+
+class UnsupportedVersion(ProtocolError):
+    """The peer speaks a protocol version this side does not."""
+
+    code = 12
+
+
+class InvalidRequest(RemoteError):
+    """A request had a wrong type, a missing field or an out-of-range value."""
+
+    code = 20
+
+
+class InvalidTopic(InvalidRequest):
+    """A topic name breaks the naming rules (1-255 bytes, dot-separated tokens)."""
+
+    code = 21
+
+
+class InvalidMessageId(InvalidRequest):
+    """A message id is empty or longer than 128 bytes."""
+
+    code = 22
+
+
+class MessageTooLarge(InvalidRequest):
+    """A payload cannot fit in one frame."""
+
+    code = 23
+
+
+class WrongShard(RemoteError):
+    """This shard does not own the topic; refresh the shard map and retry."""
+
+    code = 30
+    retryable = True
+
+
+class TopicFull(RemoteError):
+    """The topic holds ``topic.max_bytes``; retry after consumers ack and cleanup runs."""
+
+    code = 40
+    retryable = True
+
+
+class Busy(RemoteError):
+    """Too many publishes of one topic are waiting; retry with the same id."""
+
+    code = 41
+    retryable = True
+
+
+class TopicReset(RemoteError):
+    """The topic's shard restarted (new generation); offsets began again at 0."""
+
+    code = 50
+
+    def __init__(self, message: str = "", *, old: int | None = None, new: int | None = None,
+                 **details: Any) -> None:
+        super().__init__(message or f"topic reset: generation {old} -> {new}", **details)
+        self.old = old
+        self.new = new
+
+
+class UnknownSubscription(RemoteError):
+    """The subscription does not exist (never made, unsubscribed or cleaned up)."""
+
+    code = 60
+
+
+class SubscriptionInactive(RemoteError):
+    """The subscription was deactivated; subscribe again with its name to resume."""
+
+    code = 61
+
+
+class SubscriptionTakenOver(RemoteError):
+    """Another session subscribed with the same name; this one no longer receives."""
+
+    code = 62
+
+
+class NotDelivered(RemoteError):
+    """An ack named an offset that was never delivered to this session."""
+
+    code = 63
+
+
+class OffsetOutOfRange(RemoteError):
+    """A FETCH or COMMIT named an offset outside what the topic holds."""
+
+    code = 64
+
+
+class ShuttingDown(RemoteError):
+    """The server is draining; reconnect and retry."""
+
+    code = 70
+    retryable = True
+
+
+# -- errors raised on the caller's side (local) ----------------------------------------
+
+
+class LocalError(FluxError):
+    """A failure seen by the client itself."""
+
+
+class ConnectionLost(LocalError):
+    """The connection closed before the request was answered."""
+
+    code = 100
+    retryable = True
+
+
+class RequestTimeout(LocalError):
+    """No reply arrived within ``request_timeout``."""
+
+    code = 101
+    retryable = True
+
+
+class RetryDeadlineExceeded(LocalError):
+    """A publish kept failing until ``retry_deadline`` ran out; it may or may not be stored."""
+
+    code = 102
+
+
+class ConfigError(LocalError):
+    """A configuration key is unknown or its value is invalid."""
+
+    code = 110
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"config {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class ClientClosed(LocalError):
+    """The client or subscription was closed."""
+
+    code = 120
+
+
+def _all_remote() -> dict[int, type[RemoteError]]:
+    out: dict[int, type[RemoteError]] = {}
+    stack: list[type[RemoteError]] = [RemoteError]
+    while stack:
+        cls = stack.pop()
+        out.setdefault(cls.code, cls)
+        stack.extend(cls.__subclasses__())
+    return out
+
+
+_BY_CODE = _all_remote()
+
+
+def from_code(code: int, message: str, details: dict[str, Any] | None = None) -> RemoteError:
+    """Build the error class for a wire error ``code``; unknown codes become RemoteError."""
+    cls = _BY_CODE.get(code, RemoteError)
+    details = dict(details or {})
+    if cls is TopicReset:
+        return TopicReset(message, old=details.pop("old", None), new=details.pop("new", None),
+                          **details)
+    return cls(message, **details)

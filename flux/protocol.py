@@ -1,0 +1,199 @@
+"""The wire protocol: length-prefixed MessagePack frames, shared by broker and clients.
+
+Sans-IO: :class:`FrameDecoder` turns bytes into frames and :func:`encode` turns
+frames into bytes; nothing here touches a socket or a clock. A frame is a
+MessagePack array whose first element is its kind (the constants below).
+PROTOCOL.md documents every frame; the field order here is the wire order.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any, Final
+
+import msgpack
+
+from flux import errors
+
+VERSION: Final = 1
+DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
+HEADER = struct.Struct(">I")
+
+# -- frame kinds ----------------------------------------------------------------------
+# connection
+HELLO: Final = 1          # [HELLO, rid, {version, role, ...}]
+HELLO_OK: Final = 2       # [HELLO_OK, rid, {version, shard_count, shards, ...}]
+ERROR: Final = 3          # [ERROR, rid, code, message, details]
+PING: Final = 4           # [PING, rid]
+PONG: Final = 5           # [PONG, rid]
+# publishing
+PUBLISH: Final = 10       # [PUBLISH, rid, [[topic, id, payload], ...]]
+PUBLISHED: Final = 11     # [PUBLISHED, rid, generation, [[status, a, b], ...]]
+# push subscriptions
+SUBSCRIBE: Final = 20     # [SUBSCRIBE, rid, sid, {options}]
+SUBSCRIBED: Final = 21    # [SUBSCRIBED, rid, sid, {reply}]
+UNSUBSCRIBE: Final = 22   # [UNSUBSCRIBE, rid, sid]
+UNSUBSCRIBED: Final = 23  # [UNSUBSCRIBED, rid, sid]
+CREDIT: Final = 24        # [CREDIT, sid, n]
+DELIVER: Final = 30       # [DELIVER, sid, generation, [[offset, id, payload, timestamp, attempt], ...]]
+SUB_ENDED: Final = 31     # [SUB_ENDED, sid, code, message]
+ACK: Final = 40           # [ACK, rid, sid, generation, [offset, ...], through]
+ACKED: Final = 41         # [ACKED, rid, sid, cursor, [[offset, code, message], ...]]
+# pull path
+FETCH: Final = 50         # [FETCH, rid, {topic, name, generation, offset, max_messages, max_bytes}]
+FETCHED: Final = 51       # [FETCHED, rid, {generation, oldest, next, messages}]
+COMMIT: Final = 52        # [COMMIT, rid, {topic, name, generation, offset}]
+COMMITTED: Final = 53     # [COMMITTED, rid, {cursor}]
+STATS: Final = 60         # [STATS, rid]
+STATS_OK: Final = 61      # [STATS_OK, rid, {...}]
+# router control (shard <-> router)
+REGISTER: Final = 80      # [REGISTER, rid, {index, pid, generation, address, advertise, shard_count}]
+REGISTERED: Final = 81    # [REGISTERED, rid, {}]
+DRAIN: Final = 82         # [DRAIN, rid]
+ADOPT: Final = 83         # [ADOPT, rid, {control}]
+
+KIND_NAMES: Final = {
+    v: k for k, v in list(globals().items()) if k.isupper() and isinstance(v, int)
+    and k not in {"VERSION", "DEFAULT_MAX_FRAME_BYTES"}
+}
+
+# publish result status (first element of each PUBLISHED item); errors use their code
+OK: Final = 0
+
+MAX_TOPIC_BYTES: Final = 255
+MAX_ID_BYTES: Final = 128
+_TOPIC_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\Z")
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def encode(frame: list[Any] | tuple[Any, ...]) -> bytes:
+    """Encode one frame with its 4-byte big-endian length prefix."""
+    body = _packer.pack(frame)
+    return HEADER.pack(len(body)) + body
+
+
+def encode_many(frames: list[Any]) -> bytes:
+    """Encode several frames into one buffer, ready for a single ``send_all``."""
+    parts: list[bytes] = []
+    for frame in frames:
+        body = _packer.pack(frame)
+        parts.append(HEADER.pack(len(body)))
+        parts.append(body)
+    return b"".join(parts)
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes, get whole frames.
+
+    Raises :class:`~flux.errors.FrameTooLarge` when a length prefix is over
+    ``max_frame_bytes`` and :class:`~flux.errors.ProtocolError` when a body is
+    not a MessagePack array starting with an integer kind. Both mean the stream
+    is corrupt; the caller sends an ERROR frame and closes the connection.
+    """
+
+    __slots__ = ("_buf", "_pos", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._pos = 0
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet part of a whole frame."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[list[Any]]:
+        """Add received bytes and return every frame they complete, in order."""
+        buf = self._buf
+        buf += data
+        frames: list[list[Any]] = []
+        pos = self._pos
+        end = len(buf)
+        while end - pos >= 4:
+            (size,) = HEADER.unpack_from(buf, pos)
+            if size > self.max_frame_bytes:
+                raise errors.FrameTooLarge(
+                    f"frame of {size} bytes is over max_frame_bytes={self.max_frame_bytes}",
+                    size=size, limit=self.max_frame_bytes)
+            if end - pos - 4 < size:
+                break
+            frames.append(decode_body(bytes(buf[pos + 4:pos + 4 + size])))
+            pos += 4 + size
+        if pos == end:
+            buf.clear()
+            pos = 0
+        elif pos > 65536:
+            del buf[:pos]
+            pos = 0
+        self._pos = pos
+        return frames
+
+
+def decode_body(body: bytes) -> list[Any]:
+    """Decode one frame body (without its length prefix)."""
+    try:
+        frame = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise errors.ProtocolError(f"undecodable frame: {exc.__class__.__name__}: {exc}") from None
+    if not isinstance(frame, list) or not frame or type(frame[0]) is not int:
+        raise errors.ProtocolError("a frame must be an array whose first element is its kind")
+    return frame
+
+
+# -- validation shared by broker and clients --------------------------------------------
+
+
+def check_topic(topic: object) -> str:
+    """Return ``topic`` if it is a valid topic name, else raise InvalidTopic."""
+    if not isinstance(topic, str):
+        raise errors.InvalidTopic(f"topic must be a string, not {type(topic).__name__}")
+    size = len(topic.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= MAX_TOPIC_BYTES:
+        raise errors.InvalidTopic(f"topic must be 1-{MAX_TOPIC_BYTES} bytes, got {size}")
+    if not _TOPIC_RE.match(topic):
+        raise errors.InvalidTopic(
+            f"bad topic {topic!r}: use tokens of [A-Za-z0-9_-] separated by single dots"
+            " ('*' and '>' are reserved)")
+    return topic
+
+
+def check_message_id(message_id: object) -> str:
+    """Return ``message_id`` if it is a valid id (1-128 bytes of UTF-8), else raise."""
+    if not isinstance(message_id, str):
+        raise errors.InvalidMessageId(
+            f"message id must be a string, not {type(message_id).__name__}")
+    size = len(message_id.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= MAX_ID_BYTES:
+        raise errors.InvalidMessageId(f"message id must be 1-{MAX_ID_BYTES} bytes, got {size}")
+    return message_id
+
+
+def error_frame(rid: int, exc: errors.FluxError) -> list[Any]:
+    """The ERROR frame that answers request ``rid`` with ``exc``."""
+    return [ERROR, rid, exc.code, str(exc), _plain(exc.details)]
+
+
+def error_from_frame(frame: list[Any]) -> errors.RemoteError:
+    """Rebuild the typed error an ERROR frame carries."""
+    code = frame[2] if len(frame) > 2 and isinstance(frame[2], int) else errors.RemoteError.code
+    message = frame[3] if len(frame) > 3 and isinstance(frame[3], str) else "remote error"
+    details = frame[4] if len(frame) > 4 and isinstance(frame[4], dict) else {}
+    return errors.from_code(code, message, details)
+
+
+def _plain(details: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in details.items()
+            if v is None or isinstance(v, (int, float, str, bytes, bool))}
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (or ``[v6]:port``, or a ``flux://`` URL) into host and port."""
+    if address.startswith("flux://"):
+        address = address[len("flux://"):].rstrip("/")
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {address!r} is not host:port")
+    return host.strip("[]") or "127.0.0.1", int(port)

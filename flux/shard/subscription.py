@@ -1,0 +1,140 @@
+"""A subscription: a named cursor on one topic, its acks and its in-flight pushes.
+
+The cursor is the lowest unacked offset; acks above it are remembered in
+``acked``. While a session is attached, ``in_flight`` maps each pushed, unacked
+offset to how many pushes it has used, and two FIFO queues drive selective
+redelivery (G4): ack deadlines and re-push times. Push ``k`` of a message falls
+at ``t0 + k*(timeout + retry_interval)``. Timeouts are uniform, so each queue
+is already in time order and needs no heap.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["push", "pull"]
+
+DEADLINE = 0
+REPUSH = 1
+
+
+@dataclass(eq=False)
+class Subscription:
+    """State of one subscription; the shard core mutates it."""
+
+    topic: str
+    name: str
+    ephemeral: bool
+    mode: Mode
+    cursor: int
+    start_offset: int
+    created_at: float
+    acked: set[int] = field(default_factory=set)
+    # push state, valid for the attached session only (reset on attach/detach)
+    session: tuple[int, int] | None = None   # (connection id, client's sid)
+    epoch: int = 0
+    next_push: int = 0
+    credit: int = 0
+    max_in_flight: int = 1
+    in_flight: dict[int, int] = field(default_factory=dict)
+    deadlines: deque[tuple[float, int, int, int]] = field(default_factory=deque)
+    repushes: deque[tuple[float, int, int, int]] = field(default_factory=deque)
+    # activity (G6)
+    active: bool = False
+    inactive_since: float = 0.0
+    last_activity: float = 0.0
+    deleted: bool = False
+
+    # -- cursor and acks ---------------------------------------------------------------
+
+    def is_acked(self, offset: int) -> bool:
+        return offset < self.cursor or offset in self.acked
+
+    def ack(self, offset: int) -> bool:
+        """Ack one pushed offset of the attached session; False if it was not in flight."""
+        if self.in_flight.pop(offset, None) is None:
+            return False
+        if offset == self.cursor:
+            cursor = offset + 1
+            acked = self.acked
+            while cursor in acked:
+                acked.remove(cursor)
+                cursor += 1
+            self.cursor = cursor
+        else:
+            self.acked.add(offset)
+        return True
+
+    def ack_through(self, through: int) -> int:
+        """Ack every in-flight offset <= ``through``; returns how many."""
+        due = [o for o in self.in_flight if o <= through]
+        for offset in sorted(due):
+            self.ack(offset)
+        return len(due)
+
+    def commit(self, offset: int) -> None:
+        """Move a pull subscription's cursor forward to ``offset`` (never back)."""
+        if offset > self.cursor:
+            self.cursor = offset
+            self.acked = {o for o in self.acked if o > offset}
+            while self.cursor in self.acked:
+                self.acked.remove(self.cursor)
+                self.cursor += 1
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def attach(self, session: tuple[int, int], credit: int, max_in_flight: int,
+               now: float) -> None:
+        """Attach a session: pushes resume from the cursor with fresh push counts."""
+        self._reset_push_state()
+        self.session = session
+        self.credit = credit
+        self.max_in_flight = max_in_flight
+        self.next_push = self.cursor
+        self.active = True
+        self.last_activity = now
+
+    def detach(self, now: float) -> None:
+        """Make the subscription inactive: no pushes, cursor and acks kept."""
+        self._reset_push_state()
+        self.session = None
+        if self.active:
+            self.active = False
+            self.inactive_since = now
+
+    def _reset_push_state(self) -> None:
+        self.epoch += 1
+        self.in_flight.clear()
+        self.deadlines.clear()
+        self.repushes.clear()
+        self.credit = 0
+
+    # -- timers ------------------------------------------------------------------------
+
+    def next_timer(self) -> float | None:
+        """When the earliest deadline or re-push falls, if any."""
+        d = self.deadlines[0][0] if self.deadlines else None
+        r = self.repushes[0][0] if self.repushes else None
+        if d is None:
+            return r
+        if r is None:
+            return d
+        return min(d, r)
+
+    def add_deadline(self, at: float, offset: int, pushes: int) -> None:
+        q = self.deadlines
+        if q and q[-1][0] > at:  # a late tick; keep the queue ordered
+            at = q[-1][0]
+        q.append((at, offset, pushes, self.epoch))
+
+    def add_repush(self, at: float, offset: int, pushes: int) -> None:
+        q = self.repushes
+        if q and q[-1][0] > at:
+            at = q[-1][0]
+        q.append((at, offset, pushes, self.epoch))
+
+    def is_current(self, offset: int, pushes: int, epoch: int) -> bool:
+        """Whether a timer entry still refers to an unacked push of this attachment."""
+        return epoch == self.epoch and self.in_flight.get(offset) == pushes
