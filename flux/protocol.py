@@ -70,7 +70,7 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 def encode(frame: list[Any] | tuple[Any, ...]) -> bytes:
     """Encode one frame with its 4-byte big-endian length prefix."""
-    body = _packer.pack(frame)
+    body: bytes = _packer.pack(frame)
     return HEADER.pack(len(body)) + body
 
 

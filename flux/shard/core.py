@@ -99,10 +99,13 @@ class ShardCore:
         session = self.sessions.pop(conn, None)
         if session is None:
             return
-        for sub in list(session.subs.values()):
-            if sub.session is not None and sub.session[0] == conn:
-                self._end_attachment(sub, now)
+        self._end_session_attachments(session, now)
         session.subs.clear()
+
+    def _end_session_attachments(self, session: Session, now: float) -> None:
+        for sub in list(session.subs.values()):
+            if sub.session is not None and sub.session[0] == session.conn:
+                self._end_attachment(sub, now)
 
     def fail(self, conn: int, exc: errors.FluxError, now: float) -> None:
         """Framing corruption on ``conn``: answer with an ERROR frame, then close it."""
@@ -111,6 +114,7 @@ class ShardCore:
             return
         session.out.append(P.error_frame(0, exc))
         session.close = True
+        self._end_session_attachments(session, now)
 
     # -- frames in ---------------------------------------------------------------------
 
@@ -505,7 +509,6 @@ class ShardCore:
         offset = sub.next_push
         acked = sub.acked
         deadline = now + self.config.subscriber.timeout
-        was_idle = sub.next_timer() is None
         epoch = self.epoch
         while offset < end and len(items) < room:
             if offset in acked:
@@ -524,12 +527,13 @@ class ShardCore:
             sub.credit -= len(items)
             self.counters["delivered"] += len(items)
             session.out.append([P.DELIVER, sub.session[1], self.generation, items])
-            if was_idle:
-                self._schedule(sub)
+            self._schedule(sub)
 
     def _schedule(self, sub: Subscription) -> None:
+        """Make sure the timer heap wakes ``sub`` at its earliest timer."""
         at = sub.next_timer()
-        if at is not None:
+        if at is not None and (sub.wake_at is None or at < sub.wake_at):
+            sub.wake_at = at
             heapq.heappush(self._timers, (at, next(self._timer_seq), sub))
 
     # -- time --------------------------------------------------------------------------
@@ -548,6 +552,7 @@ class ShardCore:
         due: dict[int, Subscription] = {}
         while timers and timers[0][0] <= now:
             _, _, sub = heapq.heappop(timers)
+            sub.wake_at = None
             due[id(sub)] = sub
         for sub in due.values():
             self._run_timers(sub, now)
@@ -634,9 +639,7 @@ class ShardCore:
                 session.out.append(P.error_frame(0, errors.ProtocolError(
                     f"no frame for {limit:g}s (two heartbeat periods); closing")))
                 session.close = True
-                for sub in list(session.subs.values()):
-                    if sub.session is not None and sub.session[0] == session.conn:
-                        self._end_attachment(sub, now)
+                self._end_session_attachments(session, now)
             else:
                 soonest = min(soonest, expires)
         self._next_session_check = soonest

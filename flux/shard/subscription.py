@@ -46,6 +46,7 @@ class Subscription:
     inactive_since: float = 0.0
     last_activity: float = 0.0
     deleted: bool = False
+    wake_at: float | None = None  # earliest time the shard's timer heap will wake us
 
     # -- cursor and acks ---------------------------------------------------------------
 
