@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,10 +106,11 @@ class Config:
             data["shard"]["ports"] = list(self.shard.ports)
         return data
 
-    def replace(self, **overrides: Any) -> Config:
-        """A copy with dotted-path overrides applied, e.g. ``{"message.ttl": 5}``."""
+    def replace(self, changes: Mapping[str, Any] | None = None, /, **overrides: Any) -> Config:
+        """A copy with dotted-path overrides applied: ``replace({"message.ttl": 5})``
+        (or ``replace(port=0)``). Raises ConfigError for unknown keys or bad values."""
         data = self.to_dict()
-        for path, value in overrides.items():
+        for path, value in {**(changes or {}), **overrides}.items():
             _set_path(data, path, value)
         return from_dict(data)
 
@@ -126,6 +129,8 @@ def usable_cpus() -> int:
 def _positive_number(path: str, value: Any, *, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(path, f"expected a number of seconds, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(path, f"must be a finite number of seconds, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(path, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return float(value)
@@ -182,7 +187,8 @@ def from_dict(raw: dict[str, Any]) -> Config:
     if not isinstance(advertise, list):
         raise ConfigError("shard.advertise", f"expected a list of host:port, got {advertise!r}")
     for i, a in enumerate(advertise):
-        if not isinstance(a, str) or ":" not in a or not a.rsplit(":", 1)[1].isdigit():
+        port = a.rsplit(":", 1)[1] if isinstance(a, str) and ":" in a else ""
+        if not (port.isascii() and port.isdigit() and int(port) <= 65535):
             raise ConfigError(f"shard.advertise[{i}]", f"expected host:port, got {a!r}")
     if isinstance(shards, int):
         if ports != "auto" and len(ports) != shards:

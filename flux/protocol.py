@@ -165,7 +165,10 @@ def check_message_id(message_id: object) -> str:
     if not isinstance(message_id, str):
         raise errors.InvalidMessageId(
             f"message id must be a string, not {type(message_id).__name__}")
-    size = len(message_id.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(message_id.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: MessagePack could not send it
+        raise errors.InvalidMessageId("message id must be valid Unicode text") from None
     if not 1 <= size <= MAX_ID_BYTES:
         raise errors.InvalidMessageId(f"message id must be 1-{MAX_ID_BYTES} bytes, got {size}")
     return message_id
@@ -173,14 +176,19 @@ def check_message_id(message_id: object) -> str:
 
 def error_frame(rid: int, exc: errors.FluxError) -> list[Any]:
     """The ERROR frame that answers request ``rid`` with ``exc``."""
-    return [ERROR, rid, exc.code, str(exc), _plain(exc.details)]
+    details = _plain(exc.details)
+    if isinstance(exc, errors.TopicReset):  # old/new are attributes, not details
+        details.update(old=exc.old, new=exc.new)
+    return [ERROR, rid, exc.code, str(exc), details]
 
 
 def error_from_frame(frame: list[Any]) -> errors.RemoteError:
     """Rebuild the typed error an ERROR frame carries."""
     code = frame[2] if len(frame) > 2 and isinstance(frame[2], int) else errors.RemoteError.code
     message = frame[3] if len(frame) > 3 and isinstance(frame[3], str) else "remote error"
-    details = frame[4] if len(frame) > 4 and isinstance(frame[4], dict) else {}
+    raw = frame[4] if len(frame) > 4 and isinstance(frame[4], dict) else {}
+    # details become keyword arguments: keep only names that cannot break the call
+    details = {k: v for k, v in raw.items() if isinstance(k, str) and k not in ("self", "message")}
     return errors.from_code(code, message, details)
 
 
@@ -194,6 +202,6 @@ def parse_address(address: str) -> tuple[str, int]:
     if address.startswith("flux://"):
         address = address[len("flux://"):].rstrip("/")
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address {address!r} is not host:port")
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError(f"address {address!r} is not host:port (port 0-65535)")
     return host.strip("[]") or "127.0.0.1", int(port)

@@ -124,9 +124,15 @@ class ShardCore:
         if session is None or session.close:
             return
         session.last_seen = now
+        if not isinstance(frame, list) or not frame or type(frame[0]) is not int:
+            # FrameDecoder never yields this; a shell or simulator feeding frames directly might
+            session.out.append(P.error_frame(0, errors.ProtocolError(
+                "a frame must be an array whose first element is its kind")))
+            return
         kind = frame[0]
         handler = self._handlers.get(kind)
-        rid = frame[1] if len(frame) > 1 and type(frame[1]) is int else 0
+        # CREDIT has no rid (field 1 is a sid): its errors must not answer a pending request
+        rid = frame[1] if len(frame) > 1 and type(frame[1]) is int and kind != P.CREDIT else 0
         if handler is None:
             session.out.append(P.error_frame(rid, errors.InvalidRequest(
                 f"unknown frame kind {kind}")))
@@ -262,12 +268,16 @@ class ShardCore:
         if on_reset not in ("earliest", "raise"):
             raise errors.InvalidRequest(f"on_reset must be 'earliest' or 'raise', not {on_reset!r}")
         cap = self.config.subscriber.max_in_flight
-        max_in_flight = _opt_int(opts, "max_in_flight") or cap
+        max_in_flight = _opt_int(opts, "max_in_flight")
+        if max_in_flight is None:
+            max_in_flight = cap
         if max_in_flight < 1:
             raise errors.InvalidRequest("max_in_flight must be at least 1")
         max_in_flight = min(max_in_flight, cap)
         credit = _opt_int(opts, "credit")
-        credit = max_in_flight if credit is None else max(0, min(credit, MAX_CREDIT))
+        if credit is not None and credit < 0:
+            raise errors.InvalidRequest("credit must be >= 0")
+        credit = max_in_flight if credit is None else min(credit, MAX_CREDIT)
         if mode == "push" and sid in session.subs and not session.subs[sid].deleted \
                 and session.subs[sid].session == (session.conn, sid):
             raise errors.InvalidRequest(f"sid {sid} is already in use on this connection")
@@ -277,7 +287,10 @@ class ShardCore:
             raise errors.TopicReset(
                 f"topic {name!r} was reset: generation {known_generation} -> {self.generation}",
                 old=known_generation, new=self.generation)
-        topic = self._topic(name)
+        # a refused SUBSCRIBE must not leave a new, empty topic behind (G8): register the
+        # topic only once the subscription is made
+        topic = self.topics.get(name) or Topic(name, TopicLog(),
+                                               DedupWindow(self.config.message.dedup_window))
         log = topic.log
         key = sub_name if sub_name is not None else f"~{session.conn}.{sid}"
         sub = topic.subs.get(key)
@@ -302,6 +315,7 @@ class ShardCore:
             sub = Subscription(topic=name, name=key, ephemeral=sub_name is None, mode=mode,
                                cursor=start, start_offset=start, created_at=now)
             topic.subs[key] = sub
+            self.topics[name] = topic
             self._emit("created", name, key, start)
         elif sub.mode != mode:
             raise errors.InvalidRequest(
@@ -387,7 +401,7 @@ class ShardCore:
                 refused.append([offset, errors.InvalidRequest.code, "offset must be an integer"])
             elif sub.ack(offset):
                 acked += 1
-            elif not sub.is_acked(offset):
+            elif not sub.was_delivered(offset):
                 refused.append([offset, errors.NotDelivered.code,
                                 f"offset {offset} was not delivered to this session"])
         if through >= 0:
@@ -421,7 +435,8 @@ class ShardCore:
         name = self._check_owned(opts.get("topic"))
         self._check_generation(opts.get("generation"), name)
         offset = _opt_int(opts, "offset") or 0
-        max_messages = min(_opt_int(opts, "max_messages") or 1000, FETCH_MAX_MESSAGES)
+        max_messages = _opt_int(opts, "max_messages")  # 0: only "oldest" and "next"
+        max_messages = min(1000 if max_messages is None else max_messages, FETCH_MAX_MESSAGES)
         max_bytes = min(_opt_int(opts, "max_bytes") or (1 << 20),
                         self.config.max_frame_bytes // 2)
         if offset < 0 or max_messages < 0:

@@ -39,6 +39,10 @@ class Subscription:
     credit: int = 0
     max_in_flight: int = 1
     in_flight: dict[int, int] = field(default_factory=dict)
+    # what this attachment was sent: offsets in [attached_from, next_push) except those
+    # already acked when it attached (skipped, never pushed to it)
+    attached_from: int = 0
+    preacked: frozenset[int] = frozenset()
     deadlines: deque[tuple[float, int, int, int]] = field(default_factory=deque)
     repushes: deque[tuple[float, int, int, int]] = field(default_factory=deque)
     # activity (G6)
@@ -52,6 +56,13 @@ class Subscription:
 
     def is_acked(self, offset: int) -> bool:
         return offset < self.cursor or offset in self.acked
+
+    def was_delivered(self, offset: int) -> bool:
+        """Whether ``offset`` was pushed to the attached session (acked since or not)."""
+        if offset in self.in_flight:
+            return True
+        return (self.session is not None and self.attached_from <= offset < self.next_push
+                and offset not in self.preacked)
 
     def ack(self, offset: int) -> bool:
         """Ack one pushed offset of the attached session; False if it was not in flight."""
@@ -94,6 +105,8 @@ class Subscription:
         self.credit = credit
         self.max_in_flight = max_in_flight
         self.next_push = self.cursor
+        self.attached_from = self.cursor
+        self.preacked = frozenset(self.acked)
         self.active = True
         self.last_activity = now
 
@@ -111,6 +124,7 @@ class Subscription:
         self.deadlines.clear()
         self.repushes.clear()
         self.credit = 0
+        self.preacked = frozenset()
 
     # -- timers ------------------------------------------------------------------------
 

@@ -1,0 +1,213 @@
+"""ClientCore: the whole client protocol as a sans-IO state machine, shared by every shell.
+
+It routes topics to shards (``flux.hashing.shard_for``), keeps the shard map,
+request ids and pending requests, coalesces publishes into PUBLISH frames,
+decides retries, and keeps subscription state (via
+:mod:`flux.client.subscription`). It has no sockets and no clock: every call gets
+``now``. A shell opens the connections listed by :meth:`take_connects`, reports
+``connected``/``connect_failed``/``connection_lost``, feeds frames to
+:meth:`receive`, sends :meth:`take_output` when :meth:`take_writable` lists a
+connection, sets wakers of :meth:`take_woken`, and calls :meth:`tick` at
+:meth:`next_deadline`. This module is the public face; the machinery is split
+by concern: :mod:`~flux.client.routing` (state, routing), :mod:`~flux.client.pushes`
+(subscription frames), :mod:`~flux.client.dispatch` (frames in and out, failures)
+and :mod:`~flux.client.timers` (deadlines).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flux import errors, protocol
+from flux.client.connection import Conn
+from flux.client.requests import Call, PublishItem
+from flux.client.subscription import SubState
+from flux.client.timers import Timers
+from flux.client.types import Message, Waiter, Wakeable
+
+P = protocol
+DEFAULT_PREFETCH = 1000  # the shard's default subscriber.max_in_flight
+
+
+class ClientCore(Timers):
+    """All client state; see the module docstring for how a shell drives it.
+
+    ``router`` is the router's address (``flux://host:port`` or a tuple); ``rng``
+    draws message ids and backoff jitter; ``request_timeout`` bounds every
+    request and connection attempt; ``retry_deadline`` bounds retries.
+    """
+
+    def __repr__(self) -> str:
+        host, port = self.router
+        shards = self.map.shard_count if self.map is not None else "?"
+        return (f"<ClientCore router={host}:{port} shards={shards} conns={len(self.conns)}"
+                f" subscriptions={len(self._subs)}{' closed' if self.closed else ''}>")
+
+    def take_connects(self) -> list[Conn]:
+        """Connections to open now (``conn.address``); report back with ``conn.id``."""
+        out, self._new_conns = self._new_conns, []
+        return out
+
+    def take_closes(self) -> list[int]:
+        """Connection ids the shell must close (the core already forgot them)."""
+        out, self._to_close = self._to_close, []
+        return out
+
+    def take_writable(self) -> list[int]:
+        """Connection ids that have output; the shell calls :meth:`take_output` for each."""
+        out = list(self._writable)
+        self._writable.clear()
+        return out
+
+    def take_woken(self) -> list[Wakeable]:
+        """Waiters and subscriptions whose waiting tasks must wake up."""
+        out, self._woken = self._woken, []
+        return out
+
+    def new_id(self) -> str:
+        """A generated message id: 128 random bits as 32 hex digits."""
+        return f"{self.rng.getrandbits(128):032x}"
+
+    def publish(self, topic: str, payload: bytes, message_id: str | None, now: float) -> PublishItem:
+        """Queue one message. Raises InvalidTopic, InvalidMessageId, InvalidRequest,
+        MessageTooLarge or ClientClosed at once; the item's result is the ack."""
+        self._check_open()
+        P.check_topic(topic)
+        message_id = self.new_id() if message_id is None else P.check_message_id(message_id)
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise errors.InvalidRequest(f"payload must be bytes, not {type(payload).__name__}")
+        item = PublishItem(topic, message_id, bytes(payload), now + self.retry_deadline)
+        if item.size > P.DEFAULT_MAX_FRAME_BYTES - 1024:
+            raise errors.MessageTooLarge(f"a {len(item.payload)}-byte payload cannot fit in a frame")
+        self._route(item, now)
+        return item
+
+    def subscribe(self, topic: str, name: str | None, *, read_old: bool = False,
+                  from_offset: int | None = None, max_in_flight: int | None = None,
+                  prefetch: int | None = None, on_reset: str = "earliest",
+                  now: float) -> SubState:
+        """Start a push subscription; ``sub.ready`` finishes at the first SUBSCRIBED."""
+        self._check_open()
+        P.check_topic(topic)
+        if name is not None and (not isinstance(name, str) or not name or name[0] == "~"
+                                 or len(name.encode()) > 255):
+            raise errors.InvalidRequest("subscription name must be 1-255 bytes, not starting '~'")
+        if on_reset not in ("earliest", "raise"):
+            raise errors.InvalidRequest(f"on_reset must be 'earliest' or 'raise', not {on_reset!r}")
+        for key, value in (("max_in_flight", max_in_flight), ("prefetch", prefetch)):
+            if value is not None and (type(value) is not int or value < 1):
+                raise errors.InvalidRequest(f"{key} must be a positive integer")
+        if from_offset is not None and (type(from_offset) is not int or from_offset < 0):
+            raise errors.InvalidRequest("from_offset must be an integer >= 0")
+        sub = SubState(topic, name, read_old=bool(read_old), from_offset=from_offset,
+                       max_in_flight=max_in_flight,
+                       prefetch=prefetch or max_in_flight or DEFAULT_PREFETCH,
+                       on_reset=on_reset, deadline=now + self.retry_deadline)
+        sub.key = next(self._keys)
+        self._subs[sub.key] = sub
+        self._route(sub, now)
+        return sub
+
+    def next_message(self, sub: SubState) -> Message | None:
+        """The subscription's next message, None if none is buffered; raises its errors."""
+        try:
+            return sub.next_message()
+        finally:
+            if sub.credit_owed or (sub.session is not None and sub.session.queued):
+                self._dirty(sub)
+
+    def ack(self, sub: SubState, msg: Message, now: float) -> None:
+        """Queue the ack of ``msg`` (never raises; refusals surface from the iterator)."""
+        if sub.ack(msg, now):
+            self._dirty(sub)
+
+    def unsubscribe(self, sub: SubState, now: float) -> Waiter:
+        """End the subscription: queued acks go first, then UNSUBSCRIBE."""
+        done = Waiter()
+        conn = self.conns.get(sub.conn) if sub.conn is not None else None
+        if sub.status == "active" and conn is not None and conn.state == "ready":
+            assert sub.sid is not None
+            conn.out.extend(self._sub_frames(conn, sub, sub.sid, now, force=True))
+            self._request(conn, [P.UNSUBSCRIBE, next(self._rids), sub.sid], "unsubscribe",
+                          (sub.sid, done), now)
+        else:
+            done.set_value(None)
+        sub.status = "closed"
+        self._forget_sub(sub)
+        self._wake(sub)
+        return done
+
+    def subscribe_pull(self, topic: str, name: str, *, read_old: bool = False,
+                       from_offset: int | None = None, generation: int | None = None,
+                       on_reset: str = "earliest", now: float) -> Call:
+        """Create or resume a pull subscription (SUBSCRIBE mode "pull")."""
+        P.check_topic(topic)
+        if not isinstance(name, str) or not name:
+            raise errors.InvalidRequest("a pull subscription needs a name")
+        return self._call("subscribe_pull", topic, {
+            "topic": topic, "name": name, "mode": "pull", "read_old": bool(read_old),
+            "from_offset": from_offset, "generation": generation, "on_reset": on_reset}, now)
+
+    def fetch(self, topic: str, offset: int, *, max_messages: int = 1000,
+              max_bytes: int | None = None, name: str | None = None,
+              generation: int | None = None, now: float) -> Call:
+        """Read held messages from ``offset`` on (FETCH)."""
+        P.check_topic(topic)
+        return self._call("fetch", topic, {
+            "topic": topic, "name": name, "generation": generation, "offset": offset,
+            "max_messages": max_messages, "max_bytes": max_bytes}, now)
+
+    def commit(self, topic: str, name: str, offset: int, generation: int | None,
+               now: float) -> Call:
+        """Move a pull subscription's cursor to ``offset`` (COMMIT)."""
+        P.check_topic(topic)
+        return self._call("commit", topic, {"topic": topic, "name": name,
+                                            "generation": generation, "offset": offset}, now)
+
+    def stats(self, now: float) -> list[Call]:
+        """One STATS call per shard in the map."""
+        self._check_open()
+        count = self.map.shard_count if self.map is not None else 0
+        calls = [Call("stats", topic=None, shard=i, body={}, deadline=now + self.retry_deadline)
+                 for i in range(count)]
+        for call in calls:
+            self._route(call, now)
+        return calls
+
+    def abandon(self, waiter: Waiter) -> None:
+        """The caller stopped waiting (cancelled): skip it if it was not sent yet."""
+        waiter.set_error(errors.ClientClosed("the caller stopped waiting"))
+
+    def close(self) -> None:
+        """Fail everything outstanding with ClientClosed and close every connection."""
+        if self.closed:
+            return
+        self.closed = True
+        exc = errors.ClientClosed("the client was closed")
+        for conn in list(self.conns.values()):
+            for kind, obj in conn.pending.values():
+                self._fail_pending(kind, obj, exc)
+            conn.pending.clear()
+            conn.state = "closed"
+            self._to_close.append(conn.id)
+        self.conns.clear()
+        for slot in self.slots:
+            for waiter in [*slot.publishes, *slot.calls]:
+                self._fail(waiter, exc)
+        for _, _, waiter in self._delayed:
+            self._fail(waiter, exc)
+        for obj in self._unrouted:
+            if not isinstance(obj, SubState):
+                self._fail(obj, exc)
+        for sub in list(self._subs.values()):
+            self._fail(sub.ready, exc)
+            sub.status = "closed"
+            self._wake(sub)
+        self._subs.clear()
+        self._fail(self.ready, exc)
+
+    def _call(self, kind: Any, topic: str, body: dict[str, Any], now: float) -> Call:
+        self._check_open()
+        call = Call(kind, topic=topic, shard=None, body=body, deadline=now + self.retry_deadline)
+        self._route(call, now)
+        return call

@@ -1,0 +1,351 @@
+"""Frames in and out of the client core, and what failures do (sans-IO).
+
+Replies are matched to what is pending on their connection; PUBLISHED results
+finish or retry each item; a lost connection requeues or retries what was on
+it. PUBLISH frames are built here, at send time, so publishes queued while the
+connection is busy coalesce (at most ~256 items, under ``max_frame_bytes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flux import errors, protocol
+from flux.client.connection import Conn, PendingKind, ShardMap, ShardSlot, backoff
+from flux.client.pushes import REFRESH_MAP, Pushes
+from flux.client.requests import (
+    MAX_BATCH,
+    PUBLISH_WINDOW,
+    Call,
+    PublishItem,
+    deadline_exceeded,
+    retryable,
+)
+from flux.client.subscription import SubState
+from flux.client.types import PublishAck, Waiter
+
+P = protocol
+CONNECTION_LEVEL = (errors.ConnectionLost, errors.RequestTimeout)
+
+
+class Dispatch(Pushes):
+    """What arrives, what leaves and what fails, for the client core."""
+
+    def connected(self, conn_id: int, now: float) -> None:
+        """The connection is open: say HELLO."""
+        conn = self.conns.get(conn_id)
+        if conn is None or conn.state != "connecting":
+            return
+        conn.state = "hello"
+        self._request(conn, [P.HELLO, next(self._rids), {"version": P.VERSION, "role": "client"}],
+                      "hello", None, now)
+
+    def connect_failed(self, conn_id: int, now: float, exc: errors.FluxError | None = None) -> None:
+        """Opening the connection failed (refused, unreachable)."""
+        conn = self.conns.get(conn_id)
+        if conn is not None:
+            host, port = conn.address
+            self._close(conn, exc or errors.ConnectionLost(f"cannot connect to {host}:{port}"),
+                        now, tell_shell=False)
+
+    def connection_lost(self, conn_id: int, now: float, exc: errors.FluxError | None = None) -> None:
+        """The connection closed or broke (EOF, reset, corrupt frames)."""
+        conn = self.conns.get(conn_id)
+        if conn is not None:
+            host, port = conn.address
+            self._close(conn, exc or conn.close_reason or errors.ConnectionLost(
+                f"connection to {host}:{port} closed"), now, tell_shell=False)
+
+    def receive(self, conn_id: int, frame: list[Any], now: float) -> None:
+        """Handle one decoded frame that arrived on connection ``conn_id``."""
+        conn = self.conns.get(conn_id)
+        if conn is None:
+            return
+        try:
+            kind = frame[0]
+            if kind == P.DELIVER:
+                self._on_deliver(conn, frame)
+            elif kind == P.SUB_ENDED:
+                self._on_sub_ended(conn, frame)
+            else:
+                rid = frame[1]
+                entry = conn.pending.pop(rid, None) if type(rid) is int else None
+                if entry is None:  # a late reply, or an ERROR about the connection itself
+                    if kind == P.ERROR:
+                        conn.close_reason = P.error_from_frame(frame)
+                    return
+                self._on_reply(conn, entry[0], entry[1], frame, now)
+        except (IndexError, KeyError, TypeError, ValueError) as exc:
+            self._close(conn, errors.ProtocolError(
+                f"malformed {P.KIND_NAMES.get(frame[0] if frame else 0, '?')} frame from"
+                f" {conn.address[0]}:{conn.address[1]}: {exc.__class__.__name__}: {exc}"), now)
+
+    def take_output(self, conn_id: int, now: float) -> list[list[Any]] | None:
+        """Frames to send on ``conn_id`` now (maybe none); None once it is closed."""
+        conn = self.conns.get(conn_id)
+        if conn is None:
+            return None
+        frames, conn.out = conn.out, []
+        if conn.dirty:
+            dirty, conn.dirty = conn.dirty, {}
+            for sid, sub in dirty.items():
+                frames.extend(self._sub_frames(conn, sub, sid, now))
+        if conn.state == "ready" and conn.role == "shard":
+            self._publish_frames(conn, frames, now)
+        if frames:
+            conn.last_send = now
+        return frames
+
+    def _on_reply(self, conn: Conn, kind: PendingKind, obj: Any, frame: list[Any],
+                  now: float) -> None:
+        error = P.error_from_frame(frame) if frame[0] == P.ERROR else None
+        if kind == "hello":
+            self._on_hello(conn, frame, error, now)
+        elif kind == "publish":
+            conn.publish_frames -= 1
+            self._on_published(conn, obj, frame, error, now)
+        elif kind == "call":
+            call: Call = obj
+            call.in_flight = False
+            if error is not None:
+                self._call_failed(call, error, now)
+            else:
+                try:
+                    self._finish(call, call.parse(frame))
+                except errors.ProtocolError as exc:
+                    self._fail(call, exc)
+        elif kind == "subscribe":
+            self._on_subscribed(conn, obj[0], obj[1], frame, error, now)
+        elif kind == "ack":
+            sub, session = obj
+            if sub.session is not session or sub.status != "active":
+                return
+            if error is not None:
+                sub.errors.append(error)
+            else:
+                session.confirm(int(frame[3]))
+                if frame[4]:
+                    sub.refused(frame[4])
+            if sub.errors:
+                self._wake(sub)
+        elif kind == "unsubscribe":
+            sid, done = obj
+            conn.subs.pop(sid, None)
+            if done is not None:
+                self._finish(done, None)
+
+    def _on_hello(self, conn: Conn, frame: list[Any], error: errors.FluxError | None,
+                  now: float) -> None:
+        if error is not None:
+            self._close(conn, error, now)
+            return
+        body = frame[2]
+        if conn.role == "router":
+            self._install_map(ShardMap.from_hello(body), now)
+            self._close(conn, None, now)  # the router is only asked for the map
+            self._finish(self.ready, self.map)
+            return
+        conn.state = "ready"
+        conn.heartbeat = float(body.get("heartbeat") or 0) or None
+        conn.max_frame_bytes = int(body.get("max_frame_bytes") or P.DEFAULT_MAX_FRAME_BYTES)
+        conn.generation = body.get("generation")
+        slot = self._slot_of(conn)
+        if slot is None:
+            self._close(conn, None, now)
+            return
+        slot.failures = 0
+        self._flush_slot(slot, now)
+
+    def _install_map(self, new: ShardMap, now: float) -> None:
+        old = self.map
+        self.map = new
+        homeless: list[PublishItem | Call | SubState] = list(self._unrouted)
+        self._unrouted.clear()
+        if old is None or old.shard_count != new.shard_count:
+            old_slots = self.slots
+            self.slots = [old_slots[i] if i < len(old_slots) else ShardSlot(i)
+                          for i in range(new.shard_count)]
+            for slot in old_slots:  # topics moved: route queued work again
+                homeless.extend(slot.publishes)
+                homeless.extend(slot.calls)
+                slot.publishes.clear()
+                slot.calls.clear()
+                for key, sub in list(slot.subs.items()):
+                    if sub.status == "waiting":
+                        homeless.append(sub)
+                        del slot.subs[key]
+            for slot in old_slots[new.shard_count:]:
+                if slot.conn is not None:
+                    self._close(slot.conn, errors.ConnectionLost("the shard left the map"), now)
+        for obj in homeless:
+            if not (isinstance(obj, Waiter) and obj.done):
+                self._route(obj, now)
+        for slot in self.slots:
+            self._ensure_conn(slot, now)
+
+    def _publish_frames(self, conn: Conn, frames: list[list[Any]], now: float) -> None:
+        """Coalesce the slot's queued items into PUBLISH frames (at most ~256 items,
+        under the shard's max_frame_bytes), while the in-flight window has room."""
+        slot = self._slot_of(conn)
+        if slot is None:
+            return
+        queue = slot.publishes
+        limit = max(4096, conn.max_frame_bytes - 1024)
+        while queue and conn.publish_frames < PUBLISH_WINDOW:
+            batch: list[PublishItem] = []
+            size = 64
+            while queue and len(batch) < MAX_BATCH:
+                item = queue[0]
+                if batch and size + item.size > limit:
+                    break
+                queue.popleft()
+                if item.done:
+                    continue
+                if now > item.deadline:
+                    self._fail(item, deadline_exceeded(item.describe(), item.last_error))
+                elif item.size > limit:
+                    self._fail(item, errors.MessageTooLarge(
+                        f"a {len(item.payload)}-byte payload is over the shard's"
+                        f" max_frame_bytes={conn.max_frame_bytes}"))
+                else:
+                    batch.append(item)
+                    size += item.size
+            if not batch:
+                continue
+            rid = next(self._rids)
+            for item in batch:
+                item.in_flight = True
+                item.attempts += 1
+            frames.append([P.PUBLISH, rid, [[i.topic, i.id, i.payload] for i in batch]])
+            conn.pending[rid] = ("publish", batch)
+            conn.timeouts.append((now + self.request_timeout, rid))
+            conn.publish_frames += 1
+
+    def _on_published(self, conn: Conn, batch: list[PublishItem], frame: list[Any],
+                      error: errors.FluxError | None, now: float) -> None:
+        retry_now: list[PublishItem] = []
+        results: list[Any] = []
+        if error is None:
+            generation, results = int(frame[2]), frame[3]
+            if len(results) != len(batch):
+                error = errors.ProtocolError(
+                    f"PUBLISHED has {len(results)} results for {len(batch)} items")
+        if error is not None:
+            retry_now = [item for item in batch if self._publish_failed(item, error, now)]
+        else:
+            for item, (status, a, b) in zip(batch, results, strict=True):
+                item.in_flight = False
+                if status == P.OK:
+                    self._finish(item, PublishAck(item.topic, item.id, int(a), generation, bool(b)))
+                elif self._publish_failed(item, errors.from_code(int(status), str(a)), now):
+                    retry_now.append(item)
+        for item in retry_now:
+            self._route(item, now)
+        slot = self._slot_of(conn)
+        if slot is not None and slot.publishes:
+            self._writable[conn.id] = None
+
+    def _publish_failed(self, item: PublishItem, exc: errors.FluxError, now: float) -> bool:
+        """Decide an item's fate after ``exc``; True means "send it again at once"."""
+        item.in_flight = False
+        if item.done:
+            return False
+        item.last_error = exc
+        if not retryable(exc):
+            self._fail(item, exc)
+        elif now >= item.deadline:
+            self._fail(item, deadline_exceeded(item.describe(), exc))
+        elif isinstance(exc, CONNECTION_LEVEL):
+            return True  # the reconnect has its own backoff; keep the same id (G3)
+        else:
+            if isinstance(exc, REFRESH_MAP):
+                self._refresh_map(now)
+            self._delay(item, item.attempts, now)
+        return False
+
+    def _call_failed(self, call: Call, exc: errors.FluxError, now: float) -> None:
+        call.in_flight = False
+        if call.done:
+            return
+        call.last_error = exc
+        if not retryable(exc):
+            self._fail(call, exc)
+        elif now >= call.deadline:
+            self._fail(call, deadline_exceeded(call.describe(), exc))
+        elif isinstance(exc, CONNECTION_LEVEL):
+            self._route(call, now)
+        else:
+            if isinstance(exc, REFRESH_MAP):
+                self._refresh_map(now)
+            self._delay(call, call.attempts, now)
+
+    def _close(self, conn: Conn, exc: errors.FluxError | None, now: float,
+               tell_shell: bool = True) -> None:
+        """Forget ``conn``; ``exc`` None is a deliberate close. Work on it is retried."""
+        if conn.state == "closed":
+            return
+        was_ready = conn.state == "ready"
+        conn.state = "closed"
+        self.conns.pop(conn.id, None)
+        self._writable.pop(conn.id, None)
+        if tell_shell:
+            self._to_close.append(conn.id)
+        pending, conn.pending = conn.pending, {}
+        if conn.role == "router":
+            self._router_done(conn, exc, now)
+            return
+        error = exc or errors.ConnectionLost(f"connection to shard {conn.index} closed")
+        slot = self._slot_of(conn)
+        if slot is not None:
+            slot.conn = None
+            slot.last_error = error
+            slot.failures = 0 if was_ready else slot.failures + 1
+            slot.retry_at = now + backoff(self.rng, slot.failures)
+        if exc is not None:
+            self._refresh_map(now)
+        requeue: list[PublishItem] = []
+        for kind, obj in pending.values():
+            if kind == "publish":
+                requeue.extend(item for item in obj if self._publish_failed(item, error, now))
+            elif kind == "call":
+                self._call_failed(obj, error, now)
+            elif kind == "unsubscribe" and obj[1] is not None:
+                self._finish(obj[1], None)
+        for sid, sub in conn.subs.items():
+            if sub.sid == sid and sub.status in ("subscribing", "active"):
+                sub.detached()
+                sub.retry_at = now
+                if slot is None:
+                    self._route(sub, now)
+        conn.subs.clear()
+        for item in reversed(requeue):  # first in line again, in their original order
+            self._route(item, now, front=True)
+        if slot is not None:
+            self._ensure_conn(slot, now)
+
+    def _router_done(self, conn: Conn, exc: errors.FluxError | None, now: float) -> None:
+        if self._router_conn is conn:
+            self._router_conn = None
+        if exc is None:
+            self._router_failures = 0
+        else:
+            self._router_failures += 1
+            self._router_retry_at = now + backoff(self.rng, self._router_failures)
+            if not self.ready.done:
+                host, port = self.router
+                self._fail(self.ready, errors.ConnectionLost(
+                    f"cannot reach the router at {host}:{port}: {exc}") if isinstance(
+                        exc, CONNECTION_LEVEL) else exc)
+        if self._refresh_again and now >= self._router_retry_at:
+            self._refresh_map(now)
+
+    def _fail_pending(self, kind: PendingKind, obj: Any, exc: errors.FluxError) -> None:
+        if kind == "publish":
+            for item in obj:
+                self._fail(item, exc)
+        elif kind == "call":
+            self._fail(obj, exc)
+        elif kind == "subscribe":
+            self._fail(obj[0].ready, exc)
+        elif kind == "unsubscribe" and obj[1] is not None:
+            self._finish(obj[1], None)

@@ -1,0 +1,94 @@
+"""Push subscriptions in the client core: SUBSCRIBED, DELIVER, SUB_ENDED in; ACK, CREDIT out.
+
+The per-subscription rules (buffer, credit, ack coalescing, resume) live in
+:mod:`flux.client.subscription`; this mixin ties them to connections and
+request ids. Sans-IO.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flux import errors, protocol
+from flux.client.connection import Conn, backoff
+from flux.client.requests import deadline_exceeded, retryable
+from flux.client.routing import Routing
+from flux.client.subscription import SubState
+
+P = protocol
+REFRESH_MAP = (errors.WrongShard, errors.ShuttingDown)
+
+
+class Pushes(Routing):
+    """Subscription frames of the client core."""
+
+    def _on_subscribed(self, conn: Conn, sub: SubState, sid: int, frame: list[Any],
+                       error: errors.FluxError | None, now: float) -> None:
+        if sub.sid != sid or sub.status != "subscribing":
+            conn.subs.pop(sid, None)
+            if error is None:  # unsubscribed meanwhile: detach the session it made
+                self._request(conn, [P.UNSUBSCRIBE, next(self._rids), sid], "unsubscribe",
+                              (sid, None), now)
+            return
+        if error is None:
+            info = sub.attached(sid, frame[3])
+            self._finish(sub.ready, info)
+            self._dirty(sub)
+            return
+        conn.subs.pop(sid, None)
+        sub.sid, sub.conn, sub.status, sub.last_error = None, None, "waiting", error
+        if retryable(error) and (sub.info is not None or now < sub.deadline):
+            if isinstance(error, REFRESH_MAP):
+                self._refresh_map(now)
+            sub.retry_at = now + backoff(self.rng, sub.attempts)
+        elif sub.info is None:
+            self._fail(sub.ready, error if not retryable(error)
+                       else deadline_exceeded("subscribe", error))
+            sub.status = "closed"
+            self._forget_sub(sub)
+        else:  # e.g. TopicReset with on_reset="raise"
+            sub.end(error)
+            self._forget_sub(sub)
+            self._wake(sub)
+
+    def _on_deliver(self, conn: Conn, frame: list[Any]) -> None:
+        sid, generation, items = frame[1], int(frame[2]), frame[3]
+        sub = conn.subs.get(sid)
+        if sub is None or sub.status != "active":
+            return
+        woke, credit_back = sub.deliver(sid, generation, items)
+        sub.credit_owed += credit_back
+        if woke:
+            self._wake(sub)
+        if sub.credit_owed or (sub.session is not None and sub.session.queued):
+            self._dirty(sub)
+
+    def _on_sub_ended(self, conn: Conn, frame: list[Any]) -> None:
+        sid = frame[1]
+        sub = conn.subs.pop(sid, None)
+        if sub is None or sub.sid != sid or sub.status not in ("active", "subscribing"):
+            return
+        sub.end(errors.from_code(int(frame[2]), str(frame[3])))
+        self._forget_sub(sub)
+        self._wake(sub)
+
+    def _sub_frames(self, conn: Conn, sub: SubState, sid: int, now: float,
+                    force: bool = False) -> list[list[Any]]:
+        """ACK and CREDIT frames a subscription has due on ``conn`` (acks may be held
+        briefly to share a frame; :meth:`Timers.tick` flushes them)."""
+        session = sub.session
+        if sub.sid != sid or sub.conn != conn.id or sub.status != "active" or session is None:
+            return []
+        out: list[list[Any]] = []
+        ack = sub.take_ack(now, force)
+        if ack is not None:
+            rid = next(self._rids)
+            out.append([P.ACK, rid, sid, session.generation, ack[0], ack[1]])
+            conn.pending[rid] = ("ack", (sub, session))
+            conn.timeouts.append((now + self.request_timeout, rid))
+        if session.queued:
+            self._held_acks[sub.key] = sub
+        credit = sub.credit_due()
+        if credit:
+            out.append([P.CREDIT, sid, credit])
+        return out

@@ -1,0 +1,149 @@
+"""Values the client hands to callers (acks, messages, fetch results) and :class:`Waiter`.
+
+Plain data with no I/O: the sans-IO core creates them, the trio (and later
+asyncio) shells return them. A :class:`Waiter` is a one-shot result slot that a
+shell parks a task on; the core fills it and lists it in ``take_woken()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flux import errors
+
+
+class Wakeable:
+    """Something a shell task may wait on; ``waker`` is the shell's (e.g. a trio.Event)."""
+
+    __slots__ = ("waker",)
+
+    def __init__(self) -> None:
+        self.waker: Any = None
+
+
+class Waiter(Wakeable):
+    """A one-shot result: a value or a typed error, set once by the core."""
+
+    __slots__ = ("_error", "_value", "done")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = False
+        self._value: Any = None
+        self._error: errors.FluxError | None = None
+
+    def set_value(self, value: Any) -> None:
+        if not self.done:
+            self.done, self._value = True, value
+
+    def set_error(self, exc: errors.FluxError) -> None:
+        if not self.done:
+            self.done, self._error = True, exc
+
+    def result(self) -> Any:
+        """The value, or raise the error. Only valid once ``done``."""
+        if not self.done:
+            raise RuntimeError("result() called before the waiter finished")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    @property
+    def error(self) -> errors.FluxError | None:
+        return self._error
+
+    def __repr__(self) -> str:
+        state = "pending" if not self.done else (
+            f"error={self._error!r}" if self._error is not None else f"value={self._value!r}")
+        return f"<{type(self).__name__} {state}>"
+
+
+@dataclass(frozen=True, slots=True)
+class PublishAck:
+    """The broker stored a message (or had already: ``duplicate``) at ``offset``."""
+
+    topic: str
+    id: str
+    offset: int
+    generation: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeInfo:
+    """The shard's SUBSCRIBED reply: where the subscription starts and stands."""
+
+    created: bool
+    start_offset: int
+    cursor: int
+    generation: int
+    clamped: bool
+    reset: bool
+    next_offset: int
+    max_in_flight: int
+
+    @classmethod
+    def from_reply(cls, body: dict[str, Any]) -> SubscribeInfo:
+        return cls(created=bool(body["created"]), start_offset=int(body["start_offset"]),
+                   cursor=int(body["cursor"]), generation=int(body["generation"]),
+                   clamped=bool(body.get("clamped", False)), reset=bool(body.get("reset", False)),
+                   next_offset=int(body.get("next_offset", 0)),
+                   max_in_flight=int(body.get("max_in_flight", 0)))
+
+
+class Message:
+    """A pushed message. ``attempt`` is 1 for a first delivery in this session.
+
+    ``await msg.ack()`` queues the ack (idempotent); it never raises: a refused
+    ack surfaces from the subscription's iterator.
+    """
+
+    __slots__ = ("_acker", "_session", "attempt", "generation", "id", "offset", "payload",
+                 "timestamp", "topic")
+
+    def __init__(self, topic: str, offset: int, generation: int, id: str, payload: bytes,
+                 timestamp: float, attempt: int, session: object = None,
+                 acker: Callable[[Message], None] | None = None) -> None:
+        self.topic = topic
+        self.offset = offset
+        self.generation = generation
+        self.id = id
+        self.payload = payload
+        self.timestamp = timestamp
+        self.attempt = attempt
+        self._session = session
+        self._acker = acker
+
+    async def ack(self) -> None:
+        """Queue the ack of this message; it is sent coalesced with others."""
+        if self._acker is not None:
+            self._acker(self)
+
+    def __repr__(self) -> str:
+        return (f"<Message {self.topic}@{self.offset} gen={self.generation:#x} id={self.id!r}"
+                f" attempt={self.attempt} {len(self.payload)}B>")
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedMessage:
+    """A message read through the pull path (FETCH); nothing to ack, COMMIT instead."""
+
+    topic: str
+    offset: int
+    generation: int
+    id: str
+    payload: bytes
+    timestamp: float
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """A FETCH reply: held range ``[oldest, next)`` and the messages read from it."""
+
+    topic: str
+    generation: int
+    oldest: int
+    next: int
+    messages: list[FetchedMessage]

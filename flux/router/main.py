@@ -1,0 +1,106 @@
+"""``flux serve``: run the router and its shard processes until SIGINT or SIGTERM.
+
+Stdout is a stable, line-oriented format (scripts and tests parse it); each line
+is flushed as soon as it is printed::
+
+    flux: router listening on 127.0.0.1:7070 with 2 shards
+    flux: control listening on 127.0.0.1:40123
+    flux: shard 0 listening on 127.0.0.1:40124 (pid 4242, generation 0x9f3a...)
+    flux: shard 1 listening on 127.0.0.1:40125 (pid 4243, generation 0x11c0...)
+    flux: stopped
+
+A shard line may end with ``advertised as HOST:PORT`` when ``shard.advertise`` is
+set, or read ``flux: shard 1 not registered yet``. Logs go to stderr.
+Exit status: 0 after a clean stop, 1 if a listener could not be bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator
+
+import trio
+
+from flux.config import Config
+from flux.host import RealHost
+from flux.router.launcher import ProcessLauncher
+from flux.router.router import RouterInfo, run_router
+from flux.router.state import FileStateStore, StateStore
+
+
+def serve_forever(config: Config) -> int:
+    """Run a broker until SIGINT/SIGTERM, then drain every shard; returns the exit status."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="flux router [%(levelname)s] %(message)s")
+    try:
+        trio.run(_serve, config)
+    except (OSError, ExceptionGroup) as exc:
+        error = _os_error(exc)
+        if error is None:
+            raise
+        print(f"flux: cannot serve on {config.host}:{config.port}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def describe(info: RouterInfo, shard_count: int) -> list[str]:
+    """The stdout lines announcing a running broker (the format in the module docstring)."""
+    lines = [f"flux: router listening on {info.address} with {shard_count} shards",
+             f"flux: control listening on {info.control}"]
+    for index, shard in enumerate(info.shards):
+        if shard is None:
+            lines.append(f"flux: shard {index} not registered yet")
+            continue
+        line = (f"flux: shard {index} listening on {shard.address}"
+                f" (pid {shard.pid}, generation {shard.generation:#x})")
+        if shard.advertise != shard.address:
+            line += f" advertised as {shard.advertise}"
+        lines.append(line)
+    return lines
+
+
+async def _serve(config: Config) -> None:
+    host = RealHost("router")
+    stop = trio.Event()
+
+    def state(port: int) -> StateStore:
+        return FileStateStore(config.host, port)
+
+    async def on_signal(signals: AsyncIterator[int]) -> None:
+        async for _ in signals:
+            stop.set()
+
+    # the receiver is open before anything starts, so an early Ctrl-C also drains
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def router(task_status: trio.TaskStatus[RouterInfo]) -> None:
+                await run_router(host, config, ProcessLauncher(host), state=state, stop=stop,
+                                 task_status=task_status)
+                nursery.cancel_scope.cancel()  # drained: stop watching signals
+
+            nursery.start_soon(on_signal, signals)
+            info = await nursery.start(router)
+            for line in describe(info, config.shard_count):
+                _say(line)
+    _say("flux: stopped")
+
+
+def _say(line: str) -> None:
+    # a closed stdout (``flux serve | head -1``) must not stop the broker
+    with contextlib.suppress(OSError, ValueError):
+        print(line, flush=True)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _os_error(inner)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,130 @@
+"""The router's public listener: HELLO -> shard map, PING -> PONG, STATS.
+
+A HELLO waits (bounded) until every shard is registered, so a client never gets
+a partial map. Everything else a client sends goes to the shard owning the
+topic; the router refuses it with a typed error.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from flux import errors, protocol
+from flux.host import Host
+from flux.shard.server import BROKEN, RECV_BYTES, format_address, move_on_at
+
+if TYPE_CHECKING:
+    from flux.router.router import Router
+
+HELLO_WAIT = 5.0              # seconds a HELLO waits for every shard to be registered
+LINGER = 2.0                  # seconds to wait for the peer to close after our last frame
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
+async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
+    """Answer one client connection until it closes (or sends framing garbage)."""
+    decoder = protocol.FrameDecoder(router.config.max_frame_bytes)
+    try:
+        while True:
+            data = await stream.receive_some(RECV_BYTES)
+            if not data:
+                break
+            close = False
+            try:
+                frames = decoder.feed(data)
+            except errors.ProtocolError as exc:
+                frames, close = [], True
+                await stream.send_all(protocol.encode(protocol.error_frame(0, exc)))
+            for frame in frames:
+                reply, close = await answer(router, frame, stream)
+                await stream.send_all(protocol.encode(reply))
+                if close:
+                    break
+            if close:
+                await linger(router.host, stream)
+                break
+    except BROKEN:
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def answer(router: Router, frame: list[Any],
+                 stream: trio.abc.Stream) -> tuple[list[Any], bool]:
+    """The reply to one frame, and whether to close the connection after it."""
+    kind = frame[0]
+    rid = frame[1] if len(frame) > 1 and type(frame[1]) is int else 0
+    if kind == protocol.PING:
+        return [protocol.PONG, rid], False
+    if kind == protocol.STATS:
+        return [protocol.STATS_OK, rid, stats(router)], False
+    if kind != protocol.HELLO:
+        return protocol.error_frame(rid, errors.InvalidRequest(
+            f"the router answers HELLO, PING and STATS, not frame kind {kind}; send other"
+            " requests to the shard that owns the topic")), False
+    body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
+    if body.get("version") != protocol.VERSION:
+        return protocol.error_frame(rid, errors.UnsupportedVersion(
+            f"protocol version {body.get('version')!r} is not supported; this router"
+            f" speaks {protocol.VERSION}")), True
+    ready = await router.wait_registered(router.host.now() + HELLO_WAIT)
+    if router.stop_requested:
+        return protocol.error_frame(rid, errors.ShuttingDown("the broker is stopping")), True
+    if not ready:
+        missing = [s.index for s in router.slots if s.info is None]
+        return protocol.error_frame(rid, errors.Busy(
+            f"shards {missing} have not registered (restarting?); retry shortly")), False
+    return [protocol.HELLO_OK, rid, {
+        "version": protocol.VERSION, "role": "router", "shard_count": router.shard_count,
+        "shards": shard_map(router, _local_host(stream))}], False
+
+
+def shard_map(router: Router, local_host: str | None = None) -> list[list[Any]]:
+    """``[[index, "host:port", generation], ...]`` of the registered shards.
+
+    A shard advertising a wildcard host (``0.0.0.0``) is reported at the address
+    the client reached the router on.
+    """
+    out: list[list[Any]] = []
+    for slot in router.slots:
+        if slot.info is None:
+            continue
+        advertise = slot.info.advertise
+        host, port = protocol.parse_address(advertise)
+        if host in WILDCARD_HOSTS and local_host:
+            advertise = format_address(local_host, port)
+        out.append([slot.index, advertise, slot.info.generation])
+    return out
+
+
+def stats(router: Router) -> dict[str, Any]:
+    """The router's view: each shard's pid, registration and restarts (no message data)."""
+    return {"role": "router", "shard_count": router.shard_count, "control": router.control,
+            "shards": [{"index": s.index, "pid": s.proc.pid if s.proc else None,
+                        "registered": s.info is not None, "connected": s.link is not None,
+                        "generation": s.info.generation if s.info else None,
+                        "advertise": s.info.advertise if s.info else None,
+                        "restarts": s.restarts} for s in router.slots]}
+
+
+async def linger(host: Host, stream: trio.abc.Stream) -> None:
+    """Half-close, then read until the peer closes (bounded), so our last frame arrives."""
+    if not isinstance(stream, trio.abc.HalfCloseableStream):
+        return
+    async with move_on_at(host, host.now() + LINGER):
+        try:
+            await stream.send_eof()
+            while await stream.receive_some(RECV_BYTES):
+                pass
+        except BROKEN:
+            pass
+
+
+def _local_host(stream: trio.abc.Stream) -> str | None:
+    sock = getattr(stream, "socket", None)
+    try:
+        return str(sock.getsockname()[0]) if sock is not None else None
+    except OSError:
+        return None

@@ -1,0 +1,92 @@
+"""A shard process: ``python -m flux.shard --spec '<ShardSpec as JSON>'``.
+
+The router's process launcher starts this; it pins the process to its CPU and runs
+:func:`flux.shard.server.run_shard` on a RealHost. SIGTERM or SIGINT drains the
+shard and exits 0. Exit status 1: the port could not be bound; 2: a bad spec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+
+import trio
+
+from flux import errors
+from flux.host import RealHost, ShardSpec
+from flux.shard.server import run_shard
+
+
+def pin_to_cpu(cpu: int | None) -> None:
+    """Pin this process to the ``cpu``-th CPU it may use (wrapping), where the OS allows."""
+    if cpu is None:
+        return
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {allowed[cpu % len(allowed)]})
+    except (AttributeError, OSError):  # not Linux, or not permitted: run unpinned
+        pass
+
+
+async def serve(spec: ShardSpec) -> None:
+    """Run the shard until drained; SIGTERM/SIGINT start the drain."""
+    stop = trio.Event()
+
+    async def on_signal(signals: AsyncIterator[int]) -> None:
+        async for _ in signals:
+            stop.set()
+
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(on_signal, signals)
+            await run_shard(RealHost(f"shard-{spec.index}"), spec, pid=os.getpid(), stop=stop)
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flux.shard")
+    parser.add_argument("--spec", required=True, help="ShardSpec fields as a JSON object")
+    args = parser.parse_args(argv)
+    try:
+        fields = json.loads(args.spec)
+        spec = ShardSpec(**fields)
+    except (ValueError, TypeError) as exc:
+        print(f"flux shard: bad --spec: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"flux shard {spec.index} [%(levelname)s] %(message)s")
+    pin_to_cpu(spec.cpu)
+    try:
+        trio.run(serve, spec)
+    except (errors.ConfigError, OSError, ExceptionGroup) as exc:
+        config_error = _leaf(exc, errors.ConfigError)
+        if config_error is not None:
+            print(f"flux shard {spec.index}: {config_error}", file=sys.stderr)
+            return 2
+        os_error = _leaf(exc, OSError)
+        if os_error is None:
+            raise
+        print(f"flux shard {spec.index}: cannot serve on port {spec.port}: {os_error}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _leaf(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` inside ``exc`` (itself, or nested in exception groups)."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _leaf(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+if __name__ == "__main__":
+    sys.exit(main())

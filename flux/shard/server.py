@@ -1,0 +1,421 @@
+"""The shard's trio shell around ShardCore: sockets, timers and the link to the router.
+
+Lives here: per-connection reader and writer tasks (writes coalesced into one
+``send_all``), the tick loop, the control link (REGISTER, heartbeats, DRAIN, ADOPT)
+and the drain on stop. Broker rules live in :mod:`flux.shard.core`; process
+concerns (signals, CPU pinning) in :mod:`flux.shard.__main__`. Only the host seams
+are used here, so the simulator runs this exact code.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from flux import config as config_mod
+from flux import errors, protocol
+from flux.host import Host, ShardSpec
+from flux.shard.core import ShardCore
+
+log = logging.getLogger("flux.shard")
+
+RECV_BYTES = 65536
+HIGH_WATER = 4 << 20      # queued output bytes above which a connection is not read
+CLOSE_GRACE = 2.0         # seconds to flush and linger when closing one connection
+DRAIN_GRACE = 5.0         # seconds a draining shard waits for its connections to close
+CONNECT_TIMEOUT = 5.0
+BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
+BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+async def run_shard(host: Host, spec: ShardSpec, *, pid: int, generation: int | None = None,
+                    stop: trio.Event | None = None,
+                    task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve shard ``spec.index`` until drained (DRAIN, ``stop`` set, or orphaned).
+
+    Reports the bound port through ``task_status.started(port)``. Raises OSError
+    if the port cannot be bound and ConfigError if ``spec.config`` is invalid.
+    """
+    config = config_mod.from_dict(spec.config)
+    while not generation:
+        generation = host.random.getrandbits(64)
+    shard = ShardServer(host, spec, config, pid=pid, generation=generation)
+    await shard.run(stop, task_status)
+
+
+@asynccontextmanager
+async def move_on_at(host: Host, deadline: float) -> AsyncIterator[trio.CancelScope]:
+    """Like ``trio.move_on_at``, but on the host's clock (so simulated pauses apply)."""
+    async def fire() -> None:
+        await host.sleep_until(deadline)
+        body.cancel()
+
+    async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as body:
+            nursery.start_soon(fire)
+            yield body
+        nursery.cancel_scope.cancel()
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, with brackets around an IPv6 host."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Connection:
+    """One client stream: output waiting for the writer, and its closing state."""
+
+    __slots__ = ("_sent", "_wake", "closing", "conn", "done", "nursery", "pending",
+                 "pending_bytes", "stream")
+
+    def __init__(self, conn: int, stream: trio.abc.Stream, nursery: trio.Nursery) -> None:
+        self.conn = conn
+        self.stream = stream
+        self.nursery = nursery    # the reader, writer and close guard of this connection
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
+        self.closing = False      # no more input is handled; flush, then close
+        self.done = trio.Event()  # everything was sent (and EOF, where supported)
+        self._wake = trio.Event()
+        self._sent = trio.Event()
+
+    def send(self, data: bytes) -> None:
+        if data and not self.done.is_set():
+            self.pending.append(data)
+            self.pending_bytes += len(data)
+            self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def wait_wake(self) -> None:
+        await self._wake.wait()
+        self._wake = trio.Event()
+
+    async def wait_sent(self) -> None:
+        await self._sent.wait()
+
+    def mark_sent(self) -> None:
+        self._sent.set()
+        self._sent = trio.Event()
+
+
+class ShardServer:
+    """One shard incarnation: a ShardCore plus its connections, ticker and router link."""
+
+    def __init__(self, host: Host, spec: ShardSpec, config: config_mod.Config, *, pid: int,
+                 generation: int) -> None:
+        self.host = host
+        self.spec = spec
+        self.config = config
+        self.pid = pid
+        now = host.now()
+        self.core = ShardCore(config, index=spec.index, shard_count=spec.shard_count,
+                              generation=generation, now=now, epoch=host.wall_time() - now)
+        self.conns: dict[int, Connection] = {}
+        self.address = ""
+        self.control = spec.control
+        self.registered = False
+        self.draining = False
+        self._stop = trio.Event()
+        self._idle = trio.Event()
+        self._tick_at = math.inf
+        self._tick_scope: trio.CancelScope | None = None
+        self._control_wake = trio.Event()
+        self._control_switch = trio.Event()
+
+    @property
+    def generation(self) -> int:
+        return self.core.generation
+
+    async def run(self, stop: trio.Event | None, task_status: Any) -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(self.host.serve, self.config.host, self.spec.port,
+                                       self._serve_connection)
+            self.address = format_address(self.config.host, port)
+            if stop is not None:
+                nursery.start_soon(self._stop_on, stop)
+            nursery.start_soon(self._ticker)
+            nursery.start_soon(self._control_loop)
+            log.info("shard %d listening on %s (generation %#x)", self.spec.index, self.address,
+                     self.generation)
+            task_status.started(port)
+            await self._stop.wait()
+            await self._drain()
+            nursery.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        """Begin the drain: refuse publishes, flush and close every connection, return."""
+        self._stop.set()
+
+    async def _stop_on(self, event: trio.Event) -> None:
+        await event.wait()
+        self.stop()
+
+    async def _drain(self) -> None:
+        self.draining = True
+        self.core.drain()
+        self._dispatch()
+        bye = protocol.encode(protocol.error_frame(0, errors.ShuttingDown(
+            "shard is draining; ask the router for the shard map and reconnect")))
+        for c in list(self.conns.values()):
+            c.send(bye)
+            self._begin_close(c)
+        if self.conns:
+            async with move_on_at(self.host, self.host.now() + DRAIN_GRACE):
+                await self._idle.wait()
+        log.info("shard %d drained", self.spec.index)
+
+    # -- client connections --------------------------------------------------------------
+
+    async def _serve_connection(self, stream: trio.abc.Stream) -> None:
+        if self.draining:
+            await trio.aclose_forcefully(stream)
+            return
+        conn = self.core.connect(self.host.now())
+        try:
+            async with trio.open_nursery() as nursery:
+                c = Connection(conn, stream, nursery)
+                self.conns[conn] = c
+                nursery.start_soon(self._writer, c)
+                await self._reader(c)
+                await c.done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.conns.pop(conn, None)
+            self.core.disconnect(conn, self.host.now())
+            self._dispatch()
+            if self.draining and not self.conns:
+                self._idle.set()
+            await trio.aclose_forcefully(stream)
+
+    async def _reader(self, c: Connection) -> None:
+        decoder = protocol.FrameDecoder(self.config.max_frame_bytes)
+        try:
+            while True:
+                if c.pending_bytes > HIGH_WATER and not c.closing:
+                    await c.wait_sent()  # back-pressure: the peer is not reading its replies
+                    continue
+                data = await c.stream.receive_some(RECV_BYTES)
+                if not data:
+                    break
+                if c.closing:
+                    continue  # linger, so that our last bytes are not lost to a reset
+                try:
+                    frames = decoder.feed(data)
+                except errors.ProtocolError as exc:  # framing corruption (FrameTooLarge too)
+                    self.core.fail(c.conn, exc, self.host.now())
+                    self._dispatch()
+                    continue
+                if frames:
+                    self._receive(c, frames)
+        except BROKEN:
+            c.nursery.cancel_scope.cancel()
+            return
+        if decoder.pending and not c.closing:
+            self.core.fail(c.conn, errors.ProtocolError(
+                f"the stream ended inside a frame ({decoder.pending} bytes of it arrived)"),
+                self.host.now())
+            self._dispatch()
+        self._begin_close(c)  # the peer half-closed: answer what it sent, then close
+
+    def _receive(self, c: Connection, frames: list[list[Any]]) -> None:
+        core, now = self.core, self.host.now()
+        for frame in frames:
+            if frame[0] == protocol.ADOPT:
+                self._dispatch()
+                self._adopt(c, frame)
+            else:
+                core.receive(c.conn, frame, now)
+        self._dispatch()
+        if self._tick_scope is not None and core.next_deadline() < self._tick_at:
+            self._tick_scope.cancel()
+
+    async def _writer(self, c: Connection) -> None:
+        try:
+            while True:
+                if c.pending:
+                    data = c.pending[0] if len(c.pending) == 1 else b"".join(c.pending)
+                    c.pending = []
+                    c.pending_bytes = 0
+                    await c.stream.send_all(data)
+                    c.mark_sent()
+                elif c.closing:
+                    break
+                else:
+                    await c.wait_wake()
+            c.done.set()
+            if isinstance(c.stream, trio.abc.HalfCloseableStream):
+                await c.stream.send_eof()  # the reader lingers until the peer closes
+            else:
+                c.nursery.cancel_scope.cancel()
+        except BROKEN:
+            c.nursery.cancel_scope.cancel()
+
+    def _begin_close(self, c: Connection) -> None:
+        """Handle no more input on ``c``; flush its output, then close it (bounded)."""
+        if c.closing:
+            return
+        c.closing = True
+        c.mark_sent()  # release a reader waiting on back-pressure
+        c.wake()
+        c.nursery.start_soon(self._close_guard, c)
+
+    async def _close_guard(self, c: Connection) -> None:
+        await self.host.sleep_until(self.host.now() + CLOSE_GRACE)
+        c.nursery.cancel_scope.cancel()
+
+    def _dispatch(self) -> None:
+        """Hand the core's output to each connection's writer."""
+        for conn, frames, close in self.core.take_output():
+            c = self.conns.get(conn)
+            if c is None:
+                continue
+            if frames:
+                c.send(protocol.encode_many(frames))
+            if close:
+                self._begin_close(c)
+
+    def _adopt(self, c: Connection, frame: list[Any]) -> None:
+        """A restarted router asks this shard to register at its control address."""
+        rid = frame[1] if len(frame) > 1 and type(frame[1]) is int else 0
+        body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
+        control = body.get("control")
+        try:
+            if not isinstance(control, str):
+                raise ValueError("ADOPT needs {'control': 'host:port'}")
+            protocol.parse_address(control)
+        except ValueError as exc:
+            c.send(protocol.encode(protocol.error_frame(rid, errors.InvalidRequest(str(exc)))))
+            return
+        if control != self.control:
+            log.info("shard %d: adopted; control address %s -> %s", self.spec.index,
+                     self.control, control)
+            self.control = control
+            self._control_switch.set()
+        self._control_wake.set()
+
+    # -- time --------------------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        core = self.core
+        while True:
+            self._tick_at = core.next_deadline()
+            with trio.CancelScope() as scope:
+                self._tick_scope = scope
+                await self.host.sleep_until(self._tick_at)
+            self._tick_scope = None
+            now = self.host.now()
+            if now >= core.next_deadline():
+                core.tick(now)
+                self._dispatch()
+
+    # -- the router link ---------------------------------------------------------------
+
+    async def _control_loop(self) -> None:
+        """Stay registered with a router; exit the shard after ``orphan_timeout`` without one."""
+        orphan_since = self.host.now()
+        backoff = BACKOFF_MIN
+        while True:
+            self._control_wake = trio.Event()
+            self._control_switch = trio.Event()
+            address = self.control
+            stream = await self._dial(address)
+            if stream is not None:
+                try:
+                    await self._control_session(stream)
+                finally:
+                    await trio.aclose_forcefully(stream)
+                if self.registered:
+                    self.registered = False
+                    orphan_since = self.host.now()
+                    backoff = BACKOFF_MIN
+                    log.warning("shard %d: lost the router at %s; redialling", self.spec.index,
+                                address)
+            now = self.host.now()
+            give_up = orphan_since + self.config.shard.orphan_timeout
+            if now >= give_up:
+                log.warning("shard %d: no router for %gs (shard.orphan_timeout); exiting",
+                            self.spec.index, self.config.shard.orphan_timeout)
+                self.stop()
+                return
+            if self.control == address:
+                async with move_on_at(self.host, min(now + backoff, give_up)):
+                    await self._control_wake.wait()
+                backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _dial(self, address: str) -> trio.abc.Stream | None:
+        try:
+            host, port = protocol.parse_address(address)
+        except ValueError:
+            log.error("shard %d: bad control address %r", self.spec.index, address)
+            return None
+        async with move_on_at(self.host, self.host.now() + CONNECT_TIMEOUT):
+            try:
+                return await self.host.connect(host, port)
+            except OSError:
+                return None
+        return None
+
+    async def _control_session(self, stream: trio.abc.Stream) -> None:
+        heartbeat = self.config.subscriber.heartbeat
+        decoder = protocol.FrameDecoder(self.config.max_frame_bytes)
+        last_heard = [self.host.now()]
+
+        async def pinger(scope: trio.CancelScope) -> None:
+            rid = 1
+            while True:
+                await self.host.sleep_until(self.host.now() + heartbeat)
+                if self.host.now() - last_heard[0] > 3 * heartbeat:
+                    log.warning("shard %d: the router is silent; reconnecting", self.spec.index)
+                    scope.cancel()
+                    return
+                rid += 1
+                await stream.send_all(protocol.encode([protocol.PING, rid]))
+
+        async def switch(scope: trio.CancelScope) -> None:
+            await self._control_switch.wait()
+            scope.cancel()
+
+        try:
+            await stream.send_all(protocol.encode([protocol.REGISTER, 1, {
+                "index": self.spec.index, "pid": self.pid, "generation": self.generation,
+                "address": self.address, "advertise": self.spec.advertise or self.address,
+                "shard_count": self.spec.shard_count}]))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pinger, nursery.cancel_scope)
+                nursery.start_soon(switch, nursery.cancel_scope)
+                while True:
+                    data = await stream.receive_some(RECV_BYTES)
+                    if not data:
+                        break
+                    last_heard[0] = self.host.now()
+                    for frame in decoder.feed(data):
+                        if not self._control_frame(frame):
+                            nursery.cancel_scope.cancel()
+                            return
+                nursery.cancel_scope.cancel()
+        except* (*BROKEN, errors.ProtocolError):  # also when raised by the pinger or reader
+            pass
+
+    def _control_frame(self, frame: list[Any]) -> bool:
+        """Handle one frame from the router; False ends the control session."""
+        kind = frame[0]
+        if kind == protocol.REGISTERED:
+            if not self.registered:
+                log.info("shard %d: registered with the router at %s", self.spec.index,
+                         self.control)
+            self.registered = True
+        elif kind == protocol.DRAIN:
+            log.info("shard %d: the router asked it to drain", self.spec.index)
+            self.stop()
+        elif kind == protocol.ERROR:
+            exc = protocol.error_from_frame(frame)
+            log.error("shard %d: the router refused it: %s", self.spec.index, exc)
+            return False
+        return True

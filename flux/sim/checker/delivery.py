@@ -1,0 +1,163 @@
+"""Checks on pushes and acks per subscription: order and windows (G1), what may be
+redelivered and when (G4), generations never mixed (G7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flux.sim import history as h
+from flux.sim.checker import Report
+from flux.sim.checker.index import Incarnation, Index, Session
+
+
+@dataclass
+class _State:
+    """What one session has seen so far (client side)."""
+
+    last_first: int = -1
+    unacked: dict[int, None] = field(default_factory=dict)   # delivered, no ack sent yet
+    delivered: set[int] = field(default_factory=set)
+    attempts: dict[int, int] = field(default_factory=dict)
+    pushes: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
+    ack_sent: dict[int, float] = field(default_factory=dict)  # offset -> first ack sent
+
+
+def check(index: Index, report: Report) -> None:
+    duplicates = 0
+    for inc in index.incarnations:
+        duplicates += _check_incarnation(index, inc, report)
+    report.count("redeliveries", duplicates)
+
+
+def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
+    states: dict[int, _State] = {}
+    confirmed: set[int] = set()
+    cursor = -1
+    redeliveries = 0
+    for e in inc.events:
+        if isinstance(e, h.Subscribed):
+            states[e.session] = _State()
+            window = index.sessions[e.session].window(index.params.max_in_flight)
+            if e.max_in_flight > window:
+                report.add("G1", "window", e.t,
+                           f"{e.subscriber} asked for max_in_flight={e.asked_max_in_flight}"
+                           f" (cap {index.params.max_in_flight}); the shard granted"
+                           f" {e.max_in_flight}")
+            if cursor >= 0 and e.cursor < cursor and e.generation == inc.generation:
+                report.add("G6", "cursor-moved-back", e.t,
+                           f"{e.subscriber} resumed {inc.topic}/{inc.name} at cursor {e.cursor},"
+                           f" below the confirmed cursor {cursor}")
+            cursor = max(cursor, e.cursor)
+            continue
+        assert isinstance(e, (h.Delivered, h.AckSent, h.AckConfirmed, h.AckRefused,
+                              h.TopicWasReset, h.SessionEnded))
+        session = index.sessions[e.session]
+        st = states[e.session]
+        if isinstance(e, h.Delivered):
+            if e.attempt > 1:
+                redeliveries += 1
+            _delivered(index, inc, session, st, e, confirmed, cursor, report)
+        elif isinstance(e, h.AckSent):
+            covered = set(e.offsets) | {o for o in st.delivered if o <= e.through}
+            for o in covered:
+                st.unacked.pop(o, None)
+                st.ack_sent.setdefault(o, e.t)
+        elif isinstance(e, h.AckConfirmed):
+            confirmed |= set(e.offsets) | {o for o in st.delivered if o <= e.through}
+            if e.cursor < cursor:
+                report.add("G6", "cursor-moved-back", e.t,
+                           f"{e.subscriber}: ACKED cursor {e.cursor} below earlier cursor {cursor}")
+            cursor = max(cursor, e.cursor)
+        elif isinstance(e, h.AckRefused) and e.error == "NotDelivered" \
+                and e.offset in st.delivered and session.end is None:
+                report.add("G1", "ack-refused", e.t,
+                           f"{e.subscriber} acked {inc.topic}@{e.offset}, delivered to this"
+                           " session, and the shard refused it as not delivered")
+    for session in inc.sessions:
+        _check_schedule(index, session, states[session.sub.session], report)
+    return redeliveries
+
+
+def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: h.Delivered,
+               confirmed: set[int], cursor: int, report: Report) -> None:
+    p = index.params
+    where = f"{e.subscriber} session {e.session}: {e.topic}@{e.offset}"
+    if e.generation != session.sub.generation:
+        report.add("G7", "generations-mixed", e.t,
+                   f"{where} of generation {e.generation:#x} on a session of generation"
+                   f" {session.sub.generation:#x}")
+        return
+    if inc.known_start and e.offset < inc.start:
+        report.add("G6", "below-start", e.t, f"{where} is below the subscription's start {inc.start}")
+    if e.offset < cursor or e.offset in confirmed:
+        report.add("G1", "redelivered-acked", e.t,
+                   f"{where} attempt {e.attempt} after the shard confirmed its ack")
+    if e.attempt == 1:
+        if e.offset <= st.last_first:
+            report.add("G1", "order", e.t,
+                       f"{where} first delivered after offset {st.last_first}")
+        st.last_first = max(st.last_first, e.offset)
+        window = session.window(p.max_in_flight)
+        if e.offset not in st.unacked and len(st.unacked) >= window:
+            report.add("G1", "window", e.t,
+                       f"{where} pushed while {len(st.unacked)} delivered messages were unacked"
+                       f" (max_in_flight={window})")
+    else:
+        previous = st.attempts.get(e.offset, 0)
+        if e.attempt != previous + 1:
+            report.add("G4", "attempt-numbering", e.t,
+                       f"{where} attempt {e.attempt} follows attempt {previous}")
+    if e.attempt > 1 + p.retry_count:
+        report.add("G4", "too-many-pushes", e.t,
+                   f"{where} pushed {e.attempt} times (retry_count={p.retry_count})")
+    st.attempts[e.offset] = e.attempt
+    st.delivered.add(e.offset)
+    if e.offset not in st.ack_sent:
+        st.unacked[e.offset] = None
+    st.pushes.setdefault(e.offset, []).append((e.t, e.attempt))
+
+
+def _check_schedule(index: Index, session: Session, st: _State, report: Report) -> None:
+    """G4: push k of an unacked message at t0 + k*(timeout + retry_interval), only it."""
+    p = index.params
+    lat, period = p.latency, p.period
+    tol = 2 * lat
+    hosts = (session.sub.client, session.host)
+    end = session.end.t if session.end is not None else index.end_at
+    exhausted = False
+    for offset, pushes in st.pushes.items():
+        t1 = next((t for t, attempt in pushes if attempt == 1), None)
+        if t1 is None:
+            continue
+        acked_at = st.ack_sent.get(offset)
+        where = f"{session.sub.subscriber} session {session.sub.session}: {session.sub.topic}@{offset}"
+        for t, attempt in pushes:
+            if attempt == 1 or not index.quiet(hosts, t1, t):
+                continue
+            due = t1 + (attempt - 1) * period
+            if acked_at is not None and acked_at + lat < t - lat:
+                report.add("G4", "redelivered-after-ack", t,
+                           f"{where} attempt {attempt} at {t:.3f}, its ack was sent at"
+                           f" {acked_at:.3f}")
+            elif t < due - tol:
+                report.add("G4", "early-redelivery", t,
+                           f"{where} attempt {attempt} at {t:.3f}, due at {due:.3f}")
+            elif t > due + tol:
+                report.add("G4", "late-redelivery", t,
+                           f"{where} attempt {attempt} at {t:.3f}, due at {due:.3f}")
+        last = max(attempt for _, attempt in pushes)
+        if last >= 1 + p.retry_count:
+            exhausted = exhausted or acked_at is None or acked_at > t1 + p.retry_count * period
+            due = t1 + p.retry_count * period + p.timeout
+            what = "deactivated (SubscriptionInactive)"
+        else:
+            due = t1 + last * period
+            what = f"pushed again (attempt {last + 1})"
+        if (acked_at is None or acked_at > due + lat) and due + tol + lat < end \
+                and index.quiet(hosts, t1, due + tol):
+            report.add("G4", "missed-redelivery", due,
+                       f"{where} unacked since {t1:.3f} was not {what} by {due + tol:.3f}")
+    if session.end is not None and session.end.reason == "inactive" and not exhausted:
+        report.add("G4", "spurious-inactive", session.end.t,
+                   f"{session.sub.subscriber} session {session.sub.session} was made inactive"
+                   " though no message used all its pushes")

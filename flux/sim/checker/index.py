@@ -1,0 +1,190 @@
+"""Views of a history the checks share: sessions, subscription incarnations, faults.
+
+A *session* is one SUBSCRIBED reply and what followed on it; an *incarnation*
+is a subscription (topic, generation, name) from its creation to its deletion;
+fault intervals say when a host was disturbed, so timing checks skip those spans.
+Shard hosts are named ``shard-<index>``, the router ``router``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from flux.sim import history as h
+
+
+@dataclass(frozen=True)
+class Params:
+    """The broker config the checks need, plus the network's one-way latency bound."""
+
+    ttl: float
+    message_cleanup: float
+    dedup_window: float
+    retry_count: int
+    retry_interval: float
+    timeout: float
+    subscriber_cleanup: float
+    inactive_time: float
+    heartbeat: float
+    max_in_flight: int = 1000
+    latency: float = 0.1
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> Params:
+        config = meta.get("config", {})
+        m, s = config.get("message", {}), config.get("subscriber", {})
+        return cls(ttl=m.get("ttl", 60.0), message_cleanup=m.get("cleanup_time", 5.0),
+                   dedup_window=m.get("dedup_window", 120.0),
+                   retry_count=s.get("retry_count", 5), retry_interval=s.get("retry_interval", 1.0),
+                   timeout=s.get("timeout", 30.0), subscriber_cleanup=s.get("cleanup_time", 10.0),
+                   inactive_time=s.get("inactive_time", 300.0), heartbeat=s.get("heartbeat", 5.0),
+                   max_in_flight=s.get("max_in_flight", 1000),
+                   latency=meta.get("latency_bound", 0.1))
+
+    @property
+    def period(self) -> float:
+        """Time between two pushes of one unacked message (G4)."""
+        return self.timeout + self.retry_interval
+
+
+@dataclass(eq=False)
+class Session:
+    sub: h.Subscribed
+    incarnation: Incarnation
+    events: list[h.Event] = field(default_factory=list)
+    end: h.SessionEnded | None = None
+
+    @property
+    def host(self) -> str:
+        return f"shard-{self.sub.shard}"
+
+    def window(self, cap: int) -> int:
+        """The most unacked pushes the shard may have out: what was asked, capped by config."""
+        asked = self.sub.asked_max_in_flight
+        return min(asked, cap) if asked else cap
+
+    @property
+    def last_evidence(self) -> float:
+        """The last time the shard showed this session attached (a reply or a push)."""
+        t = self.sub.t
+        for e in self.events:
+            if isinstance(e, (h.Delivered, h.AckConfirmed)):
+                t = max(t, e.t)
+        return t
+
+
+@dataclass(eq=False)
+class Incarnation:
+    """A subscription from its creation (or first sight) to its deletion."""
+
+    topic: str
+    generation: int
+    name: str | None
+    start: int
+    created_at: float
+    known_start: bool
+    sessions: list[Session] = field(default_factory=list)
+    events: list[h.Event] = field(default_factory=list)   # every session's, in order
+    deleted_at: float | None = None
+
+    @property
+    def key(self) -> tuple[str, int, str | None]:
+        return (self.topic, self.generation, self.name)
+
+
+@dataclass(frozen=True)
+class Disturbance:
+    fault: str
+    hosts: tuple[str, ...]
+    begin: float
+    end: float
+
+
+class Index:
+    """Everything the checks look up, built in one pass over the history."""
+
+    def __init__(self, history: h.History) -> None:
+        self.history = history
+        self.params = Params.from_meta(history.meta)
+        self.sessions: dict[int, Session] = {}
+        self.incarnations: list[Incarnation] = []
+        self._current: dict[tuple[str, int, str], Incarnation] = {}
+        self.disturbances: list[Disturbance] = []
+        self.heal_at = math.inf
+        self.end_at = history.events[-1].t if history.events else 0.0
+        open_faults: dict[tuple[str, str], float] = {}
+        for event in history:
+            if isinstance(event, h.Subscribed):
+                self._subscribed(event)
+            elif isinstance(event, (h.Delivered, h.AckSent, h.AckConfirmed, h.AckRefused,
+                                    h.TopicWasReset, h.SessionEnded)):
+                session = self.sessions.get(event.session)
+                if session is not None:
+                    session.events.append(event)
+                    session.incarnation.events.append(event)
+                    if isinstance(event, h.SessionEnded) and session.end is None:
+                        session.end = event
+            elif isinstance(event, h.SubscriptionGone):
+                inc = self._current.pop((event.topic, event.generation, event.name), None)
+                if inc is not None:
+                    inc.deleted_at = event.t
+            elif isinstance(event, h.FaultInjected):
+                self._fault(event, open_faults)
+            elif isinstance(event, h.Phase) and event.name == "heal":
+                self.heal_at = min(self.heal_at, event.t)
+        for (fault, target), begin in open_faults.items():
+            end = self.heal_at if self.heal_at < math.inf else self.end_at
+            self.disturbances.append(Disturbance(fault, _hosts(target), begin, max(begin, end)))
+
+    def _subscribed(self, sub: h.Subscribed) -> None:
+        inc: Incarnation | None = None
+        if sub.name is not None:
+            key = (sub.topic, sub.generation, sub.name)
+            inc = self._current.get(key)
+            if sub.created and inc is not None and not inc.known_start \
+                    and inc.created_at >= sub.requested:
+                # replies on two connections crossed: this SUBSCRIBE created the
+                # subscription that an earlier-received reply already found
+                inc.start, inc.known_start = sub.start, True
+                inc.created_at = sub.t
+            elif sub.created or inc is None:
+                inc = Incarnation(sub.topic, sub.generation, sub.name,
+                                  sub.start if sub.created else sub.cursor, sub.t, sub.created)
+                self._current[key] = inc
+                self.incarnations.append(inc)
+        else:
+            inc = Incarnation(sub.topic, sub.generation, None, sub.start, sub.t, True)
+            self.incarnations.append(inc)
+        session = Session(sub, inc)
+        inc.sessions.append(session)
+        inc.events.append(sub)
+        self.sessions[sub.session] = session
+
+    def _fault(self, event: h.FaultInjected, open_faults: dict[tuple[str, str], float]) -> None:
+        key = (event.fault, event.target)
+        if event.detail == "begin":
+            open_faults.setdefault(key, event.t)
+        elif event.detail == "end":
+            begin = open_faults.pop(key, event.t)
+            self.disturbances.append(Disturbance(event.fault, _hosts(event.target), begin, event.t))
+        else:  # an instant fault
+            self.disturbances.append(Disturbance(event.fault, _hosts(event.target), event.t,
+                                                 event.t))
+
+    def quiet(self, hosts: tuple[str, ...], t1: float, t2: float) -> bool:
+        """No fault touched any of ``hosts`` between ``t1`` and ``t2`` (with a margin)."""
+        margin = self.params.latency
+        for d in self.disturbances:
+            if d.begin <= t2 + margin and d.end >= t1 - margin \
+                    and any(host in d.hosts for host in hosts):
+                return False
+        return True
+
+
+def _hosts(target: str) -> tuple[str, ...]:
+    for sep in ("<->", "->"):
+        if sep in target:
+            return tuple(target.split(sep))
+    return (target,)

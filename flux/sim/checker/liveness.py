@@ -1,0 +1,83 @@
+"""Liveness once faults heal (as in TigerBeetle's VOPR), and the loss accounting.
+
+Every subscription the workload keeps alive must, by the end, have been given
+every message acked in its topic's final generation from its start on; publishes
+made after the heal must be acked. Acked messages of a generation that ended
+are counted as lost-and-explained (G7), never as violations.
+"""
+
+from __future__ import annotations
+
+from flux.sim import history as h
+from flux.sim.checker import Report
+from flux.sim.checker.index import Index, Session
+
+
+def check(index: Index, report: Report) -> None:
+    history = index.history
+    acked: dict[tuple[str, int], dict[int, str]] = {}
+    acked_at: dict[tuple[str, str], float] = {}
+    consumed: dict[tuple[str, str, int], set[int]] = {}
+    delivered: dict[tuple[str, str, int], set[int]] = {}
+    anyone: set[tuple[str, int, int]] = set()
+    latest_generation: dict[int, int] = {}
+    shard_of: dict[int, int] = {}
+    for e in history:
+        if isinstance(e, h.PublishAcked):
+            acked.setdefault((e.topic, e.generation), {}).setdefault(e.offset, e.id)
+            acked_at.setdefault((e.topic, e.id), e.t)
+        elif isinstance(e, h.Consumed):
+            consumed.setdefault((e.subscriber, e.topic, e.generation), set()).add(e.offset)
+            anyone.add((e.topic, e.generation, e.offset))
+        elif isinstance(e, h.Delivered):
+            delivered.setdefault((e.subscriber, e.topic, e.generation), set()).add(e.offset)
+            anyone.add((e.topic, e.generation, e.offset))
+        elif isinstance(e, h.ShardHello):
+            latest_generation[e.shard] = e.generation
+            shard_of[e.generation] = e.shard
+    received = consumed if consumed else delivered
+
+    last_session: dict[str, Session] = {}
+    for session in index.sessions.values():
+        last_session[session.sub.subscriber] = session
+    for spec in history.meta.get("liveness", []):
+        subscriber, topic = spec["subscriber"], spec["topic"]
+        found = last_session.get(subscriber)
+        if found is None or found.sub.topic != topic:
+            report.add("liveness", "never-subscribed", index.end_at,
+                       f"{subscriber} has no subscription to {topic} at the end")
+            continue
+        session = found
+        generation = session.sub.generation
+        newest = latest_generation.get(session.sub.shard, generation)
+        if newest != generation:
+            report.add("liveness", "stale-generation", index.end_at,
+                       f"{subscriber} still on generation {generation:#x} of shard"
+                       f" {session.sub.shard}; the shard is at {newest:#x}")
+            continue
+        inc = session.incarnation
+        got = received.get((subscriber, topic, generation), set())
+        missing = sorted(o for o in acked.get((topic, generation), {}) if o >= inc.start
+                         and o not in got)
+        if missing:
+            shown = ", ".join(str(o) for o in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            report.add("G2", "lost", index.end_at,
+                       f"{subscriber} never got {len(missing)} acked message(s) of {topic}"
+                       f" generation {generation:#x} after faults healed: offsets {shown}")
+            report.count("lost", len(missing))
+
+    for topic, message_id in history.meta.get("canaries", []):
+        if (topic, message_id) not in acked_at:
+            report.add("liveness", "publish-stuck", index.end_at,
+                       f"publish of {topic} id={message_id!r} after the heal was never acked")
+
+    explained = undelivered = 0
+    for (topic, generation), offsets in acked.items():
+        never = sum(1 for o in offsets if (topic, generation, o) not in anyone)
+        shard = shard_of.get(generation)
+        if shard is not None and latest_generation[shard] != generation:
+            explained += never
+        else:
+            undelivered += never
+    report.count("lost_explained_by_crash", explained)
+    report.count("undelivered_in_final_generation", undelivered)

@@ -1,0 +1,147 @@
+"""Checks on what the broker deletes: messages only after ttl and acked-by-all (G5),
+subscriptions only after ``inactive_time`` and soon after it (G6).
+
+Trims and subscription deletions are *oracle* facts the simulator reads from the
+shard; without them (chaos) only what clients see of G6 is checked.
+"""
+
+from __future__ import annotations
+
+from flux.sim import history as h
+from flux.sim.checker import Report
+from flux.sim.checker.index import Incarnation, Index
+
+
+def check(index: Index, report: Report) -> None:
+    _check_trims(index, report)
+    _check_subscription_lifetimes(index, report)
+
+
+def _ack_times(inc: Incarnation) -> dict[int, float]:
+    """When an ack covering each offset was first sent by any session of ``inc``."""
+    delivered: dict[int, set[int]] = {}
+    acked: dict[int, float] = {}
+    for e in inc.events:
+        if isinstance(e, h.Delivered):
+            delivered.setdefault(e.session, set()).add(e.offset)
+        elif isinstance(e, h.AckSent):
+            mine = delivered.get(e.session, set())
+            for o in set(e.offsets) | {o for o in mine if o <= e.through}:
+                acked.setdefault(o, e.t)
+    return acked
+
+
+def _check_trims(index: Index, report: Report) -> None:
+    p = index.params
+    epoch = float(index.history.meta.get("epoch", 0.0))
+    stored_at: dict[tuple[str, int, int], float] = {}
+    first_attempt: dict[tuple[str, str], float] = {}
+    ids: dict[tuple[str, int, int], str] = {}
+    for e in index.history:
+        if isinstance(e, h.PublishAttempted):
+            first_attempt.setdefault((e.topic, e.id), e.t)
+        elif isinstance(e, h.PublishAcked):
+            ids.setdefault((e.topic, e.generation, e.offset), e.id)
+        elif isinstance(e, h.Delivered):
+            stored_at.setdefault((e.topic, e.generation, e.offset), e.timestamp - epoch)
+            ids.setdefault((e.topic, e.generation, e.offset), e.id)
+    by_topic: dict[tuple[str, int], list[Incarnation]] = {}
+    for inc in index.incarnations:
+        by_topic.setdefault((inc.topic, inc.generation), []).append(inc)
+    ack_times = {id(inc): _ack_times(inc) for inc in index.incarnations}
+    trimmed = 0
+    for trim in index.history.of(h.Trimmed):
+        for offset in range(trim.first, trim.first + trim.count):
+            trimmed += 1
+            key = (trim.topic, trim.generation, offset)
+            message_id = ids.get(key)
+            stored = stored_at.get(key)
+            if stored is None and message_id is not None:
+                stored = first_attempt.get((trim.topic, message_id))
+            if stored is not None and trim.t < stored + p.ttl - 1e-9:
+                report.add("G5", "deleted-before-ttl", trim.t,
+                           f"{trim.topic}@{offset} deleted {trim.t - stored:.3f}s after it was"
+                           f" stored (ttl={p.ttl:g}s)")
+            for inc in by_topic.get((trim.topic, trim.generation), []):
+                if not _held_for(index, inc, offset, trim.t):
+                    continue
+                sent = ack_times[id(inc)].get(offset)
+                if sent is None or sent > trim.t:
+                    who = inc.name if inc.name is not None else "an ephemeral subscription"
+                    report.add("G5", "deleted-unacked", trim.t,
+                               f"{trim.topic}@{offset} deleted while subscription {who}"
+                               f" (start {inc.start}) had not acked it")
+    report.count("trimmed", trimmed)
+
+
+def _held_for(index: Index, inc: Incarnation, offset: int, t: float) -> bool:
+    """Whether ``inc`` certainly existed at ``t`` and had to ack ``offset`` first."""
+    if offset < inc.start:
+        return False
+    if inc.deleted_at is not None and inc.deleted_at <= t:
+        return False
+    if inc.name is not None:
+        return True
+    # ephemeral: only while its one session is surely attached
+    session = inc.sessions[0]
+    lat = index.params.latency
+    if session.sub.t > t - lat:
+        return False
+    end = session.end
+    return end is None or (end.reason != "lost" and end.t > t + lat)
+
+
+def _check_subscription_lifetimes(index: Index, report: Report) -> None:
+    p = index.params
+    oracle = bool(index.history.meta.get("oracle", False))
+    lat = p.latency
+    by_key: dict[tuple[str, int, str | None], list[Incarnation]] = {}
+    for inc in index.incarnations:
+        if inc.name is not None:
+            by_key.setdefault(inc.key, []).append(inc)
+    for incs in by_key.values():
+        for i, inc in enumerate(incs):
+            successor = incs[i + 1] if i + 1 < len(incs) else None
+            evidence = max(s.last_evidence for s in inc.sessions)
+            earliest = evidence - lat + p.inactive_time
+            gone = inc.deleted_at
+            if gone is None and successor is not None:
+                gone = successor.created_at  # deleted at the latest when re-created
+            if gone is not None and gone < earliest - 1e-9:
+                report.add("G6", "deleted-too-early", gone,
+                           f"subscription {inc.topic}/{inc.name} deleted at {gone:.3f}, but it was"
+                           f" attached at {evidence:.3f} (inactive_time={p.inactive_time:g}s)")
+            _check_kept_too_long(index, inc, successor, oracle, report)
+
+
+def _check_kept_too_long(index: Index, inc: Incarnation, successor: Incarnation | None,
+                         oracle: bool, report: Report) -> None:
+    """After an unsubscribe or SubscriptionInactive the shard holds the subscription
+    inactive (every earlier session was superseded by that one's attach)."""
+    p = index.params
+    slack = p.inactive_time + p.subscriber_cleanup + 2 * p.latency
+    sessions = inc.sessions
+    for i, session in enumerate(sessions):
+        end = session.end
+        if end is None or end.reason not in ("unsubscribed", "inactive"):
+            continue
+        limit = end.t + slack
+        host = session.host
+        following = sessions[i + 1] if i + 1 < len(sessions) else None
+        if following is not None:
+            if following.sub.requested <= end.t:
+                continue
+            if following.sub.requested > limit and index.quiet((host,), end.t, limit):
+                report.add("G6", "kept-too-long", following.sub.t,
+                           f"subscription {inc.topic}/{inc.name} inactive since {end.t:.3f} still"
+                           f" existed at {following.sub.requested:.3f}")
+            continue
+        if not oracle or not index.quiet((host,), end.t, limit):
+            continue
+        gone = inc.deleted_at
+        if gone is None and successor is not None:
+            gone = successor.created_at
+        if (gone is None and index.end_at > limit) or (gone is not None and gone > limit):
+            report.add("G6", "kept-too-long", limit,
+                       f"subscription {inc.topic}/{inc.name} inactive since {end.t:.3f} was not"
+                       f" deleted by {limit:.3f} (inactive_time + cleanup_time)")

@@ -1,0 +1,145 @@
+"""Fault plans: timed faults drawn from a seed, written as one line, shrinkable.
+
+A :class:`Fault` is what happens, to whom and for how long; a :class:`FaultPlan`
+is a tuple of them in time order. :func:`draw_plan` makes one from a seeded
+``random.Random``; :meth:`FaultPlan.encode` / :func:`decode_plan` give the text
+that ``flux sim --plan`` replays. Carrying faults out is :mod:`flux.sim.world`'s job.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+# What each kind does (targets: shard-N, router, or a link "a<->b" / one way "a->b"):
+#   crash     SIGKILL a shard; the router restarts it with a new generation (G7)
+#   pause     SIGSTOP a shard for `duration`: its timers and sockets freeze
+#   router    kill the router; a supervisor restarts it after `duration`
+#   partition hold all traffic on a link for `duration` (one way with "->")
+#   stall     a short partition
+#   reset     reset every connection on a link (an RST each way)
+#   slow      multiply a link's latency by `factor` for `duration`
+KINDS = ("crash", "pause", "router", "partition", "stall", "reset", "slow")
+
+
+@dataclass(frozen=True, order=True)
+class Fault:
+    at: float
+    kind: str
+    target: str
+    duration: float = 0.0
+    factor: float = 1.0
+
+    def encode(self) -> str:
+        text = f"{self.kind}:{self.target}@{self.at:g}"
+        if self.duration:
+            text += f"+{self.duration:g}"
+        if self.factor != 1.0:
+            text += f"x{self.factor:g}"
+        return text
+
+    @classmethod
+    def decode(cls, text: str) -> Fault:
+        kind, _, rest = text.partition(":")
+        target, _, when = rest.rpartition("@")
+        factor = 1.0
+        if "x" in when:
+            when, _, f = when.partition("x")
+            factor = float(f)
+        at, _, duration = when.partition("+")
+        if kind not in KINDS or not target:
+            raise ValueError(f"bad fault {text!r}: expected kind:target@at[+duration][xfactor]")
+        return cls(float(at), kind, target, float(duration or 0.0), factor)
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    faults: tuple[Fault, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.faults)
+
+    def __iter__(self) -> Iterator[Fault]:
+        return iter(self.faults)
+
+    def encode(self) -> str:
+        """One shell-safe line: ``kind:target@at+duration,...`` (``-`` when empty)."""
+        return ",".join(f.encode() for f in self.faults) or "-"
+
+    def subset(self, keep: Sequence[int]) -> FaultPlan:
+        return FaultPlan(tuple(self.faults[i] for i in keep))
+
+
+def decode_plan(text: str) -> FaultPlan:
+    """Parse :meth:`FaultPlan.encode` output; raises ValueError on a bad fault."""
+    text = text.strip()
+    if text in ("", "-"):
+        return FaultPlan()
+    return FaultPlan(tuple(sorted(Fault.decode(part) for part in text.split(",") if part)))
+
+
+@dataclass(frozen=True)
+class FaultMix:
+    """How often each kind is drawn (relative weights) and how many faults a run gets."""
+
+    weights: tuple[tuple[str, float], ...]
+    count: tuple[int, int] = (2, 10)
+    pause: tuple[float, float] = (0.5, 6.0)
+    router_down: tuple[float, float] = (0.5, 5.0)
+    partition: tuple[float, float] = (0.5, 8.0)
+    stall: tuple[float, float] = (0.05, 0.8)
+    slow: tuple[float, float] = (1.0, 6.0)
+
+
+def draw_plan(rng: random.Random, mix: FaultMix, *, shards: int, clients: Sequence[str],
+              start: float, end: float) -> FaultPlan:
+    """A random plan of faults between ``start`` and ``end`` (simulated seconds)."""
+    kinds = [k for k, _ in mix.weights]
+    weights = [w for _, w in mix.weights]
+    if not kinds or end <= start:
+        return FaultPlan()
+    shard_hosts = [f"shard-{i}" for i in range(shards)]
+    faults: list[Fault] = []
+    for _ in range(rng.randint(*mix.count)):
+        kind = rng.choices(kinds, weights)[0]
+        at = round(rng.uniform(start, end), 3)
+        if kind == "crash":
+            faults.append(Fault(at, kind, rng.choice(shard_hosts)))
+        elif kind == "pause":
+            faults.append(Fault(at, kind, rng.choice(shard_hosts), _dur(rng, mix.pause)))
+        elif kind == "router":
+            faults.append(Fault(at, kind, "router", _dur(rng, mix.router_down)))
+        else:
+            link = _link(rng, shard_hosts, clients, one_way_ok=kind in ("partition", "stall"))
+            if kind == "reset":
+                faults.append(Fault(at, kind, link))
+            elif kind == "slow":
+                faults.append(Fault(at, kind, link, _dur(rng, mix.slow),
+                                    round(rng.uniform(3.0, 30.0), 1)))
+            else:
+                span = mix.partition if kind == "partition" else mix.stall
+                faults.append(Fault(at, kind, link, _dur(rng, span)))
+    return FaultPlan(tuple(sorted(faults)))
+
+
+def _dur(rng: random.Random, span: tuple[float, float]) -> float:
+    return round(rng.uniform(*span), 3)
+
+
+def _link(rng: random.Random, shards: list[str], clients: Sequence[str], *,
+          one_way_ok: bool) -> str:
+    """A random link ``a<->b`` (or one way ``a->b``) of one of the three kinds."""
+    kind = rng.choice(("client<->shard", "client<->router", "router<->shard"))
+    if kind == "client<->shard" and clients:
+        a, b = rng.choice(list(clients)), rng.choice(shards)
+    elif kind == "client<->router" and clients:
+        a, b = rng.choice(list(clients)), "router"
+    else:
+        a, b = "router", rng.choice(shards)
+    if one_way_ok and rng.random() < 0.4:
+        if rng.random() < 0.5:
+            a, b = b, a
+        return f"{a}->{b}"
+    return f"{a}<->{b}"
+

@@ -1,0 +1,339 @@
+"""One schema of client-visible events, shared by the simulator and chaos runs.
+
+A :class:`History` is metadata (seed, scenario, broker config, fault plan) plus
+a list of events: publishes, subscribe replies, deliveries, acks, session ends,
+faults and phases, and optionally *oracle* facts the broker itself reports
+(cleanup trims) where the runner can see them. Plain data only: no trio here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+E = TypeVar("E", bound="Event")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something a client saw (or, for oracle events, the broker reported) at time ``t``."""
+
+    kind: ClassVar[str] = "event"
+    t: float
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"kind": self.kind}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            data[f.name] = list(value) if isinstance(value, tuple) else value
+        return data
+
+
+_KINDS: dict[str, type[Event]] = {}
+
+
+def _event(cls: type[E]) -> type[E]:
+    _KINDS[cls.kind] = cls
+    return cls
+
+
+# -- publishing ------------------------------------------------------------------------
+
+@_event
+@dataclass(frozen=True, slots=True)
+class PublishAttempted(Event):
+    """A producer is about to call publish; ``op`` is unique per producer, kept on retries."""
+
+    kind: ClassVar[str] = "publish_attempted"
+    producer: str
+    op: int
+    topic: str
+    id: str
+    attempt: int
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class PublishAcked(Event):
+    kind: ClassVar[str] = "publish_acked"
+    producer: str
+    op: int
+    topic: str
+    id: str
+    generation: int
+    offset: int
+    duplicate: bool
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class PublishFailed(Event):
+    """The publish call raised: the message may or may not be stored (indefinite)."""
+
+    kind: ClassVar[str] = "publish_failed"
+    producer: str
+    op: int
+    topic: str
+    id: str
+    error: str
+
+
+# -- subscribing -----------------------------------------------------------------------
+
+@_event
+@dataclass(frozen=True, slots=True)
+class Subscribed(Event):
+    """A session attached: the SUBSCRIBED reply. ``session`` counts a subscriber's attachments."""
+
+    kind: ClassVar[str] = "subscribed"
+    subscriber: str
+    session: int
+    client: str
+    shard: int
+    topic: str
+    name: str | None
+    generation: int
+    created: bool
+    start: int
+    cursor: int
+    reset: bool
+    max_in_flight: int          # the window the shard says it applies
+    asked_max_in_flight: int | None  # the window the SUBSCRIBE asked for
+    requested: float            # when the SUBSCRIBE was sent
+    known_generation: int | None  # the generation the SUBSCRIBE carried
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class Delivered(Event):
+    """A message reached the subscriber's code (``attempt`` 1 = first push in this session)."""
+
+    kind: ClassVar[str] = "delivered"
+    subscriber: str
+    session: int
+    topic: str
+    generation: int
+    offset: int
+    id: str
+    attempt: int
+    timestamp: float
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class Consumed(Event):
+    """The subscription iterator handed a message to user code."""
+
+    kind: ClassVar[str] = "consumed"
+    subscriber: str
+    topic: str
+    generation: int
+    offset: int
+    id: str
+    attempt: int
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class AckSent(Event):
+    kind: ClassVar[str] = "ack_sent"
+    subscriber: str
+    session: int
+    topic: str
+    generation: int
+    offsets: tuple[int, ...]
+    through: int
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class AckConfirmed(Event):
+    """The shard confirmed acks; ``cursor`` is the subscription's lowest unacked offset."""
+
+    kind: ClassVar[str] = "ack_confirmed"
+    subscriber: str
+    session: int
+    topic: str
+    generation: int
+    offsets: tuple[int, ...]    # explicit offsets the shard accepted
+    through: int
+    cursor: int
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class AckRefused(Event):
+    kind: ClassVar[str] = "ack_refused"
+    subscriber: str
+    session: int
+    topic: str
+    generation: int
+    offset: int
+    error: str
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class TopicWasReset(Event):
+    """The subscription moved to a new generation (G7)."""
+
+    kind: ClassVar[str] = "reset"
+    subscriber: str
+    session: int
+    topic: str
+    old: int
+    new: int
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class SessionEnded(Event):
+    """A session stopped receiving. ``reason``: inactive, taken_over, unsubscribed, lost."""
+
+    kind: ClassVar[str] = "session_ended"
+    subscriber: str
+    session: int
+    topic: str
+    reason: str
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class ShardHello(Event):
+    """A client connected to shard ``shard`` and learnt its generation (HELLO_OK)."""
+
+    kind: ClassVar[str] = "shard_hello"
+    client: str
+    shard: int
+    generation: int
+
+
+# -- the world -------------------------------------------------------------------------
+
+@_event
+@dataclass(frozen=True, slots=True)
+class FaultInjected(Event):
+    kind: ClassVar[str] = "fault"
+    fault: str          # crash, restart, pause, resume, partition, heal, reset, stall, slow...
+    target: str
+    detail: str = ""
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class Phase(Event):
+    """The run entered a phase: ``faults``, ``heal`` (liveness: faults over), ``end``."""
+
+    kind: ClassVar[str] = "phase"
+    name: str
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class Trimmed(Event):
+    """Oracle: a shard's cleanup deleted ``count`` messages of ``topic`` from ``first`` on."""
+
+    kind: ClassVar[str] = "trimmed"
+    shard: int
+    generation: int
+    topic: str
+    first: int
+    count: int
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class SubscriptionGone(Event):
+    """Oracle: a shard deleted a named subscription (G6 cleanup)."""
+
+    kind: ClassVar[str] = "subscription_deleted"
+    shard: int
+    generation: int
+    topic: str
+    name: str
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Rebuild an event from :meth:`Event.to_dict` output."""
+    data = dict(data)
+    cls = _KINDS[data.pop("kind")]
+    for f in dataclasses.fields(cls):
+        if isinstance(data.get(f.name), list):
+            data[f.name] = tuple(data[f.name])
+    return cls(**data)
+
+
+@dataclass
+class History:
+    """Metadata plus events in the order they happened."""
+
+    meta: dict[str, Any] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+
+    def add(self, event: Event) -> None:
+        self.events.append(event)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def of(self, cls: type[E]) -> list[E]:
+        """Events of one kind, in order."""
+        return [e for e in self.events if type(e) is cls]
+
+    def lines(self) -> Iterator[str]:
+        """Canonical JSON lines: the metadata first, then one line per event."""
+        yield _canonical({"kind": "meta", **self.meta})
+        for event in self.events:
+            yield _canonical(event.to_dict())
+
+    def digest(self) -> str:
+        """sha256 over the canonical serialisation: equal histories, equal digests."""
+        h = hashlib.sha256()
+        for line in self.lines():
+            h.update(line.encode())
+            h.update(b"\n")
+        return h.hexdigest()
+
+    def dump(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            for line in self.lines():
+                f.write(line + "\n")
+
+    @classmethod
+    def load(cls, path: str) -> History:
+        history = cls()
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                data = json.loads(line)
+                if data.get("kind") == "meta":
+                    data.pop("kind")
+                    history.meta = data
+                else:
+                    history.add(event_from_dict(data))
+        return history
+
+
+def _canonical(data: dict[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def describe(event: Event) -> str:
+    """One short human line for a trace."""
+    fields = " ".join(f"{f.name}={_short(getattr(event, f.name))}"
+                      for f in dataclasses.fields(event) if f.name != "t")
+    return f"{event.t:12.6f} {event.kind:<20} {fields}"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 1 << 32:
+        return f"{value:#x}"[:10]
+    if isinstance(value, tuple) and len(value) > 8:
+        return f"({value[0]}..{value[-1]} n={len(value)})"
+    return str(value)

@@ -1,0 +1,127 @@
+"""Named scenarios: each draws a :class:`~flux.sim.workload.Workload` from a seed.
+
+Timings are small (ttl, timeouts, cleanup passes of a second or two) so cleanup,
+redelivery and inactivity happen many times in a run of a minute or two of
+simulated time. Add a scenario by writing a function and listing it in ``SCENARIOS``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import replace
+
+from flux.sim.faults import FaultMix
+from flux.sim.workload import ROUTER_PORT, ProducerSpec, SubscriberSpec, Workload
+
+ALL_FAULTS = (("crash", 1.0), ("pause", 1.5), ("router", 0.7), ("partition", 1.5),
+              ("stall", 1.5), ("reset", 1.0), ("slow", 0.7))
+
+
+def base_config(rng: random.Random, shards: int) -> dict[str, object]:
+    timeout = rng.choice((0.5, 1.0, 1.5))
+    heartbeat = rng.choice((1.0, 2.0))
+    return {
+        "port": ROUTER_PORT, "shards": shards,
+        "message": {"ttl": rng.choice((1.0, 2.0, 4.0)), "cleanup_time": rng.choice((0.5, 1.0)),
+                    "dedup_window": 60.0},
+        "subscriber": {"retry_count": rng.randint(1, 4), "retry_interval": rng.choice((0.25, 0.5)),
+                       "timeout": timeout, "cleanup_time": rng.choice((0.5, 1.0)),
+                       "inactive_time": rng.choice((2.0, 4.0, 6.0)), "heartbeat": heartbeat,
+                       "max_in_flight": rng.choice((20, 100))},
+        "router": {"adopt_window": rng.choice((0.5, 1.0, 2.0))},
+        "shard": {"orphan_timeout": 30.0},
+    }
+
+
+def _topics(rng: random.Random, n: int) -> tuple[str, ...]:
+    words = ("orders", "billing", "audit", "clicks", "events", "mail", "jobs", "logs")
+    chosen = rng.sample(words, n)
+    return tuple(f"{w}.{rng.choice(('eu', 'us', 'ap'))}" for w in chosen)
+
+
+def _subscriber(rng: random.Random, i: int, topic: str, behaviour: str) -> SubscriberSpec:
+    name = f"s{i}"
+    spec = SubscriberSpec(name=name, topic=topic, sub_name=f"sub{i}", behaviour=behaviour,
+                          live=behaviour not in ("never", "takeover"))
+    if behaviour in ("flaky", "unsub"):
+        spec = replace(spec, churn=rng.uniform(3.0, 10.0))
+    elif behaviour == "strict":
+        spec = replace(spec, max_in_flight=1, prefetch=1)
+    elif behaviour == "window":
+        n = rng.randint(2, 8)
+        spec = replace(spec, max_in_flight=n, prefetch=rng.randint(1, n))
+    elif behaviour == "reader":
+        if rng.random() < 0.5:
+            spec = replace(spec, read_old=True)
+        else:
+            spec = replace(spec, from_offset=rng.randint(0, 3))
+    return spec
+
+
+def default(rng: random.Random) -> Workload:
+    """Every behaviour and every fault kind, 1-3 shards."""
+    shards = rng.randint(1, 3)
+    topics = _topics(rng, rng.randint(2, 4))
+    producers = tuple(ProducerSpec(f"p{i}", topics, count=rng.randint(20, 50),
+                                   gap=rng.uniform(0.2, 0.8), batch=rng.choice((1, 1, 3)))
+                      for i in range(rng.randint(1, 3)))
+    kinds = ["ack", "slow", "flaky", "unsub", "strict", "window", "reader", "never"]
+    rng.shuffle(kinds)
+    subscribers = [_subscriber(rng, i, rng.choice(topics), kind)
+                   for i, kind in enumerate(kinds[:rng.randint(3, 6)])]
+    if rng.random() < 0.3:
+        topic, i = rng.choice(topics), len(subscribers)
+        subscribers += [replace(_subscriber(rng, i + k, topic, "takeover"), sub_name=f"shared{i}",
+                                churn=rng.uniform(3.0, 8.0)) for k in range(2)]
+    return Workload("default", base_config(rng, shards), topics, producers, tuple(subscribers),
+                    FaultMix(ALL_FAULTS))
+
+
+def no_faults(rng: random.Random) -> Workload:
+    """The default workload with no faults at all: every rule must hold exactly."""
+    w = default(rng)
+    return replace(w, scenario="no-faults", mix=FaultMix((), count=(0, 0)))
+
+
+def crashes(rng: random.Random) -> Workload:
+    """Process faults only: shard crashes and pauses, router crashes."""
+    w = default(rng)
+    return replace(w, scenario="crashes",
+                   mix=FaultMix((("crash", 1.0), ("pause", 1.0), ("router", 1.0)), count=(3, 10)))
+
+
+def network(rng: random.Random) -> Workload:
+    """Network faults only: partitions both ways and one way, stalls, resets, slow links."""
+    w = default(rng)
+    return replace(w, scenario="network",
+                   mix=FaultMix((("partition", 1.0), ("stall", 1.5), ("reset", 1.0),
+                                 ("slow", 0.7)), count=(4, 14)))
+
+
+def strict(rng: random.Random) -> Workload:
+    """Strict mode and small windows, slow acks: order and redelivery under faults."""
+    w = default(rng)
+    subs = tuple(_subscriber(rng, i, rng.choice(w.topics), rng.choice(("strict", "window", "slow")))
+                 for i in range(rng.randint(3, 5)))
+    return replace(w, scenario="strict", subscribers=subs)
+
+
+def cleanup(rng: random.Random) -> Workload:
+    """Tight ttl, cleanup and inactivity; subscribers that come and go (G5, G6)."""
+    w = default(rng)
+    config = dict(w.config)
+    config["message"] = {**w.config["message"], "ttl": 0.5, "cleanup_time": 0.25}  # type: ignore[dict-item]
+    config["subscriber"] = {**w.config["subscriber"],  # type: ignore[dict-item]
+                            "inactive_time": rng.choice((1.0, 2.0)), "cleanup_time": 0.25}
+    subs = tuple(_subscriber(rng, i, rng.choice(w.topics),
+                             rng.choice(("unsub", "flaky", "reader", "ack", "never")))
+                 for i in range(rng.randint(3, 6)))
+    return replace(w, scenario="cleanup", config=config, subscribers=subs,
+                   mix=FaultMix((("pause", 1.0), ("stall", 1.0), ("crash", 0.3)), count=(0, 4)))
+
+
+SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
+    "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
+    "strict": strict, "cleanup": cleanup,
+}

@@ -1,0 +1,84 @@
+"""A simulated host: the Host seam (flux.host) over the fake clock and network.
+
+Each simulated process (router, shard incarnation, client) gets a :class:`SimHost`
+with a name (its network identity), randomness derived from the run seed, and a
+pause :class:`Gate` that its network and ``sleep_until`` pass through (SIGSTOP).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+import trio
+
+from flux.host import StreamHandler
+from flux.sim.network import Network, SimStream
+
+EPOCH = 1_700_000_000.0  # wall time of simulated time 0
+
+
+def derive_seed(*parts: object) -> int:
+    """A 64-bit seed from the run seed and names, stable across processes."""
+    text = ":".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "big")
+
+
+class Gate:
+    """Open, or closed while its process is paused; waiting at it is cancellable."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def open(self) -> None:
+        self.closed = False
+        self._lot.unpark_all()
+
+    async def passage(self) -> None:
+        """Return at once when open; otherwise wait until it opens."""
+        while self.closed:
+            await self._lot.park()
+
+
+class SimHost:
+    """The Host protocol for one simulated process."""
+
+    def __init__(self, network: Network, name: str, *, seed: int, incarnation: int = 0) -> None:
+        self.name = name
+        self.network = network
+        self.incarnation = incarnation
+        self.random = random.Random(derive_seed(seed, name, incarnation))
+        self.gate = Gate()
+        self.uid = network.register(self)
+
+    def __repr__(self) -> str:
+        return f"<SimHost {self.name}#{self.incarnation}>"
+
+    def now(self) -> float:
+        return trio.current_time()
+
+    def wall_time(self) -> float:
+        return EPOCH + trio.current_time()
+
+    async def sleep_until(self, deadline: float) -> None:
+        await self.gate.passage()
+        await trio.sleep_until(deadline)
+        await self.gate.passage()
+
+    async def connect(self, host: str, port: int) -> SimStream:
+        return await self.network.connect(self, port)
+
+    async def serve(self, host: str, port: int, handler: StreamHandler, *,
+                    task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            listener = self.network.listen(self, port, handler, nursery)
+            try:
+                task_status.started(listener.port)
+                await trio.sleep_forever()
+            finally:
+                self.network.unlisten(listener)

@@ -1,0 +1,297 @@
+"""A wire tap on a client's connections: frames in and out become history events.
+
+:class:`TapStream` wraps the stream a simulated client host opens and passes
+every byte through unchanged, decoding a copy of each direction to record what
+the client sent and saw (publishes and their acks, SUBSCRIBED replies,
+deliveries, acks and confirmations, session ends). It never alters traffic.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import trio
+
+from flux import errors, protocol
+from flux.sim import history as h
+from flux.sim.network import Network, SimStream
+from flux.sim.simhost import SimHost
+
+P = protocol
+_CODE_NAMES = {cls.code: cls.__name__ for cls in (
+    errors.WrongShard, errors.TopicFull, errors.Busy, errors.TopicReset,
+    errors.UnknownSubscription, errors.SubscriptionInactive, errors.SubscriptionTakenOver,
+    errors.NotDelivered, errors.ShuttingDown, errors.InvalidRequest, errors.ProtocolError)}
+
+
+def error_name(code: Any) -> str:
+    return _CODE_NAMES.get(code, f"error{code}")
+
+
+class Recorder:
+    """Shared by every tapped connection of one run: session numbering and the history."""
+
+    def __init__(self, history: h.History) -> None:
+        self.history = history
+        self.sessions = itertools.count(1)
+        self.stopped = False
+
+    def add(self, event: h.Event) -> None:
+        if not self.stopped:
+            self.history.add(event)
+
+
+class _Session:
+    __slots__ = ("generation", "id", "subscriber", "topic")
+
+    def __init__(self, id: int, subscriber: str, topic: str, generation: int) -> None:
+        self.id = id
+        self.subscriber = subscriber
+        self.topic = topic
+        self.generation = generation
+
+
+class _Tap:
+    """Decodes both directions of one connection and records events."""
+
+    def __init__(self, recorder: Recorder, client: str) -> None:
+        self.rec = recorder
+        self.client = client
+        self.shard = -1
+        self.out_decoder: P.FrameDecoder | None = P.FrameDecoder(1 << 30)
+        self.in_decoder: P.FrameDecoder | None = P.FrameDecoder(1 << 30)
+        self.pending: dict[int, tuple[Any, ...]] = {}
+        self.sessions: dict[int, _Session] = {}   # sid -> session
+        self.publish_tries: dict[tuple[str, str], int] = {}
+        self.ended = False
+
+    def _add(self, event: h.Event) -> None:
+        self.rec.add(event)
+
+    def _subscriber(self, name: str | None, sid: int) -> str:
+        return f"{self.client}/{name if name is not None else f'~{sid}'}"
+
+    # -- client -> broker --------------------------------------------------------------
+
+    def outgoing(self, data: bytes) -> None:
+        if self.out_decoder is None:
+            return
+        try:
+            frames = self.out_decoder.feed(data)
+        except errors.FluxError:
+            self.out_decoder = None
+            return
+        now = trio.current_time()
+        for frame in frames:
+            try:
+                self._out_frame(frame, now)
+            except (IndexError, TypeError, ValueError, KeyError):
+                continue  # malformed on purpose (a test); the broker judges it
+
+    def _out_frame(self, frame: list[Any], now: float) -> None:
+        kind = frame[0]
+        if kind == P.PUBLISH:
+            rid, items = frame[1], frame[2]
+            self.pending[rid] = ("publish", items)
+            for topic, message_id, _payload in items:
+                key = (topic, message_id)
+                tries = self.publish_tries[key] = self.publish_tries.get(key, 0) + 1
+                self._add(h.PublishAttempted(now, self.client, rid, topic, message_id, tries))
+        elif kind == P.SUBSCRIBE:
+            self.pending[frame[1]] = ("subscribe", frame[2], frame[3], now)
+        elif kind == P.UNSUBSCRIBE:
+            self.pending[frame[1]] = ("unsubscribe", frame[2])
+        elif kind == P.ACK:
+            rid, sid, generation, offsets, through = frame[1:6]
+            s = self.sessions.get(sid)
+            if s is not None:
+                self.pending[rid] = ("ack", s, tuple(offsets), through)
+                self._add(h.AckSent(now, s.subscriber, s.id, s.topic, generation,
+                                    tuple(offsets), through))
+
+    # -- broker -> client --------------------------------------------------------------
+
+    def incoming(self, data: bytes) -> None:
+        if self.in_decoder is None:
+            return
+        try:
+            frames = self.in_decoder.feed(data)
+        except errors.FluxError:
+            self.in_decoder = None
+            return
+        now = trio.current_time()
+        for frame in frames:
+            try:
+                self._in_frame(frame, now)
+            except (IndexError, TypeError, ValueError, KeyError):
+                continue
+
+    def _in_frame(self, frame: list[Any], now: float) -> None:
+        kind = frame[0]
+        if kind == P.DELIVER:
+            s = self.sessions.get(frame[1])
+            if s is not None:
+                for offset, message_id, _payload, timestamp, attempt in frame[3]:
+                    self._add(h.Delivered(now, s.subscriber, s.id, s.topic, frame[2], offset,
+                                          message_id, attempt, timestamp))
+        elif kind == P.PUBLISHED:
+            self._published(frame, now)
+        elif kind == P.ACKED:
+            self._acked(frame, now)
+        elif kind == P.SUBSCRIBED:
+            self._subscribed(frame, now)
+        elif kind == P.SUB_ENDED:
+            s = self.sessions.pop(frame[1], None)
+            if s is not None:
+                reason = {errors.SubscriptionInactive.code: "inactive",
+                          errors.SubscriptionTakenOver.code: "taken_over"}.get(frame[2], "ended")
+                self._add(h.SessionEnded(now, s.subscriber, s.id, s.topic, reason))
+        elif kind == P.UNSUBSCRIBED:
+            self.pending.pop(frame[1], None)
+            s = self.sessions.pop(frame[2], None)
+            if s is not None:
+                self._add(h.SessionEnded(now, s.subscriber, s.id, s.topic, "unsubscribed"))
+        elif kind == P.HELLO_OK:
+            body = frame[2]
+            if body.get("role") == "shard":
+                self.shard = body["index"]
+                self._add(h.ShardHello(now, self.client, self.shard, body["generation"]))
+        elif kind == P.ERROR:
+            self._error(frame, now)
+
+    def _published(self, frame: list[Any], now: float) -> None:
+        pending = self.pending.pop(frame[1], None)
+        if pending is None or pending[0] != "publish":
+            return
+        rid, generation = frame[1], frame[2]
+        for (topic, message_id, _payload), (status, a, b) in zip(pending[1], frame[3],
+                                                                  strict=False):
+            if status == P.OK:
+                self._add(h.PublishAcked(now, self.client, rid, topic, message_id, generation,
+                                         a, bool(b)))
+            else:
+                self._add(h.PublishFailed(now, self.client, rid, topic, message_id,
+                                          error_name(status)))
+
+    def _acked(self, frame: list[Any], now: float) -> None:
+        rid, _sid, cursor, refused = frame[1:5]
+        pending = self.pending.pop(rid, None)
+        if pending is None or pending[0] != "ack":
+            return
+        _, s, offsets, through = pending
+        refused_offsets = {item[0] for item in refused}
+        accepted = tuple(o for o in offsets if o not in refused_offsets)
+        self._add(h.AckConfirmed(now, s.subscriber, s.id, s.topic, s.generation, accepted,
+                                 through, cursor))
+        for offset, code, _message in refused:
+            self._add(h.AckRefused(now, s.subscriber, s.id, s.topic, s.generation, offset,
+                                   error_name(code)))
+
+    def _subscribed(self, frame: list[Any], now: float) -> None:
+        rid, sid, body = frame[1], frame[2], frame[3]
+        pending = self.pending.pop(rid, None)
+        if pending is None or pending[0] != "subscribe":
+            return
+        opts, sent = pending[2], pending[3]
+        name = opts.get("name")
+        subscriber = self._subscriber(name, sid)
+        old = self.sessions.get(sid)
+        if old is not None:
+            self._add(h.SessionEnded(now, old.subscriber, old.id, old.topic, "replaced"))
+        s = _Session(next(self.rec.sessions), subscriber, opts["topic"], body["generation"])
+        self.sessions[sid] = s
+        self._add(h.Subscribed(now, subscriber, s.id, self.client, self.shard, s.topic, name,
+                               body["generation"], bool(body["created"]), body["start_offset"],
+                               body["cursor"], bool(body.get("reset", False)),
+                               body.get("max_in_flight", 0), opts.get("max_in_flight"), sent,
+                               opts.get("generation")))
+
+    def _error(self, frame: list[Any], now: float) -> None:
+        pending = self.pending.pop(frame[1], None)
+        if pending is None:
+            return
+        name = error_name(frame[2])
+        if pending[0] == "publish":
+            for topic, message_id, _payload in pending[1]:
+                self._add(h.PublishFailed(now, self.client, frame[1], topic, message_id, name))
+        elif pending[0] == "ack":
+            s = pending[1]
+            self._add(h.AckRefused(now, s.subscriber, s.id, s.topic, s.generation, -1, name))
+
+    def closed(self) -> None:
+        """The connection is gone: its sessions end, its requests get no answer."""
+        if self.ended:
+            return
+        self.ended = True
+        now = trio.current_time()
+        for s in self.sessions.values():
+            self._add(h.SessionEnded(now, s.subscriber, s.id, s.topic, "lost"))
+        self.sessions.clear()
+        self.pending.clear()
+
+
+class TapStream(trio.abc.HalfCloseableStream):
+    """Passes bytes through to ``inner`` and shows a copy of them to a :class:`_Tap`."""
+
+    def __init__(self, inner: SimStream, recorder: Recorder, client: str) -> None:
+        self.inner = inner
+        self.tap = _Tap(recorder, client)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        # recorded before it leaves: an ack is "sent" from the moment it may arrive
+        self.tap.outgoing(bytes(data))
+        try:
+            await self.inner.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.tap.closed()
+            raise
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.inner.send_eof()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        try:
+            data: bytes = await self.inner.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.tap.closed()
+            raise
+        if data:
+            self.tap.incoming(data)
+        else:
+            self.tap.closed()
+        return data
+
+    async def aclose(self) -> None:
+        self.tap.closed()
+        await self.inner.aclose()
+
+    def close_now(self) -> None:
+        self.tap.closed()
+        self.inner.close_now()
+
+
+class TappedHost(SimHost):
+    """A client's host: every connection it opens is tapped."""
+
+    def __init__(self, network: Network, name: str, *, seed: int, incarnation: int,
+                 recorder: Recorder) -> None:
+        super().__init__(network, name, seed=seed, incarnation=incarnation)
+        self.recorder = recorder
+        self._open: dict[int, TapStream] = {}
+
+    async def connect(self, host: str, port: int) -> TapStream:  # type: ignore[override]
+        stream: SimStream = await super().connect(host, port)
+        tapped = TapStream(stream, self.recorder, self.name)
+        self._open[stream.conn_id] = tapped
+        return tapped
+
+    def drop_connections(self) -> None:
+        """Close every connection the client left open, as the garbage collector closes
+        the sockets of a dropped client (or the kernel those of a dead process)."""
+        for conn_id, stream in list(self._open.items()):
+            stream.close_now()
+            del self._open[conn_id]

@@ -1,0 +1,242 @@
+"""What simulated clients do: producers that retry with the same id, and subscribers
+that ack, ack slowly, never ack, disconnect, unsubscribe and resubscribe.
+
+Each actor is a real ``flux.client.trio`` client on its own tapped host; its
+choices come from a ``random.Random`` of its own, so runs replay. Scenarios
+(which actors, which config, which faults) live in :mod:`flux.sim.scenarios`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from flux import errors
+from flux.client.trio import Client, connect
+from flux.sim import history as h
+from flux.sim.faults import FaultMix
+from flux.sim.simhost import derive_seed
+from flux.sim.tap import TappedHost
+from flux.sim.world import World
+
+ROUTER_URL = "flux://127.0.0.1:7070"
+ROUTER_PORT = 7070
+
+# Errors after which a subscriber subscribes again.
+ENDED = (errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.TopicReset,
+         errors.NotDelivered, errors.UnknownSubscription, errors.OffsetOutOfRange,
+         errors.InvalidRequest, errors.RetryDeadlineExceeded, errors.ConnectionLost,
+         errors.RequestTimeout)
+
+# Subscriber behaviours; "live" ones must have everything delivered after the heal.
+BEHAVIOURS = ("ack", "slow", "never", "flaky", "unsub", "strict", "window", "reader", "takeover")
+
+
+@dataclass(frozen=True)
+class ProducerSpec:
+    name: str
+    topics: tuple[str, ...]
+    count: int
+    gap: float                 # mean seconds between publishes
+    batch: int = 1             # most messages per publish_many
+
+
+@dataclass(frozen=True)
+class SubscriberSpec:
+    name: str                  # its host
+    topic: str
+    sub_name: str
+    behaviour: str
+    live: bool
+    read_old: bool = False
+    from_offset: int | None = None
+    max_in_flight: int | None = None
+    prefetch: int | None = None
+    churn: float = 0.0         # mean seconds between disconnects/unsubscribes (0: never)
+
+    @property
+    def subscriber(self) -> str:
+        """The id the history uses for it (the tap's ``host/name``)."""
+        return f"{self.name}/{self.sub_name}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A whole run's set-up, drawn from the seed by a scenario."""
+
+    scenario: str
+    config: dict[str, Any]
+    topics: tuple[str, ...]
+    producers: tuple[ProducerSpec, ...]
+    subscribers: tuple[SubscriberSpec, ...]
+    mix: FaultMix
+    warmup: float = 1.0
+    fault_phase: float = 30.0
+    liveness_phase: float = 30.0
+    request_timeout: float = 2.0
+    retry_deadline: float = 10.0
+    give_up_after: float = 20.0  # a producer's own retries of one id (with retry_deadline < dedup)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def clients(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.producers) + tuple(s.name for s in self.subscribers)
+
+
+class Actors:
+    """Runs a workload's clients in ``world``; ``healed`` switches them to liveness mode."""
+
+    def __init__(self, world: World, workload: Workload, seed: int) -> None:
+        self.world = world
+        self.w = workload
+        self.seed = seed
+        self.healed = trio.Event()
+        self.publishing_over = trio.Event()
+        sub = workload.config.get("subscriber", {})
+        self.timeout = float(sub.get("timeout", 30.0))
+        self.inactive_time = float(sub.get("inactive_time", 300.0))
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(derive_seed(self.seed, "actor", name))
+
+    @asynccontextmanager
+    async def _client(self, host: TappedHost) -> AsyncIterator[Client]:
+        try:
+            async with connect(ROUTER_URL, host=host, request_timeout=self.w.request_timeout,
+                               retry_deadline=self.w.retry_deadline) as client:
+                yield client
+        finally:
+            host.drop_connections()
+
+    # -- producers ---------------------------------------------------------------------
+
+    async def producer(self, spec: ProducerSpec) -> None:
+        rng = self.rng(spec.name)
+        host = self.world.client_host(spec.name)
+        n = 0
+        while n < spec.count and not self.publishing_over.is_set():
+            try:
+                async with self._client(host) as client:
+                    while n < spec.count and not self.publishing_over.is_set():
+                        await trio.sleep(rng.expovariate(1.0 / spec.gap))
+                        size = rng.randint(1, spec.batch)
+                        ids = [f"{spec.name}-{n + i}" for i in range(min(size, spec.count - n))]
+                        await self._publish(client, rng, rng.choice(spec.topics), ids)
+                        n += len(ids)
+            except (errors.FluxError, OSError):
+                await trio.sleep(rng.uniform(0.1, 1.0))
+
+    async def _publish(self, client: Client, rng: random.Random, topic: str,
+                       ids: list[str]) -> None:
+        """Publish until acked, retrying with the same ids; give up before dedup_window."""
+        give_up = trio.current_time() + self.w.give_up_after
+        payloads = [i.encode() for i in ids]
+        while True:
+            try:
+                if len(ids) == 1:
+                    await client.publish(topic, payloads[0], id=ids[0])
+                else:
+                    await client.publish_many(topic, payloads, ids=ids)
+                return
+            except (errors.TopicFull, errors.Busy, errors.RetryDeadlineExceeded,
+                    errors.ConnectionLost, errors.RequestTimeout, errors.ShuttingDown,
+                    errors.WrongShard):
+                if trio.current_time() + self.w.retry_deadline > give_up:
+                    return
+                await trio.sleep(rng.uniform(0.05, 0.5))
+
+    async def canary(self, topics: tuple[str, ...]) -> None:
+        """After the heal: one publish per topic that must be acked (liveness)."""
+        host = self.world.client_host("canary")
+        pending = list(topics)
+        while pending:
+            try:
+                async with self._client(host) as client:
+                    while pending:
+                        topic = pending[0]
+                        await client.publish(topic, b"canary", id=f"canary-{topic}")
+                        pending.pop(0)
+            except (errors.FluxError, OSError):
+                await trio.sleep(0.5)
+
+    # -- subscribers -------------------------------------------------------------------
+
+    async def subscriber(self, spec: SubscriberSpec) -> None:
+        rng = self.rng(spec.name)
+        host = self.world.client_host(spec.name)
+        while True:
+            with trio.CancelScope() as connection:
+                try:
+                    async with self._client(host) as client:
+                        await self._subscribe_loop(client, spec, rng, connection)
+                except (errors.FluxError, OSError):
+                    pass
+            # disconnected (on purpose or not): come back after a while
+            await trio.sleep(rng.uniform(0.05, 1.0) if self.healed.is_set()
+                             else rng.uniform(0.1, 3.0))
+
+    async def _subscribe_loop(self, client: Client, spec: SubscriberSpec, rng: random.Random,
+                              connection: trio.CancelScope) -> None:
+        while True:
+            churn = self._next_churn(spec, rng)
+            try:
+                async with client.subscribe(
+                        spec.topic, name=spec.sub_name, read_old=spec.read_old,
+                        from_offset=spec.from_offset, max_in_flight=spec.max_in_flight,
+                        prefetch=spec.prefetch) as sub:
+                    ended = await self._consume(sub, spec, rng, churn)
+                    if ended is not None:
+                        raise ended
+                    if spec.behaviour in ("flaky", "takeover") and not self.healed.is_set():
+                        connection.cancel()  # the client process "dies": no unsubscribe
+                        await trio.sleep_forever()
+                # unsubscribed (churn): stay away for a while
+                if not self.healed.is_set():
+                    await trio.sleep(rng.uniform(0.0, 1.5 * self.inactive_time))
+            except ENDED:
+                await trio.sleep(rng.uniform(0.05, 1.0))
+
+    async def _consume(self, sub: Any, spec: SubscriberSpec, rng: random.Random,
+                       churn: float) -> errors.FluxError | None:
+        """Take messages until ``churn``; returns the error that ended the subscription."""
+        async with trio.open_nursery() as acks:
+            try:
+                with trio.move_on_at(churn):
+                    async for msg in sub:
+                        self.world.record(h.Consumed(
+                            trio.current_time(), spec.subscriber, msg.topic, msg.generation,
+                            msg.offset, msg.id, msg.attempt))
+                        await self._handle(msg, spec, rng, acks)
+            except ENDED as exc:
+                return exc
+            finally:
+                acks.cancel_scope.cancel()
+        return None
+
+    def _next_churn(self, spec: SubscriberSpec, rng: random.Random) -> float:
+        if not spec.churn or self.healed.is_set():
+            return float("inf")
+        return trio.current_time() + rng.expovariate(1.0 / spec.churn)
+
+    async def _handle(self, msg: Any, spec: SubscriberSpec, rng: random.Random,
+                      acks: trio.Nursery) -> None:
+        behaviour = spec.behaviour
+        if behaviour == "never":
+            return
+        if behaviour == "slow" and not self.healed.is_set():
+            acks.start_soon(_ack_later, msg, rng.uniform(0.0, 2.0 * self.timeout))
+        elif behaviour == "strict" and not self.healed.is_set():
+            await trio.sleep(rng.uniform(0.0, 0.3 * self.timeout))
+            await msg.ack()
+        else:
+            await msg.ack()
+
+
+async def _ack_later(msg: Any, delay: float) -> None:
+    await trio.sleep(delay)
+    await msg.ack()

@@ -1,0 +1,239 @@
+"""The simulated world: hosts, the network, the router and shards, and faults on them.
+
+:class:`World` makes hosts (each process incarnation its own), runs the real
+router under a :class:`RouterSupervisor` (crash, restart) and the real shards
+through :class:`SimLauncher` (a ``TaskLauncher`` whose nursery the simulator
+owns, so shards outlive the router), and carries out :class:`~flux.sim.faults.Fault`\\ s.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import traceback
+from typing import Any
+
+import trio
+
+from flux import config as config_mod
+from flux.config import Config
+from flux.router.launcher import TaskLauncher, TaskShard
+from flux.router.router import run_router
+from flux.router.state import MemoryStateStore
+from flux.shard.server import ShardServer
+from flux.sim import history as h
+from flux.sim.faults import Fault
+from flux.sim.network import Network
+from flux.sim.simhost import SimHost
+from flux.sim.tap import Recorder, TappedHost
+
+log = logging.getLogger("flux.sim")
+
+
+class World:
+    """Everything one simulated run owns, except the workload."""
+
+    def __init__(self, seed: int, config: Config, history: h.History,
+                 nursery: trio.Nursery) -> None:
+        self.seed = seed
+        self.config = config
+        self.history = history
+        self.network = Network(seed)
+        self.recorder = Recorder(history)
+        self.failures: list[str] = []
+        self.tracebacks: list[str] = []
+        self._incarnations: dict[str, int] = {}
+        self.shards: dict[int, tuple[SimHost, TaskShard]] = {}
+        self.launcher = SimLauncher(nursery, self)
+        self.router = RouterSupervisor(self, nursery)
+        self._faults: trio.Nursery | None = None
+
+    def new_host(self, name: str) -> SimHost:
+        n = self._incarnations.get(name, 0)
+        self._incarnations[name] = n + 1
+        return SimHost(self.network, name, seed=self.seed, incarnation=n)
+
+    def client_host(self, name: str) -> TappedHost:
+        n = self._incarnations.get(name, 0)
+        self._incarnations[name] = n + 1
+        return TappedHost(self.network, name, seed=self.seed, incarnation=n,
+                          recorder=self.recorder)
+
+    def record(self, event: h.Event) -> None:
+        self.recorder.add(event)
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        self.failures.append(f"{what} at t={trio.current_time():.6f}: {leaf_errors(exc)}")
+        self.tracebacks.append("".join(traceback.format_exception(exc)).rstrip())
+
+    def oracle(self, shard: int, generation: int, event: tuple[Any, ...]) -> None:
+        """The shard core's observer hook: cleanup facts for the G5/G6 checks."""
+        now = trio.current_time()
+        if event[0] == "trimmed":
+            self.record(h.Trimmed(now, shard, generation, event[1], event[2], event[3]))
+        elif event[0] == "deleted_subscription" and not str(event[2]).startswith("~"):
+            self.record(h.SubscriptionGone(now, shard, generation, event[1], event[2]))
+
+    # -- faults ------------------------------------------------------------------------
+
+    async def run_plan(self, faults: list[Fault]) -> None:
+        """Carry out ``faults`` at their times; :meth:`heal` cancels what is still going on."""
+        async with trio.open_nursery() as nursery:
+            self._faults = nursery
+            for fault in sorted(faults):
+                await trio.sleep_until(fault.at)
+                nursery.start_soon(self._apply, fault, name=f"fault {fault.encode()}")
+            await trio.sleep_forever()
+
+    async def _apply(self, fault: Fault) -> None:
+        kind, target, net = fault.kind, fault.target, self.network
+        if kind in ("crash", "pause"):
+            index = int(target.rsplit("-", 1)[1])
+            entry = self.shards.get(index)
+            if entry is None:
+                return  # not running right now (being restarted)
+            host, shard = entry
+            if kind == "crash":
+                self.record(h.FaultInjected(trio.current_time(), "crash", target, "instant"))
+                net.crash(host)
+                shard.kill()
+                return
+            self.record(h.FaultInjected(trio.current_time(), "pause", target, "begin"))
+            host.gate.close()
+            await trio.sleep(fault.duration)
+            host.gate.open()
+        elif kind == "router":
+            self.record(h.FaultInjected(trio.current_time(), "router", target, "begin"))
+            self.router.crash()
+            await trio.sleep(fault.duration)
+            self.router.restart()
+        elif kind == "reset":
+            a, b = target.split("<->")
+            net.reset_between(a, b)
+            self.record(h.FaultInjected(trio.current_time(), "reset", target, "instant"))
+            return
+        else:
+            pairs = _directions(target)
+            self.record(h.FaultInjected(trio.current_time(), kind, target, "begin"))
+            for a, b in pairs:
+                if kind == "slow":
+                    net.set_slow(a, b, fault.factor)
+                else:
+                    net.block(a, b)
+            await trio.sleep(fault.duration)
+            for a, b in pairs:
+                if kind == "slow":
+                    net.set_slow(a, b, 1.0)
+                else:
+                    net.unblock(a, b)
+        self.record(h.FaultInjected(trio.current_time(), kind, target, "end"))
+
+    def heal(self) -> None:
+        """End every fault at once: links healed, shards resumed, the router running."""
+        if self._faults is not None:
+            self._faults.cancel_scope.cancel()
+        self.network.heal_all()
+        for host, _shard in self.shards.values():
+            host.gate.open()
+        if not self.router.running:
+            self.router.restart()
+
+
+def leaf_errors(exc: BaseException) -> str:
+    """The innermost exceptions of a (possibly grouped) error, with where they were raised."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(leaf_errors(e) for e in exc.exceptions)
+    tb = exc.__traceback__
+    where = ""
+    while tb is not None:  # the innermost frame in broker or client code, if any
+        path = tb.tb_frame.f_code.co_filename
+        if not where or ("/flux/" in path and "/flux/sim/" not in path):
+            where = f" ({'/'.join(path.rsplit('/', 2)[-2:])}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _directions(target: str) -> list[tuple[str, str]]:
+    if "<->" in target:
+        a, b = target.split("<->")
+        return [(a, b), (b, a)]
+    a, b = target.split("->")
+    return [(a, b)]
+
+
+class SimLauncher(TaskLauncher):
+    """Shards as tasks in the simulator's nursery, each incarnation on a fresh host.
+
+    Builds the real :class:`ShardServer` itself (instead of ``run_shard``) only to
+    attach the oracle to its core's ``on_event`` hook.
+    """
+
+    def __init__(self, nursery: trio.Nursery, world: World) -> None:
+        super().__init__(nursery, lambda spec: world.new_host(f"shard-{spec.index}"))
+        self.world = world
+
+    async def run_shard(self, shard: TaskShard, task_status: Any) -> None:
+        world = self.world
+        index = shard.spec.index
+        host = world.new_host(f"shard-{index}")
+        generation = 0
+        while not generation:
+            generation = host.random.getrandbits(64)
+        config = config_mod.from_dict(shard.spec.config)
+        server = ShardServer(host, shard.spec, config, pid=shard.pid, generation=generation)
+        server.core.on_event = functools.partial(world.oracle, index, generation)
+        world.shards[index] = (host, shard)
+        try:
+            await server.run(shard.stop, task_status)
+        except Exception as exc:
+            world.failed(f"shard {index} (generation {generation:#x}) raised", exc)
+            raise
+        finally:
+            world.network.crash(host)  # a dead process's sockets close with it
+            if world.shards.get(index, (None, None))[1] is shard:
+                del world.shards[index]
+
+
+class RouterSupervisor:
+    """Runs the router, kills it on demand and restarts it (as ``systemd`` would)."""
+
+    def __init__(self, world: World, nursery: trio.Nursery) -> None:
+        self.world = world
+        self.nursery = nursery
+        self.store = MemoryStateStore()
+        self.host: SimHost | None = None
+        self.scope: trio.CancelScope | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.scope is not None
+
+    async def start(self) -> Any:
+        """Start the first router; returns once its shards registered."""
+        return await self.nursery.start(self._run)
+
+    def restart(self) -> None:
+        if self.scope is None:
+            self.nursery.start_soon(self._run)
+
+    def crash(self) -> None:
+        if self.scope is not None and self.host is not None:
+            self.world.network.crash(self.host)
+            self.scope.cancel()
+            self.scope = None
+
+    async def _run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        world = self.world
+        host = world.new_host("router")
+        scope = trio.CancelScope()
+        self.host, self.scope = host, scope
+        try:
+            with scope:
+                await run_router(host, world.config, world.launcher,
+                                 state=lambda port: self.store, task_status=task_status)
+        except Exception as exc:
+            world.failed("router raised", exc)
+        finally:
+            world.network.crash(host)
+            if self.scope is scope:
+                self.scope = None

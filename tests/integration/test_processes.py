@@ -1,0 +1,121 @@
+"""The router's process duties against real processes: restart, stop, adoption (G7, §3)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+
+from flux import protocol
+from flux.router.launcher import pid_alive
+
+from .wire import RawConn, owned_topic, shard_map
+
+if TYPE_CHECKING:
+    from tests.conftest import Broker
+
+pytestmark = pytest.mark.integration
+P = protocol
+TIMEOUT = 40
+
+
+async def wait_for_new_generation(broker: Broker, index: int, old: int) -> list[object]:
+    """Poll the router until shard ``index`` is registered with a generation other than ``old``."""
+    while True:
+        for entry in await shard_map(broker.address):
+            if entry[0] == index and entry[2] != old:
+                return entry
+        await trio.sleep(0.1)
+
+
+async def publish_one(address: str, topic: str) -> list[object]:
+    async with await RawConn.open(address) as conn:
+        hello = await conn.hello()
+        reply = await conn.request([P.PUBLISH, conn.rid(), [[topic, "m", b"x"]]])
+    assert reply[0] == P.PUBLISHED and reply[2] == hello[2]["generation"], reply
+    return list(reply[3][0])
+
+
+async def test_killed_shard_is_restarted_with_a_new_generation(broker: Broker) -> None:
+    old = broker.shards[0]
+    os.kill(old.pid, signal.SIGKILL)
+    with trio.fail_after(TIMEOUT):
+        _, address, generation = await wait_for_new_generation(broker, 0, old.generation)
+        assert generation != old.generation
+        stats = broker.stats()
+        new_pid = stats["shards"][0]["pid"]
+        broker.note_pids()
+        assert new_pid != old.pid and not pid_alive(old.pid)
+        assert stats["shards"][0]["restarts"] == 1
+        assert stats["shards"][1]["pid"] == broker.shards[1].pid  # the other one untouched
+        # the restart keeps the shard's address, and offsets start again at 0 (G7)
+        assert address == old.address
+        assert (await publish_one(str(address), owned_topic(0)))[:3] == [0, 0, False]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_drains_and_leaves_no_process_behind(broker: Broker, signum: int) -> None:
+    proc = broker.router.proc
+    proc.send_signal(signum)
+    assert proc.wait(timeout=30) == 0
+    deadline = time.monotonic() + 5
+    while not any(line == "flux: stopped" for line in broker.router.stdout):
+        broker.router.next_line(deadline)
+    broker.assert_all_gone()
+    assert not list((broker.tmp / "run").glob("router-*.json")), "state file left behind"
+
+
+async def test_restarted_router_adopts_running_shards(broker: Broker) -> None:
+    before = {i: (s.pid, s.generation, s.address) for i, s in broker.shards.items()}
+    broker.kill_router()
+    with trio.fail_after(TIMEOUT):
+        # the router holds no data: shards keep serving clients that have the map
+        for index, (_, _, address) in before.items():
+            assert (await publish_one(address, owned_topic(index)))[0] == 0
+        router = await trio.to_thread.run_sync(broker.restart_router)
+        after = {i: (s.pid, s.generation, s.address) for i, s in router.shards.items()}
+        assert after == before
+        assert sorted(e[2] for e in await shard_map(broker.address)) == sorted(
+            g for _, g, _ in before.values())
+
+
+async def test_restarted_router_replaces_a_shard_that_died_meanwhile(broker: Broker) -> None:
+    survivor, victim = broker.shards[0], broker.shards[1]
+    broker.kill_router()
+    os.kill(victim.pid, signal.SIGKILL)
+    with trio.fail_after(TIMEOUT):
+        router = await trio.to_thread.run_sync(broker.restart_router)
+        assert (router.shards[0].pid, router.shards[0].generation) == (
+            survivor.pid, survivor.generation)
+        assert router.shards[1].pid != victim.pid
+        assert router.shards[1].generation != victim.generation
+
+
+async def test_adopted_shard_that_dies_is_restarted(broker: Broker) -> None:
+    broker.kill_router()
+    with trio.fail_after(TIMEOUT):
+        router = await trio.to_thread.run_sync(broker.restart_router)
+        adopted = router.shards[1]
+        os.kill(adopted.pid, signal.SIGKILL)
+        entry = await wait_for_new_generation(broker, 1, adopted.generation)
+        assert entry[1] == adopted.address
+        broker.note_pids()
+
+
+async def test_shard_that_stops_heartbeating_is_killed_and_replaced(broker: Broker) -> None:
+    frozen = broker.shards[1]
+    os.kill(frozen.pid, signal.SIGSTOP)  # alive, but silent (heartbeat=1: replaced after ~3s)
+    try:
+        with trio.fail_after(TIMEOUT):
+            entry = await wait_for_new_generation(broker, 1, frozen.generation)
+            assert entry[1] == frozen.address
+            while pid_alive(frozen.pid):  # the frozen one was killed, not left beside it
+                await trio.sleep(0.05)
+    finally:
+        if pid_alive(frozen.pid):
+            os.kill(frozen.pid, signal.SIGCONT)
+    broker.note_pids()

@@ -1,0 +1,175 @@
+"""Bugs planted on purpose in the shard (by patching, never in the source) to prove
+that the simulator and its checker catch them. Each entry is a context manager."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+from flux import protocol
+from flux.shard.core import ShardCore
+from flux.shard.subscription import Subscription
+from flux.shard.topic import DedupWindow, TopicLog
+
+
+def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> contextlib.AbstractContextManager[Any]:
+    return mock.patch.object(owner, name, make(getattr(owner, name)))
+
+
+def _with_config(core: ShardCore, **subscriber: Any) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def patched() -> Iterator[None]:
+        original = core.config
+        core.config = dataclasses.replace(
+            original, subscriber=dataclasses.replace(original.subscriber, **subscriber))
+        try:
+            yield
+        finally:
+            core.config = original
+    return patched()
+
+
+def skip_dedup() -> contextlib.AbstractContextManager[Any]:
+    """G3: every publish is stored again, retries included."""
+    return _wrap(DedupWindow, "lookup", lambda f: lambda self, message_id, now: None)
+
+
+def duplicate_wrong_offset() -> contextlib.AbstractContextManager[Any]:
+    """G3: a duplicate's ack carries the wrong offset."""
+    def make(f: Any) -> Any:
+        def lookup(self: DedupWindow, message_id: str, now: float) -> int | None:
+            found = f(self, message_id, now)
+            return None if found is None else found + 1
+        return lookup
+    return _wrap(DedupWindow, "lookup", make)
+
+
+def delete_on_ttl_alone() -> contextlib.AbstractContextManager[Any]:
+    """G5: cleanup ignores the subscriptions' cursors."""
+    return _wrap(TopicLog, "trim", lambda f: lambda self, below, before: f(self, 1 << 62, before))
+
+
+def cursor_before_ack() -> contextlib.AbstractContextManager[Any]:
+    """G1/G2: the cursor moves past a message when it is first pushed, not when acked."""
+    def make(f: Any) -> Any:
+        def add_deadline(self: Subscription, at: float, offset: int, pushes: int) -> None:
+            f(self, at, offset, pushes)
+            if pushes == 1 and offset >= self.cursor:
+                self.cursor = offset + 1
+        return add_deadline
+    return _wrap(Subscription, "add_deadline", make)
+
+
+def ack_ignored() -> contextlib.AbstractContextManager[Any]:
+    """G4: an acked message stays in flight, so it is pushed again."""
+    def make(f: Any) -> Any:
+        def ack(self: Subscription, offset: int) -> bool:
+            pushes = self.in_flight.get(offset)
+            done: bool = f(self, offset)
+            if done and pushes is not None:
+                self.in_flight[offset] = pushes
+            return done
+        return ack
+    return _wrap(Subscription, "ack", make)
+
+
+def redeliver_whole_window() -> contextlib.AbstractContextManager[Any]:
+    """G4: when one push times out, every in-flight message is pushed again."""
+    def make(f: Any) -> Any:
+        def redeliver(self: ShardCore, sub: Subscription, due: list[tuple[float, int, int]]) -> None:
+            at = due[0][0] if due else 0.0
+            listed = {offset for _, offset, _ in due}
+            extra = [(at, o, p) for o, p in sub.in_flight.items() if o not in listed]
+            f(self, sub, due + extra)
+        return redeliver
+    return _wrap(ShardCore, "_redeliver", make)
+
+
+def no_retry_interval() -> contextlib.AbstractContextManager[Any]:
+    """G4: re-pushes ignore retry_interval (come too early)."""
+    def make(f: Any) -> Any:
+        def run_timers(self: ShardCore, sub: Subscription, now: float) -> None:
+            with _with_config(self, retry_interval=0.0):
+                f(self, sub, now)
+        return run_timers
+    return _wrap(ShardCore, "_run_timers", make)
+
+
+def one_push_too_many() -> contextlib.AbstractContextManager[Any]:
+    """G4: a message gets 2 + retry_count pushes."""
+    def make(f: Any) -> Any:
+        def run_timers(self: ShardCore, sub: Subscription, now: float) -> None:
+            with _with_config(self, retry_count=self.config.subscriber.retry_count + 1):
+                f(self, sub, now)
+        return run_timers
+    return _wrap(ShardCore, "_run_timers", make)
+
+
+def reverse_first_deliveries() -> contextlib.AbstractContextManager[Any]:
+    """G1: a batch of first deliveries goes out in reverse offset order."""
+    def make(f: Any) -> Any:
+        def push_new(self: ShardCore, sub: Subscription, now: float) -> None:
+            session = self.sessions.get(sub.session[0]) if sub.session else None
+            before = len(session.out) if session is not None else 0
+            f(self, sub, now)
+            if session is not None and len(session.out) > before:
+                frame = session.out[-1]
+                if frame[0] == protocol.DELIVER:
+                    frame[3].reverse()
+        return push_new
+    return _wrap(ShardCore, "_push_new", make)
+
+
+def ignore_max_in_flight() -> contextlib.AbstractContextManager[Any]:
+    """G1: the window is ignored; only credit limits pushes."""
+    def make(f: Any) -> Any:
+        def attach(self: Subscription, session: tuple[int, int], credit: int,
+                   max_in_flight: int, now: float) -> None:
+            f(self, session, credit, 1 << 20, now)
+        return attach
+    return _wrap(Subscription, "attach", make)
+
+
+def keep_inactive_forever() -> contextlib.AbstractContextManager[Any]:
+    """G6: inactive subscriptions are never deleted."""
+    return _wrap(ShardCore, "_cleanup_subscribers", lambda f: lambda self, now: None)
+
+
+def delete_inactive_at_once() -> contextlib.AbstractContextManager[Any]:
+    """G6: inactive subscriptions are deleted without waiting inactive_time."""
+    def make(f: Any) -> Any:
+        def cleanup(self: ShardCore, now: float) -> None:
+            with _with_config(self, inactive_time=0.0):
+                f(self, now)
+        return cleanup
+    return _wrap(ShardCore, "_cleanup_subscribers", make)
+
+
+def reuse_generation() -> contextlib.AbstractContextManager[Any]:
+    """G7: a restarted shard keeps generation 1, so clients mix two logs' offsets."""
+    def make(f: Any) -> Any:
+        def init(self: ShardCore, *args: Any, **kwargs: Any) -> None:
+            kwargs["generation"] = 1
+            f(self, *args, **kwargs)
+        return init
+    return _wrap(ShardCore, "__init__", make)
+
+
+PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
+    "skip-dedup": skip_dedup,
+    "duplicate-wrong-offset": duplicate_wrong_offset,
+    "delete-on-ttl-alone": delete_on_ttl_alone,
+    "cursor-before-ack": cursor_before_ack,
+    "ack-ignored": ack_ignored,
+    "redeliver-whole-window": redeliver_whole_window,
+    "no-retry-interval": no_retry_interval,
+    "one-push-too-many": one_push_too_many,
+    "reverse-first-deliveries": reverse_first_deliveries,
+    "ignore-max-in-flight": ignore_max_in_flight,
+    "keep-inactive-forever": keep_inactive_forever,
+    "delete-inactive-at-once": delete_inactive_at_once,
+    "reuse-generation": reuse_generation,
+}

@@ -1,0 +1,225 @@
+"""ShardCore acks (§1 "Acks", G6 cursor): individual, idempotent, cumulative, refusals."""
+
+from __future__ import annotations
+
+from test_core_support import GEN, Shard
+
+from flux import errors
+from flux import protocol as P
+
+QUIET = {"message.cleanup_time": 1000.0, "subscriber.cleanup_time": 1000.0}
+
+
+def test_ack_reply_carries_rid_sid_cursor_and_no_refusals() -> None:
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(5, name="s")
+    client.publish("a", "b")
+    assert client.request([P.ACK, 31, 5, GEN, [0], -1]) == [P.ACKED, 31, 5, 1, []]
+
+
+def test_cursor_is_the_lowest_unacked_offset() -> None:
+    """G6: acks above the cursor are remembered; the cursor jumps when the gap closes."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.publish("a", "b", "c", "d")
+    assert client.ack(1, 2) == (0, [])
+    assert client.ack(1, 0) == (1, [])
+    assert client.ack(1, 1) == (3, [])
+    assert shard.topic_stats()["subscriptions"]["s"]["cursor"] == 3
+
+
+def test_ack_is_idempotent() -> None:
+    """Acks: acking the same delivered offset again changes nothing and is not refused."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.publish("a", "b", "c")
+    assert client.ack(1, 1) == (0, [])
+    assert client.ack(1, 1) == (0, [])
+    assert client.ack(1, 0, 0) == (2, [])
+    assert client.ack(1, 0) == (2, [])
+
+
+def test_ack_through_acks_every_delivered_offset_up_to_n() -> None:
+    """Acks: ack_through(n) acks each offset <= n delivered to this session."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.publish("a", "b", "c", "d")
+    assert client.ack(1, through=2) == (3, [])
+    shard.advance(100.0)
+    assert [o for o, a in client.deliveries(1) if a > 1] == [3, 3]
+
+
+def test_ack_through_never_acks_an_offset_not_yet_delivered() -> None:
+    """Acks: a cumulative ack covers only what this session was sent."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s", max_in_flight=2, credit=100)
+    client.publish("a", "b", "c", "d")
+    assert client.deliveries(1) == [(0, 1), (1, 1)]
+    assert client.ack(1, through=100) == (2, [])
+    # 2 and 3 were pushed only now; the earlier ack_through(100) did not cover them
+    assert client.deliveries(1) == [(2, 1), (3, 1)]
+    shard.advance(10.0)
+    assert client.deliveries(1) == [(2, 2), (3, 2)]
+
+
+def test_ack_through_and_individual_offsets_combine() -> None:
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.publish("a", "b", "c", "d", "e")
+    assert client.ack(1, 3, through=1) == (2, [])
+    assert client.ack(1, 2) == (4, [])  # 4 is still unacked
+
+
+def test_ack_of_an_offset_not_yet_delivered_is_refused_and_changes_nothing() -> None:
+    """Acks: NotDelivered for an offset this session was not sent; it is pushed later as usual."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s", max_in_flight=1, credit=100)
+    client.publish("a", "b")
+    cursor, refused = client.ack(1, 1, 7)
+    assert cursor == 0
+    assert [(r[0], r[1]) for r in refused] == [(1, errors.NotDelivered.code),
+                                               (7, errors.NotDelivered.code)]
+    assert all(isinstance(r[2], str) and r[2] for r in refused)
+    client.ack(1, 0)
+    assert client.deliveries(1) == [(0, 1), (1, 1)]
+    assert client.ack(1, 1) == (2, [])
+
+
+def test_ack_of_an_offset_before_the_subscription_start_is_refused() -> None:
+    """Acks: an offset below where this subscription started was never delivered to it."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.publish("a", "b", "c")
+    client.subscribe(1, name="s")  # starts at 3
+    client.publish("d")
+    cursor, refused = client.ack(1, 1)
+    assert cursor == 3
+    assert [(r[0], r[1]) for r in refused] == [(1, errors.NotDelivered.code)]
+
+
+def test_ack_of_an_offset_acked_by_an_earlier_session_is_refused_to_a_new_one() -> None:
+    """Acks: 'delivered to this session' — the new session was never sent offset 1."""
+    shard = Shard(QUIET)
+    first = shard.connect()
+    first.subscribe(1, name="s")
+    first.publish("a", "b", "c")
+    first.ack(1, 1)
+    second = shard.connect()
+    second.subscribe(1, name="s")
+    assert second.deliveries(1) == [(0, 1), (2, 1)]
+    cursor, refused = second.ack(1, 1)
+    assert cursor == 0
+    assert [(r[0], r[1]) for r in refused] == [(1, errors.NotDelivered.code)]
+
+
+def test_ack_of_an_offset_acked_and_passed_by_the_cursor_is_still_idempotent() -> None:
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.publish("a", "b")
+    assert client.ack(1, 0, 1) == (2, [])
+    assert client.ack(1, 0, 1) == (2, [])
+
+
+def test_ack_with_another_generation_is_topic_reset_and_changes_nothing() -> None:
+    """Acks/G7: an ack of another generation gets TopicReset; the message stays unacked."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.publish("a")
+    reply = client.ack_frame(1, [0], generation=GEN + 1)
+    assert reply[0] == P.ERROR and reply[2] == errors.TopicReset.code
+    assert reply[4] == {"old": GEN + 1, "new": GEN}
+    assert shard.topic_stats()["subscriptions"]["s"]["cursor"] == 0
+    shard.advance(10.0)
+    assert client.deliveries(1) == [(0, 1), (0, 2)]
+
+
+def test_ack_of_an_unknown_sid_is_unknown_subscription() -> None:
+    shard = Shard(QUIET)
+    client = shard.connect()
+    reply = client.ack_frame(99, [0])
+    assert reply[0] == P.ERROR and reply[2] == errors.UnknownSubscription.code
+
+
+def test_ack_after_unsubscribe_is_unknown_subscription() -> None:
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.publish("a")
+    client.unsubscribe(1)
+    reply = client.ack_frame(1, [0])
+    assert reply[0] == P.ERROR and reply[2] == errors.UnknownSubscription.code
+    assert shard.topic_stats()["subscriptions"]["s"]["cursor"] == 0
+
+
+def test_ack_on_another_connection_is_unknown_subscription() -> None:
+    """Acks: sids are per connection; another connection cannot ack this session's offsets."""
+    shard = Shard(QUIET)
+    owner, other = shard.connect(), shard.connect()
+    owner.subscribe(1, name="s")
+    owner.publish("a")
+    reply = other.ack_frame(1, [0])
+    assert reply[0] == P.ERROR and reply[2] == errors.UnknownSubscription.code
+    assert shard.topic_stats()["subscriptions"]["s"]["cursor"] == 0
+
+
+def test_bad_offsets_are_refused_one_by_one_and_good_ones_applied() -> None:
+    """G8: inside an ack batch each bad offset gets its own refusal."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.publish("a", "b")
+    reply = client.ack_frame(1, [0, "1", None, 1.0, True, -3, 1])
+    assert reply[0] == P.ACKED and reply[3] == 2
+    assert [(r[0], r[1]) for r in reply[4]] == [
+        ("1", errors.InvalidRequest.code), (None, errors.InvalidRequest.code),
+        (1.0, errors.InvalidRequest.code), (True, errors.InvalidRequest.code),
+        (-3, errors.NotDelivered.code)]
+
+
+def test_malformed_ack_frame_is_an_error_and_changes_nothing() -> None:
+    """G8: wrong field types get InvalidRequest; nothing is acked."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.publish("a")
+    for offsets, through in [(0, -1), ([0], "x"), ({"0": 1}, -1), ([0], None), ([0], 1.5)]:
+        reply = client.ack_frame(1, offsets, through)
+        assert reply[0] == P.ERROR and reply[2] == errors.InvalidRequest.code, reply
+    short = client.request([P.ACK, 900, 1, GEN, [0]])
+    assert short[0] == P.ERROR and short[2] == errors.InvalidRequest.code
+    assert shard.topic_stats()["subscriptions"]["s"]["cursor"] == 0
+
+
+def test_acked_offsets_above_the_cursor_are_never_redelivered_after_resubscribe() -> None:
+    """G6: acked offsets above the cursor are remembered across sessions."""
+    shard = Shard(QUIET)
+    first = shard.connect()
+    first.subscribe(1, name="s")
+    first.publish("a", "b", "c", "d", "e")
+    first.ack(1, 1, 3)
+    shard.core.disconnect(first.conn, shard.now)
+    second = shard.connect()
+    reply = second.subscribe(7, name="s")
+    assert reply["cursor"] == 0
+    assert second.deliveries(7) == [(0, 1), (2, 1), (4, 1)]
+    second.ack(7, 0)
+    assert second.ack(7, 2) == (4, [])
+
+
+def test_an_ack_opens_the_window_for_the_next_first_delivery() -> None:
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s", max_in_flight=1, credit=10)
+    client.publish("a", "b")
+    client.take()
+    reply = client.send([P.ACK, 500, 1, GEN, [0], -1])
+    assert reply == [[P.ACKED, 500, 1, 1, []], [P.DELIVER, 1, GEN, [[1, "b", b"b", 0.0, 1]]]]

@@ -1,0 +1,236 @@
+"""ShardCore publishing: offsets (G1), publish acks (G2), dedup (G3), TopicFull and Busy (G5)."""
+
+from __future__ import annotations
+
+from test_core_support import GEN, TOPIC, Shard
+
+from flux import errors
+from flux import protocol as P
+
+
+def test_offsets_start_at_zero_and_increase_in_accept_order() -> None:
+    """G1: a topic's offsets are 0, 1, 2, ... in the order the shard accepts publishes."""
+    shard = Shard()
+    client = shard.connect()
+    assert client.publish("a", "b", "c") == [[P.OK, 0, False], [P.OK, 1, False], [P.OK, 2, False]]
+    assert client.publish("d") == [[P.OK, 3, False]]
+
+
+def test_each_topic_has_its_own_offsets() -> None:
+    """G1: offsets are per topic."""
+    shard = Shard()
+    client = shard.connect()
+    assert client.publish_one("a", topic="t.one") == 0
+    assert client.publish_one("b", topic="t.two") == 0
+    assert client.publish_one("c", topic="t.one") == 1
+
+
+def test_publish_ack_carries_offset_generation_and_duplicate_flag() -> None:
+    """G2: the PUBLISHED reply answers the rid with the generation and per-item results."""
+    shard = Shard()
+    client = shard.connect()
+    reply = client.request([P.PUBLISH, 77, [[TOPIC, "x", b"1"], [TOPIC, "x", b"2"]]])
+    assert reply == [P.PUBLISHED, 77, GEN, [[P.OK, 0, False], [P.OK, 0, True]]]
+
+
+def test_offsets_are_never_reused_after_cleanup() -> None:
+    """G1/G5: after every message is cleaned up, the next publish gets the next offset."""
+    shard = Shard()
+    client = shard.connect()
+    client.publish("a", "b")
+    shard.advance(40.0)  # past ttl (20) and a cleanup pass, with no subscription
+    assert shard.topic_stats()["held"] == 0
+    assert client.publish_one("c") == 2
+
+
+def test_stored_payload_is_what_a_fetch_returns() -> None:
+    """G2: a publish is acked after the message is stored."""
+    shard = Shard()
+    client = shard.connect()
+    client.publish("m1", payload=b"\x00\xffdata")
+    reply = client.fetch(offset=0)
+    assert reply[0] == P.FETCHED
+    [[offset, mid, payload, _ts]] = reply[2]["messages"]
+    assert (offset, mid, payload) == (0, "m1", b"\x00\xffdata")
+
+
+def test_duplicate_publish_returns_original_offset() -> None:
+    """G3: a second publish of an id gets the first offset and duplicate=True, and is not stored."""
+    shard = Shard()
+    client = shard.connect()
+    client.publish("a", "b")
+    assert client.publish("a") == [[P.OK, 0, True]]
+    assert shard.topic_stats()["next_offset"] == 2
+    assert client.publish_one("c") == 2
+
+
+def test_duplicate_from_another_connection_is_detected() -> None:
+    """G3: the dedup window is per topic, not per connection."""
+    shard = Shard()
+    first, second = shard.connect(), shard.connect()
+    first.publish("a", "b")
+    assert second.publish("b") == [[P.OK, 1, True]]
+
+
+def test_same_id_on_another_topic_is_not_a_duplicate() -> None:
+    """G3: dedup is keyed by (topic, id)."""
+    shard = Shard()
+    client = shard.connect()
+    client.publish("a", topic="t.one")
+    assert client.publish("a", topic="t.two") == [[P.OK, 0, False]]
+
+
+def test_duplicate_returns_original_offset_after_the_message_was_cleaned_up() -> None:
+    """G3: the window outlives the message (ttl 20 < dedup_window 50)."""
+    shard = Shard()
+    client = shard.connect()
+    client.publish("a", "b")
+    shard.advance(30.0)
+    assert shard.topic_stats()["held"] == 0
+    assert client.publish("a") == [[P.OK, 0, True]]
+
+
+def test_id_is_stored_anew_after_the_dedup_window() -> None:
+    """G3: once ``dedup_window`` has passed since acceptance the same id is a new message."""
+    shard = Shard()
+    client = shard.connect()
+    client.publish("a")
+    shard.advance(49.0)
+    assert client.publish("a") == [[P.OK, 0, True]]
+    shard.advance(50.0)
+    assert client.publish("a") == [[P.OK, 1, False]]
+    assert client.publish("a") == [[P.OK, 1, True]]
+
+
+def test_duplicate_does_not_extend_the_dedup_window() -> None:
+    """G3: the window runs from the original acceptance, not from retries."""
+    shard = Shard()
+    client = shard.connect()
+    client.publish("a")
+    shard.advance(45.0)
+    assert client.publish("a") == [[P.OK, 0, True]]
+    shard.advance(51.0)
+    assert client.publish("a") == [[P.OK, 1, False]]
+
+
+def test_new_generation_starts_with_an_empty_dedup_window() -> None:
+    """G3/G7: a restarted shard (new ShardCore, new generation) stores a retried id again."""
+    old = Shard()
+    old.connect().publish("a", "b")
+    new = Shard(generation=GEN + 1)
+    client = new.connect()
+    assert client.publish("b") == [[P.OK, 0, False]]
+
+
+def test_publish_that_would_pass_max_bytes_gets_topic_full() -> None:
+    """G5: payload + id + remembered-id bytes count; going over max_bytes is TopicFull."""
+    # each message costs 10 (payload) + 2 * 3 (id in the log and in the dedup window) = 16
+    shard = Shard({"topic.max_bytes": 48})
+    client = shard.connect()
+    results = client.publish("id0", "id1", "id2", "id3", payload=b"0123456789")
+    assert results[:3] == [[P.OK, 0, False], [P.OK, 1, False], [P.OK, 2, False]]
+    assert results[3][0] == errors.TopicFull.code
+    assert results[3][2] is None
+    assert shard.topic_stats()["next_offset"] == 3
+    assert shard.topic_stats()["held_bytes"] == 48
+
+
+def test_topic_full_is_exact_at_the_limit() -> None:
+    """G5: a publish that exactly reaches max_bytes is stored; one byte more is refused."""
+    shard = Shard({"topic.max_bytes": 16})
+    client = shard.connect()
+    assert client.publish("abc", payload=b"x" * 11)[0][0] == errors.TopicFull.code
+    assert client.publish("abc", payload=b"x" * 10) == [[P.OK, 0, False]]
+
+
+def test_dedup_check_comes_before_topic_full() -> None:
+    """G3: a duplicate of a stored id is answered with its offset even when the topic is full."""
+    shard = Shard({"topic.max_bytes": 32})
+    client = shard.connect()
+    client.publish("id0", "id1", payload=b"0123456789")
+    assert client.publish("id2", payload=b"0123456789")[0][0] == errors.TopicFull.code
+    assert client.publish("id1", payload=b"0123456789") == [[P.OK, 1, True]]
+
+
+def test_topic_full_clears_after_cleanup_frees_messages_and_ids() -> None:
+    """G5: back-pressure, not loss: once messages and ids expire, publishes are accepted."""
+    shard = Shard({"topic.max_bytes": 32})
+    client = shard.connect()
+    client.publish("id0", "id1", payload=b"0123456789")
+    assert client.publish("id2", payload=b"0123456789")[0][0] == errors.TopicFull.code
+    shard.advance(30.0)  # messages trimmed (ttl 20), ids still remembered (window 50)
+    assert shard.topic_stats()["held"] == 0
+    assert client.publish("id2", payload=b"0123456789")[0][0] == P.OK
+
+
+def test_topic_full_refusal_is_not_remembered_as_accepted() -> None:
+    """G3: an id refused with TopicFull was not accepted, so a later retry stores it."""
+    shard = Shard({"topic.max_bytes": 16})
+    client = shard.connect()
+    client.publish("id0", payload=b"0123456789")
+    assert client.publish("id1", payload=b"0123456789")[0][0] == errors.TopicFull.code
+    shard.advance(60.0)
+    assert client.publish("id1", payload=b"0123456789") == [[P.OK, 1, False]]
+
+
+def test_more_than_buffer_publishes_of_one_topic_in_a_frame_get_busy() -> None:
+    """G5/§2 topic.buffer: items past the buffer get Busy; the others are stored."""
+    shard = Shard({"topic.buffer": 3})
+    client = shard.connect()
+    results = client.publish("a", "b", "c", "d", "e")
+    assert results[:3] == [[P.OK, 0, False], [P.OK, 1, False], [P.OK, 2, False]]
+    assert [r[0] for r in results[3:]] == [errors.Busy.code, errors.Busy.code]
+    assert shard.topic_stats()["next_offset"] == 3
+    # Busy is retryable with the same id: the ids were not accepted
+    assert client.publish("d", "e") == [[P.OK, 3, False], [P.OK, 4, False]]
+
+
+def test_buffer_is_counted_per_topic_within_a_frame() -> None:
+    """topic.buffer limits publishes of *one* topic per frame, not of the whole frame."""
+    shard = Shard({"topic.buffer": 2})
+    client = shard.connect()
+    reply = client.publish_frame([["t.a", "1", b""], ["t.b", "1", b""], ["t.a", "2", b""],
+                                  ["t.b", "2", b""], ["t.a", "3", b""]])
+    assert [r[0] for r in reply[3]] == [P.OK, P.OK, P.OK, P.OK, errors.Busy.code]
+
+
+def test_busy_limit_resets_with_each_frame() -> None:
+    shard = Shard({"topic.buffer": 2})
+    client = shard.connect()
+    assert [r[0] for r in client.publish("a", "b")] == [P.OK, P.OK]
+    assert [r[0] for r in client.publish("c", "d")] == [P.OK, P.OK]
+
+
+def test_bad_item_in_a_batch_gets_its_own_error_and_others_are_stored() -> None:
+    """G8: inside a batch each item gets its own result."""
+    shard = Shard()
+    client = shard.connect()
+    reply = client.publish_frame([
+        [TOPIC, "ok1", b"x"],
+        [TOPIC, "", b"x"],             # empty id
+        ["bad topic!", "ok2", b"x"],   # invalid topic name
+        [TOPIC, "ok3", "not bytes"],   # payload must be binary
+        [TOPIC, "ok4"],                # too short
+        "not an item",
+        [TOPIC, "i" * 129, b"x"],      # id over 128 bytes
+        [TOPIC, 5, b"x"],              # id not a string
+        [TOPIC, "ok5", b"y"],
+    ])
+    codes = [r[0] for r in reply[3]]
+    assert codes == [P.OK, errors.InvalidMessageId.code, errors.InvalidTopic.code,
+                     errors.InvalidRequest.code, errors.InvalidRequest.code,
+                     errors.InvalidRequest.code, errors.InvalidMessageId.code,
+                     errors.InvalidMessageId.code, P.OK]
+    assert reply[3][0] == [P.OK, 0, False]
+    assert reply[3][-1] == [P.OK, 1, False]
+    for r in reply[3][1:-1]:
+        assert isinstance(r[1], str) and r[1] and r[2] is None
+
+
+def test_publish_while_draining_is_refused_as_shutting_down() -> None:
+    shard = Shard()
+    client = shard.connect()
+    shard.core.drain()
+    reply = client.publish_frame([[TOPIC, "a", b""]])
+    assert reply[0] == P.ERROR and reply[2] == errors.ShuttingDown.code
+    assert TOPIC not in shard.stats()["topics"]

@@ -1,0 +1,249 @@
+"""A driver for ShardCore in tests: explicit time, frame builders, per-connection inboxes.
+
+No tests live here; the test_core_* modules import it. Time only moves through
+:meth:`Shard.advance`, which runs ``tick`` at every deadline the core asks for,
+so timer-driven behaviour (G4-G6) is observed at its exact moment.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from flux import protocol as P
+from flux.config import Config
+from flux.shard.core import ShardCore
+
+GEN = 0x5EED_F1A7
+TOPIC = "orders.eu"
+
+# Distinct, small values, so that no two timers coincide by accident.
+BASE: dict[str, Any] = {
+    "message.ttl": 20.0,
+    "message.cleanup_time": 5.0,
+    "message.dedup_window": 50.0,
+    "subscriber.retry_count": 2,
+    "subscriber.retry_interval": 3.0,
+    "subscriber.timeout": 7.0,
+    "subscriber.cleanup_time": 10.0,
+    "subscriber.inactive_time": 40.0,
+    "subscriber.heartbeat": 1000.0,
+    "subscriber.max_in_flight": 100,
+}
+
+
+def make_config(overrides: dict[str, Any] | None = None) -> Config:
+    return Config().replace(**{**BASE, **(overrides or {})})
+
+
+@dataclass
+class Received:
+    at: float
+    frame: list[Any]
+
+
+class Shard:
+    """A ShardCore plus a clock and what each connection has been sent."""
+
+    def __init__(self, overrides: dict[str, Any] | None = None, *, index: int = 0,
+                 shard_count: int = 1, generation: int = GEN, now: float = 0.0) -> None:
+        self.config = make_config(overrides)
+        self.core = ShardCore(self.config, index=index, shard_count=shard_count,
+                              generation=generation, now=now)
+        self.generation = generation
+        self.now = now
+        self.clients: dict[int, Client] = {}
+        self.ticks: list[float] = []
+
+    def connect(self) -> Client:
+        conn = self.core.connect(self.now)
+        client = Client(self, conn)
+        self.clients[conn] = client
+        return client
+
+    def collect(self) -> None:
+        for conn, frames, close in self.core.take_output():
+            client = self.clients.get(conn)
+            if client is None:
+                raise AssertionError(f"output for unknown connection {conn}")
+            client.inbox.extend(Received(self.now, f) for f in frames)
+            if close:
+                client.closed = True
+
+    def advance(self, to: float) -> None:
+        """Move time to ``to``, ticking at every deadline on the way (and at ``to``)."""
+        assert to >= self.now, "time never goes back"
+        while True:
+            # a deadline before now is overdue (a test moved ``now`` by hand): run it now
+            deadline = max(self.core.next_deadline(), self.now)
+            if deadline > to:
+                break
+            self.now = deadline
+            self.core.tick(deadline)
+            self.ticks.append(deadline)
+            self.collect()
+            if self.core.next_deadline() <= deadline:
+                raise AssertionError(f"tick({deadline}) left a deadline at or before it")
+        self.now = to
+        self.core.tick(to)
+        self.collect()
+
+    def after(self, dt: float) -> None:
+        self.advance(self.now + dt)
+
+    def stats(self) -> dict[str, Any]:
+        return self.core.stats(self.now)
+
+    def topic_stats(self, topic: str = TOPIC) -> dict[str, Any]:
+        return dict(self.stats()["topics"][topic])
+
+
+@dataclass
+class Client:
+    """One connection: sends frames at the shard's current time and keeps what it gets."""
+
+    shard: Shard
+    conn: int
+    inbox: list[Received] = field(default_factory=list)
+    closed: bool = False
+    _rids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def rid(self) -> int:
+        return next(self._rids)
+
+    # -- raw frames --------------------------------------------------------------------
+
+    def send(self, frame: list[Any]) -> list[list[Any]]:
+        """Send one frame; returns every frame this connection got because of it."""
+        before = len(self.inbox)
+        self.shard.core.receive(self.conn, frame, self.shard.now)
+        self.shard.collect()
+        return [r.frame for r in self.inbox[before:]]
+
+    def request(self, frame: list[Any]) -> list[Any]:
+        """Send a request and return its one reply (matched by rid), taking it from the inbox."""
+        rid = frame[1]
+        before = len(self.inbox)
+        self.send(frame)
+        new = self.inbox[before:]
+        replies = [r for r in new if r.frame[0] not in (P.DELIVER, P.SUB_ENDED)
+                   and r.frame[1] == rid]
+        assert len(replies) == 1, f"expected one reply to rid {rid}, got {new}"
+        self.inbox.remove(replies[0])
+        return replies[0].frame
+
+    def take(self, kind: int | None = None) -> list[list[Any]]:
+        """Remove and return received frames (of one kind, or all)."""
+        keep: list[Received] = []
+        out: list[list[Any]] = []
+        for r in self.inbox:
+            if kind is None or r.frame[0] == kind:
+                out.append(r.frame)
+            else:
+                keep.append(r)
+        self.inbox = keep
+        return out
+
+    def take_timed(self, kind: int) -> list[Received]:
+        out = [r for r in self.inbox if r.frame[0] == kind]
+        self.inbox = [r for r in self.inbox if r.frame[0] != kind]
+        return out
+
+    # -- requests ----------------------------------------------------------------------
+
+    def hello(self) -> list[Any]:
+        return self.request([P.HELLO, self.rid(), {"version": P.VERSION, "role": "client"}])
+
+    def ping(self) -> list[Any]:
+        return self.request([P.PING, self.rid()])
+
+    def publish_frame(self, items: list[list[Any]]) -> list[Any]:
+        return self.request([P.PUBLISH, self.rid(), items])
+
+    def publish(self, *ids: str, topic: str = TOPIC, payload: bytes | None = None
+                ) -> list[list[Any]]:
+        """Publish one message per id in one frame; returns the per-item results."""
+        items = [[topic, i, payload if payload is not None else i.encode()] for i in ids]
+        reply = self.publish_frame(items)
+        assert reply[0] == P.PUBLISHED, reply
+        assert reply[2] == self.shard.generation
+        return list(reply[3])
+
+    def publish_one(self, message_id: str, topic: str = TOPIC, payload: bytes | None = None
+                    ) -> int:
+        [[status, offset, duplicate]] = self.publish(message_id, topic=topic, payload=payload)
+        assert status == P.OK and duplicate is False, (status, offset, duplicate)
+        return int(offset)
+
+    def subscribe_frame(self, sid: int, **opts: Any) -> list[Any]:
+        body = {"topic": TOPIC, "name": None, "mode": "push", "read_old": False,
+                "from_offset": None, "max_in_flight": None, "credit": None,
+                "generation": None, "on_reset": "earliest"}
+        body.update(opts)
+        return self.request([P.SUBSCRIBE, self.rid(), sid, body])
+
+    def subscribe(self, sid: int, **opts: Any) -> dict[str, Any]:
+        reply = self.subscribe_frame(sid, **opts)
+        assert reply[0] == P.SUBSCRIBED, reply
+        assert reply[2] == sid
+        return dict(reply[3])
+
+    def unsubscribe(self, sid: Any) -> list[Any]:
+        return self.request([P.UNSUBSCRIBE, self.rid(), sid])
+
+    def credit(self, sid: Any, n: Any) -> list[list[Any]]:
+        return self.send([P.CREDIT, sid, n])
+
+    def ack_frame(self, sid: Any, offsets: Any = (), through: Any = -1,
+                  generation: Any = None) -> list[Any]:
+        gen = self.shard.generation if generation is None else generation
+        offs = list(offsets) if isinstance(offsets, (list, tuple)) else offsets
+        return self.request([P.ACK, self.rid(), sid, gen, offs, through])
+
+    def ack(self, sid: int, *offsets: int, through: int = -1) -> tuple[int, list[list[Any]]]:
+        """Ack; returns (cursor, refused items)."""
+        reply = self.ack_frame(sid, offsets, through)
+        assert reply[0] == P.ACKED, reply
+        return int(reply[3]), list(reply[4])
+
+    def fetch(self, **opts: Any) -> list[Any]:
+        body = {"topic": TOPIC, "name": None, "generation": None, "offset": 0,
+                "max_messages": None, "max_bytes": None}
+        body.update(opts)
+        return self.request([P.FETCH, self.rid(), body])
+
+    def commit(self, name: str, offset: Any, **opts: Any) -> list[Any]:
+        body = {"topic": TOPIC, "name": name, "generation": self.shard.generation,
+                "offset": offset}
+        body.update(opts)
+        return self.request([P.COMMIT, self.rid(), body])
+
+    # -- deliveries --------------------------------------------------------------------
+
+    def deliveries(self, sid: int | None = None) -> list[tuple[int, int]]:
+        """Take DELIVER frames; returns (offset, attempt) for each item, in order."""
+        return [(o, a) for _, o, a in self.timed_deliveries(sid)]
+
+    def timed_deliveries(self, sid: int | None = None) -> list[tuple[float, int, int]]:
+        """Take DELIVER frames; returns (time, offset, attempt) per item."""
+        out: list[tuple[float, int, int]] = []
+        keep: list[Received] = []
+        for r in self.inbox:
+            f = r.frame
+            if f[0] == P.DELIVER and (sid is None or f[1] == sid):
+                assert f[2] == self.shard.generation
+                for item in f[3]:
+                    assert len(item) == 5
+                    out.append((r.at, item[0], item[4]))
+            else:
+                keep.append(r)
+        self.inbox = keep
+        return out
+
+    def sub_ended(self) -> list[tuple[int, int]]:
+        """Take SUB_ENDED frames; returns (sid, code) for each."""
+        return [(f[1], f[2]) for f in self.take(P.SUB_ENDED)]
+
+    def errors(self) -> list[list[Any]]:
+        return self.take(P.ERROR)

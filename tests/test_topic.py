@@ -1,0 +1,211 @@
+"""Unit tests of TopicLog and DedupWindow (flux/shard/topic.py): offsets, trims, id windows."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flux.shard.topic import DedupWindow, TopicLog
+
+
+def _log_with(n: int, start_time: float = 0.0, step: float = 1.0) -> TopicLog:
+    log = TopicLog()
+    for i in range(n):
+        log.append(f"id{i}", b"p" * i, start_time + i * step)
+    return log
+
+
+# -- TopicLog ------------------------------------------------------------------------------
+
+
+def test_offsets_start_at_zero_and_are_consecutive() -> None:
+    """G1: a topic's offsets are 0, 1, 2, ... in append order."""
+    log = TopicLog()
+    assert (log.oldest, log.next_offset, len(log)) == (0, 0, 0)
+    assert [log.append(f"m{i}", b"x", 0.0) for i in range(5)] == [0, 1, 2, 3, 4]
+    assert (log.oldest, log.next_offset, len(log)) == (0, 5, 5)
+
+
+def test_offsets_are_never_reused_after_trimming_everything() -> None:
+    """G1: cleanup never makes an offset available again."""
+    log = _log_with(3)
+    assert log.trim(below=3, stored_before=100.0) == 3
+    assert len(log) == 0
+    assert log.oldest == log.next_offset == 3
+    assert log.append("again", b"x", 200.0) == 3
+    assert log.get(3) is not None and log.get(3).id == "again"  # type: ignore[union-attr]
+    assert log.get(0) is None
+
+
+def test_get_returns_only_held_offsets() -> None:
+    log = _log_with(4)
+    log.trim(below=2, stored_before=100.0)
+    assert log.get(1) is None
+    assert log.get(-1) is None
+    assert log.get(4) is None
+    entry = log.get(2)
+    assert entry is not None and entry.id == "id2" and entry.payload == b"pp"
+
+
+def test_trim_stops_at_the_first_message_younger_than_the_cutoff() -> None:
+    """G2/G5: a message stored after ``stored_before`` stays, and so does all after it."""
+    log = _log_with(5)  # stored at 0, 1, 2, 3, 4
+    assert log.trim(below=5, stored_before=1.0) == 2  # offsets 0 and 1 (stored at <= 1.0)
+    assert log.oldest == 2
+
+
+def test_trim_never_drops_at_or_above_below() -> None:
+    """G5: ``below`` (the lowest cursor) protects every offset at or above it."""
+    log = _log_with(5)
+    assert log.trim(below=2, stored_before=1000.0) == 2
+    assert log.oldest == 2
+    assert log.trim(below=2, stored_before=1000.0) == 0
+    assert log.trim(below=0, stored_before=1000.0) == 0
+    assert log.oldest == 2
+
+
+def test_held_bytes_count_payload_and_id_and_drop_on_trim() -> None:
+    """G5: payload and id bytes count toward the topic's size."""
+    log = TopicLog()
+    log.append("abc", b"12345", 0.0)
+    log.append("de", b"", 0.0)
+    assert log.held_bytes == 3 + 5 + 2
+    log.trim(below=1, stored_before=0.0)
+    assert log.held_bytes == 2
+
+
+def test_read_returns_a_range_from_start_bounded_by_count() -> None:
+    log = _log_with(6)
+    assert [o for o, _ in log.read(2, 3, 1 << 20)] == [2, 3, 4]
+    assert [o for o, _ in log.read(5, 10, 1 << 20)] == [5]
+    assert log.read(6, 10, 1 << 20) == []
+    assert log.read(100, 10, 1 << 20) == []
+
+
+def test_read_from_a_trimmed_offset_starts_at_the_oldest_held() -> None:
+    log = _log_with(6)
+    log.trim(below=3, stored_before=100.0)
+    assert [o for o, _ in log.read(0, 2, 1 << 20)] == [3, 4]
+
+
+def test_read_is_bounded_by_bytes_but_returns_at_least_one() -> None:
+    log = TopicLog()
+    for i in range(4):
+        log.append(f"i{i}", b"x" * 100, 0.0)  # 102 bytes each with the id
+    assert [o for o, _ in log.read(0, 10, 250)] == [0, 1]
+    assert [o for o, _ in log.read(0, 10, 1)] == [0]
+
+
+def test_log_compacts_after_many_trims_without_changing_offsets() -> None:
+    log = TopicLog()
+    for i in range(3000):
+        log.append(f"m{i}", b"", float(i))
+    assert log.trim(below=2500, stored_before=10_000.0) == 2500
+    assert (log.oldest, log.next_offset, len(log)) == (2500, 3000, 500)
+    assert log.get(2499) is None
+    entry = log.get(2500)
+    assert entry is not None and entry.id == "m2500"
+    assert log.append("new", b"", 0.0) == 3000
+    assert [o for o, _ in log.read(0, 3, 1 << 20)] == [2500, 2501, 2502]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("append"), st.integers(0, 5)),
+    st.tuples(st.just("trim"), st.integers(0, 60), st.integers(0, 60)),
+), max_size=60))
+def test_log_matches_a_dict_model(ops: list[tuple[object, ...]]) -> None:
+    """G1/G5: random appends and trims agree with a plain dict of offset -> message."""
+    log = TopicLog()
+    model: dict[int, tuple[str, bytes, float]] = {}
+    next_offset = 0
+    now = 0.0
+    for op in ops:
+        if op[0] == "append":
+            size = int(op[1])  # type: ignore[call-overload]
+            now += 1.0
+            mid = f"m{next_offset}"
+            assert log.append(mid, b"x" * size, now) == next_offset
+            model[next_offset] = (mid, b"x" * size, now)
+            next_offset += 1
+        else:
+            below, cutoff = int(op[1]), float(op[2])  # type: ignore[call-overload]
+            expected = 0
+            for off in sorted(model):
+                if off < below and model[off][2] <= cutoff:
+                    del model[off]
+                    expected += 1
+                else:
+                    break
+            assert log.trim(below, cutoff) == expected
+        assert log.next_offset == next_offset
+        assert len(log) == len(model)
+        assert log.oldest == (min(model) if model else next_offset)
+        assert log.held_bytes == sum(len(m[0]) + len(m[1]) for m in model.values())
+        for off in range(next_offset + 1):
+            entry = log.get(off)
+            if off in model:
+                assert entry is not None and tuple(entry) == model[off]
+            else:
+                assert entry is None
+
+
+# -- DedupWindow ---------------------------------------------------------------------------
+
+
+def test_dedup_remembers_the_original_offset_within_the_window() -> None:
+    """G3: an id accepted less than ``window`` ago maps to its first offset."""
+    dedup = DedupWindow(10.0)
+    dedup.remember("a", 7, 0.0)
+    assert dedup.lookup("a", 0.0) == 7
+    assert dedup.lookup("a", 9.999) == 7
+    assert dedup.lookup("b", 1.0) is None
+
+
+def test_dedup_forgets_an_id_once_the_window_has_passed() -> None:
+    """G3: after ``dedup_window`` the id may be stored anew."""
+    dedup = DedupWindow(10.0)
+    dedup.remember("a", 7, 0.0)
+    assert dedup.lookup("a", 10.0) is None
+    assert len(dedup) == 0
+    assert dedup.held_bytes == 0
+
+
+def test_dedup_window_counts_from_acceptance_not_from_lookups() -> None:
+    """G3: a duplicate does not extend the window of the original."""
+    dedup = DedupWindow(10.0)
+    dedup.remember("a", 1, 0.0)
+    assert dedup.lookup("a", 9.0) == 1
+    assert dedup.lookup("a", 10.5) is None
+
+
+def test_dedup_remembers_a_re_accepted_id_with_its_new_offset() -> None:
+    """G3: once forgotten, an id stored again maps to the new offset for a new window."""
+    dedup = DedupWindow(10.0)
+    dedup.remember("a", 1, 0.0)
+    assert dedup.lookup("a", 12.0) is None
+    dedup.remember("a", 5, 12.0)
+    assert dedup.lookup("a", 21.0) == 5
+    assert dedup.lookup("a", 22.0) is None
+
+
+def test_dedup_expire_forgets_in_acceptance_order_and_counts_bytes() -> None:
+    """G5: remembered ids count toward the topic's bytes until they expire."""
+    dedup = DedupWindow(10.0)
+    dedup.remember("aa", 0, 0.0)
+    dedup.remember("bbb", 1, 5.0)
+    assert dedup.held_bytes == 5
+    assert dedup.expire(9.0) == 0
+    assert dedup.expire(10.0) == 1
+    assert dedup.held_bytes == 3
+    assert dedup.lookup("aa", 10.0) is None
+    assert dedup.lookup("bbb", 10.0) == 1
+    assert dedup.expire(100.0) == 1
+    assert (len(dedup), dedup.held_bytes) == (0, 0)
+
+
+def test_dedup_with_a_zero_window_remembers_nothing() -> None:
+    dedup = DedupWindow(0.0)
+    dedup.remember("a", 1, 0.0)
+    assert dedup.lookup("a", 0.0) is None
+    assert dedup.held_bytes == 0
