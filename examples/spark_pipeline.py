@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.demo:
         publish_demo(args.url, args.source)
     spark = spark_session(args.master, app="flux-spark-pipeline",
-                          settings={"spark.sql.shuffle.partitions": "2"})
+                          settings={"spark.sql.shuffle.partitions": "2",
+                                    "spark.ui.showConsoleProgress": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     with tempfile.TemporaryDirectory(prefix="flux-pipeline-") as tmp:
         query = start_query(spark, url=args.url, source=args.source, sink=args.sink,

@@ -76,7 +76,6 @@ def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines
 
     Prints the offset, generation and whether it was a duplicate.
     """
-    import trio
 
     from flux.client.trio import connect
 
@@ -112,7 +111,6 @@ def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines
 def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int | None,
         count: int | None, no_ack: bool) -> None:
     """Subscribe to TOPIC and print each message as it arrives (Ctrl-C to stop)."""
-    import trio
 
     from flux.client.trio import connect
 

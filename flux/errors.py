@@ -34,6 +34,12 @@ class ProtocolError(RemoteError):
     """A frame could not be decoded or broke the protocol's rules."""
 
     code = 10
+    #: frames decoded whole from the same input before the corruption was found
+    complete_frames: list[Any]
+
+    def __init__(self, message: str = "", **details: Any) -> None:
+        super().__init__(message, **details)
+        self.complete_frames = []
 
 
 class FrameTooLarge(ProtocolError):

@@ -90,7 +90,8 @@ class FrameDecoder:
     Raises :class:`~flux.errors.FrameTooLarge` when a length prefix is over
     ``max_frame_bytes`` and :class:`~flux.errors.ProtocolError` when a body is
     not a MessagePack array starting with an integer kind. Both mean the stream
-    is corrupt; the caller sends an ERROR frame and closes the connection.
+    is corrupt; the caller handles the error's ``complete_frames`` (the whole
+    frames that came before the corruption), sends an ERROR frame and closes.
     """
 
     __slots__ = ("_buf", "_pos", "max_frame_bytes")
@@ -112,16 +113,21 @@ class FrameDecoder:
         frames: list[list[Any]] = []
         pos = self._pos
         end = len(buf)
-        while end - pos >= 4:
-            (size,) = HEADER.unpack_from(buf, pos)
-            if size > self.max_frame_bytes:
-                raise errors.FrameTooLarge(
-                    f"frame of {size} bytes is over max_frame_bytes={self.max_frame_bytes}",
-                    size=size, limit=self.max_frame_bytes)
-            if end - pos - 4 < size:
-                break
-            frames.append(decode_body(bytes(buf[pos + 4:pos + 4 + size])))
-            pos += 4 + size
+        try:
+            while end - pos >= 4:
+                (size,) = HEADER.unpack_from(buf, pos)
+                if size > self.max_frame_bytes:
+                    raise errors.FrameTooLarge(
+                        f"frame of {size} bytes is over max_frame_bytes={self.max_frame_bytes}",
+                        size=size, limit=self.max_frame_bytes)
+                if end - pos - 4 < size:
+                    break
+                frames.append(decode_body(bytes(buf[pos + 4:pos + 4 + size])))
+                pos += 4 + size
+        except errors.ProtocolError as exc:
+            # the whole frames before the corruption are good: the caller answers them first
+            exc.complete_frames = frames
+            raise
         if pos == end:
             buf.clear()
             pos = 0

@@ -169,3 +169,45 @@ async def test_stats_reports_every_shard() -> None:
             stats = await client.stats()
     assert sorted(stats) == [0, 1]
     assert sum(s["counters"]["published"] for s in stats.values()) == 1
+
+
+async def test_publish_many_with_one_bad_id_sends_nothing() -> None:
+    with trio.fail_after(10):
+        async with cluster() as c, c.client() as client:
+            with pytest.raises(errors.InvalidMessageId):
+                await client.publish_many("t", [b"a", b"b", b"c"], ids=["a", "", "c"])
+            await client.publish("t", b"after", id="after")
+    assert [item[1] for f in c.shard.received(P.PUBLISH) for item in f[2]] == ["after"]
+
+
+async def test_closing_the_client_fails_waiting_publishes_with_client_closed(
+        autojump_clock: object) -> None:
+    result: list[BaseException] = []
+
+    async def publish(client: object) -> None:
+        try:
+            await client.publish("t", b"x")  # type: ignore[attr-defined]
+        except errors.ClientClosed as exc:
+            result.append(exc)
+
+    with trio.fail_after(60):
+        async with cluster() as c, trio.open_nursery() as nursery, c.client() as client:
+            del c.host.listeners[c.shard.address]  # it can never be sent
+            nursery.start_soon(publish, client)
+            await trio.sleep(1)
+    assert len(result) == 1
+
+
+async def test_reconnect_follows_a_shard_that_moved_to_a_new_address(
+        autojump_clock: object) -> None:
+    with trio.fail_after(60):
+        async with cluster() as c, c.client() as client:
+            await client.publish("t", b"a")
+            handler = c.host.listeners.pop(c.shard.address)
+            c.shard.address = ("elsewhere", 9999)
+            c.host.listeners[c.shard.address] = handler
+            c.shard.cut_all()
+            ack = await client.publish("t", b"b")
+    assert ack.offset == 1
+    assert c.host.connects[-1] == ("elsewhere", 9999)
+    assert c.router.hellos >= 2

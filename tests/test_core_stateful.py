@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from test_core_support import make_config
 
 from flux import errors
@@ -192,6 +192,7 @@ class ShardModel(RuleBasedStateMachine):
         assert isinstance(message, str) and message
         att = self.atts.get((conn, sid))
         assert att is not None and att.live, f"SUB_ENDED for a detached sid {sid}"
+        event(f"SUB_ENDED {code}")
         if code == errors.SubscriptionTakenOver.code:
             assert att.takeover_expected
         else:
@@ -211,38 +212,42 @@ class ShardModel(RuleBasedStateMachine):
         conns = sorted(self.conns)
         return conns[i % len(conns)] if conns else None
 
-    @precondition(lambda self: self.core is not None)
     @rule()
     def connect(self) -> None:
         assert self.core is not None
         if len(self.conns) < 3:
             self.conns[self.core.connect(self.now)] = self.now
 
-    @precondition(lambda self: self.core is not None)
-    @rule(i=st.integers(0, 9), reuse=st.integers(0, 50), new=st.booleans(), size=st.integers(0, 3))
-    def publish(self, i: int, reuse: int, new: bool, size: int) -> None:
+    @rule(i=st.integers(0, 9), batch=st.lists(st.tuples(st.booleans(), st.integers(0, 50),
+                                                        st.integers(0, 3)), min_size=1, max_size=3))
+    def publish(self, i: int, batch: list[tuple[bool, int, int]]) -> None:
+        """One PUBLISH frame of new ids and retried ones (possibly the same id twice)."""
         conn = self._pick_conn(i)
         if conn is None:
             return
-        if new or not self.ids:
-            mid = f"id{len(self.ids)}"
-            self.ids.append(mid)
-        else:
-            mid = self.ids[reuse % len(self.ids)]
-        payload = mid.encode() * size
+        items: list[list[Any]] = []
+        expected: list[list[Any]] = []
+        for new, reuse, size in batch:
+            if new or not self.ids:
+                mid = f"id{len(self.ids)}"
+                self.ids.append(mid)
+            else:
+                mid = self.ids[reuse % len(self.ids)]
+            payload = mid.encode() * size
+            items.append([TOPIC, mid, payload])
+            known = self.dedup.get(mid)
+            if known is not None and self.now < known[1] + self.cfg.message.dedup_window:
+                expected.append([P.OK, known[0], True])
+                event("publish: duplicate")
+            else:
+                # stored: in the model before the DELIVERs of the same batch are checked
+                expected.append([P.OK, len(self.messages), False])
+                self.dedup[mid] = (len(self.messages), self.now)
+                self.messages.append((mid, payload, self.now))
         rid = self._next_rid()
-        known = self.dedup.get(mid)
-        if known is not None and self.now < known[1] + self.cfg.message.dedup_window:
-            expected = [P.OK, known[0], True]
-        else:
-            # stored: in the model before the DELIVERs of the same batch are checked
-            expected = [P.OK, len(self.messages), False]
-            self.dedup[mid] = (len(self.messages), self.now)
-            self.messages.append((mid, payload, self.now))
-        [reply] = self._send(conn, [P.PUBLISH, rid, [[TOPIC, mid, payload]]])
-        assert reply == [P.PUBLISHED, rid, GEN, [expected]], ("G1/G3", reply, expected)
+        [reply] = self._send(conn, [P.PUBLISH, rid, items])
+        assert reply == [P.PUBLISHED, rid, GEN, expected], ("G1/G3", reply, expected)
 
-    @precondition(lambda self: self.core is not None)
     @rule(i=st.integers(0, 9), sid=st.integers(1, 3), name=st.sampled_from(["s1", "s2", None]),
           read_old=st.booleans(), mif=st.sampled_from([1, 2, 5]),
           credit=st.sampled_from([None, 0, 1, 3, 100]))
@@ -263,8 +268,11 @@ class ShardModel(RuleBasedStateMachine):
         created = sub is None
         if sub is None:
             sub = MSub(key, name is None, self.oldest if read_old else len(self.messages))
-        elif sub.att is not None:
-            sub.att.takeover_expected = True
+        else:
+            event(f"subscribe: reattach, gap above cursor={bool(sub.acked - {sub.cursor()})}")
+            if sub.att is not None:
+                sub.att.takeover_expected = True
+                event("subscribe: takeover")
         cap = self.cfg.subscriber.max_in_flight
         att = Att(conn, sid, sub, credit=min(mif, cap) if credit is None else credit,
                   mif=min(mif, cap))
@@ -294,17 +302,19 @@ class ShardModel(RuleBasedStateMachine):
         atts = [self.atts[k] for k in sorted(self.atts)]
         return atts[i % len(atts)] if atts else None
 
-    @precondition(lambda self: self.core is not None)
-    @rule(i=st.integers(0, 9), picks=st.lists(st.integers(0, 20), max_size=4),
-          extra=st.sampled_from([None, -1, 0, 1, 2, 5, 40]), through=st.booleans(),
+    @rule(i=st.integers(0, 9), picks=st.lists(st.integers(0, 20), min_size=1, max_size=4),
+          extra=st.sampled_from([None, None, None, -1, 0, 2, 40]),
+          through=st.sampled_from([False, False, False, True]),
           bad_generation=st.integers(0, 9))
     def ack(self, i: int, picks: list[int], extra: int | None, through: bool,
             bad_generation: int) -> None:
+        """Ack some offsets in flight (an ack of an acked one now and then), maybe cumulative,
+        maybe with an offset never delivered to this session."""
         att = self._pick_att(i)
         if att is None:
             return
-        delivered = sorted(att.delivered)
-        offsets = [delivered[p % len(delivered)] for p in picks] if delivered else []
+        pool = sorted(att.pushes) if att.pushes and picks[0] % 4 else sorted(att.delivered)
+        offsets = [pool[p % len(pool)] for p in picks[1:]] if pool else []
         if extra is not None:
             offsets.append(extra if extra >= 0 else len(self.messages) + 1)
         upto = max(offsets) if through and offsets else -1
@@ -316,6 +326,8 @@ class ShardModel(RuleBasedStateMachine):
             return
         # apply to the model first: the DELIVERs the acks make room for come in the same batch
         refused = [o for o in offsets if o not in att.delivered]
+        if refused:
+            event("ack: refused")
         for o in offsets:
             if o in att.delivered:
                 att.pushes.pop(o, None)
@@ -330,7 +342,6 @@ class ShardModel(RuleBasedStateMachine):
         assert [(r[0], r[1]) for r in reply[4]] == \
             [(o, errors.NotDelivered.code) for o in refused], "acks: refusals"
 
-    @precondition(lambda self: self.core is not None)
     @rule(i=st.integers(0, 9), sid=st.integers(1, 3))
     def ack_detached_sid(self, i: int, sid: int) -> None:
         """Acks on a sid that is not attached here are refused and change nothing."""
@@ -343,7 +354,6 @@ class ShardModel(RuleBasedStateMachine):
             errors.UnknownSubscription.code, errors.SubscriptionInactive.code,
             errors.SubscriptionTakenOver.code), reply
 
-    @precondition(lambda self: self.core is not None)
     @rule(i=st.integers(0, 9), n=st.integers(0, 3))
     def credit(self, i: int, n: int) -> None:
         att = self._pick_att(i)
@@ -352,7 +362,6 @@ class ShardModel(RuleBasedStateMachine):
         att.credit += n  # before sending: the DELIVERs it allows come in the same batch
         assert self._send(att.conn, [P.CREDIT, att.sid, n]) == []
 
-    @precondition(lambda self: self.core is not None)
     @rule(i=st.integers(0, 9), sid=st.integers(1, 3))
     def unsubscribe(self, i: int, sid: int) -> None:
         conn = self._pick_conn(i)
@@ -364,7 +373,6 @@ class ShardModel(RuleBasedStateMachine):
         rid = self._next_rid()
         assert self._send(conn, [P.UNSUBSCRIBE, rid, sid]) == [[P.UNSUBSCRIBED, rid, sid]]
 
-    @precondition(lambda self: self.core is not None)
     @rule(i=st.integers(0, 9))
     def disconnect(self, i: int) -> None:
         conn = self._pick_conn(i)
@@ -375,7 +383,6 @@ class ShardModel(RuleBasedStateMachine):
         self.core.disconnect(conn, self.now)
         assert self.core.take_output() == []
 
-    @precondition(lambda self: self.core is not None)
     @rule(i=st.integers(0, 9))
     def ping(self, i: int) -> None:
         conn = self._pick_conn(i)
@@ -383,11 +390,28 @@ class ShardModel(RuleBasedStateMachine):
             rid = self._next_rid()
             assert self._send(conn, [P.PING, rid]) == [[P.PONG, rid]]
 
-    @precondition(lambda self: self.core is not None)
-    @rule(dt=st.sampled_from([0.5, 1.0, 1.5, 2.5, 3.0, 4.0, 6.5, 10.0, 17.0]))
-    def advance(self, dt: float) -> None:
+    @rule(keepalive=st.booleans())
+    def advance_to_next_deadline(self, keepalive: bool) -> None:
+        """Run exactly the next thing the core has scheduled."""
         assert self.core is not None
-        target = self.now + dt
+        self.advance(self.core.next_deadline() - self.now, keepalive)
+
+    @rule(dt=st.sampled_from([0.5, 1.0, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.5, 10.0, 17.0, 25.0]),
+          keepalive=st.booleans())
+    def advance(self, dt: float, keepalive: bool) -> None:
+        """Let time pass; with keepalive every connection pings each heartbeat, as clients do."""
+        if not keepalive:
+            self._advance_to(self.now + dt)
+            return
+        end = self.now + dt
+        while self.now < end:
+            self._advance_to(min(end, self.now + self.cfg.subscriber.heartbeat))
+            for conn in sorted(self.conns):
+                rid = self._next_rid()
+                assert self._send(conn, [P.PING, rid]) == [[P.PONG, rid]]
+
+    def _advance_to(self, target: float) -> None:
+        assert self.core is not None
         while True:
             at = self.core.next_deadline()
             assert at > self.now, f"next_deadline {at} is not after now {self.now}"
@@ -428,6 +452,8 @@ class ShardModel(RuleBasedStateMachine):
                 expected += 1
             assert log_oldest == expected, ("G5 cleanup", log_oldest, expected)
         assert log_oldest == self.oldest or self._is_pass(self.cfg.message.cleanup_time)
+        if log_oldest > self.oldest:
+            event("messages trimmed")
         for offset in range(self.oldest, log_oldest):
             assert self.messages[offset][2] + self.cfg.message.ttl <= self.now, "G2: ttl"
             for sub in self.subs.values():
@@ -437,6 +463,7 @@ class ShardModel(RuleBasedStateMachine):
             for sub in list(self.subs.values()):
                 since = sub.inactive_since
                 if since is not None and self.now - since >= self.cfg.subscriber.inactive_time:
+                    event("subscription deleted by cleanup")
                     sub.deleted = True
                     del self.subs[sub.key]
 
@@ -472,6 +499,6 @@ class ShardModel(RuleBasedStateMachine):
 
 
 ShardModel.TestCase.settings = settings(
-    max_examples=250, stateful_step_count=50, deadline=None,
+    max_examples=150, stateful_step_count=100, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestShardCoreAgainstModel = ShardModel.TestCase

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_core_support import GEN, Shard
+from test_core_support import GEN, TOPIC, Shard
 
 from flux import errors
 from flux import protocol as P
@@ -258,3 +258,31 @@ def test_a_publish_from_another_connection_is_pushed_to_the_subscriber() -> None
     pub.publish("a")
     assert pub.take(P.DELIVER) == []
     assert sub.deliveries(3) == [(0, 1)]
+
+
+def test_delivery_timestamp_is_wall_time_of_storage() -> None:
+    """DELIVER timestamps are the shard's epoch plus the monotonic time the message was stored."""
+    shard = Shard()
+    shard.core.epoch = 1_700_000_000.0
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    shard.advance(3.5)
+    client.publish("a")
+    [frame] = client.take(P.DELIVER)
+    assert frame[3][0][3] == 1_700_000_003.5
+    assert client.fetch()[2]["messages"][0][3] == 1_700_000_003.5
+
+
+def test_stats_report_what_the_shard_holds() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.subscribe(1, name="s", read_old=True)
+    client.publish("a", "b")
+    client.ack(1, 0)
+    reply = client.request([P.STATS, 88])
+    assert reply[0] == P.STATS_OK and reply[1] == 88
+    body = reply[2]
+    assert (body["generation"], body["sessions"]) == (GEN, 1)
+    assert body["topics"][TOPIC]["next_offset"] == 2
+    assert body["topics"][TOPIC]["subscriptions"]["s"] == {
+        "mode": "push", "cursor": 1, "active": True, "in_flight": 1, "ephemeral": False}

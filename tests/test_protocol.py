@@ -252,6 +252,22 @@ def test_oversized_frame_after_good_ones_is_still_refused() -> None:
         decoder.feed(P.encode([P.PING, 2, "x" * 100]))
 
 
+def test_frames_before_corruption_in_the_same_input_are_handed_over_with_the_error() -> None:
+    # a PUBLISH that arrives in the same read as garbage must still be answered (G8: loses nothing)
+    decoder = P.FrameDecoder()
+    good = [[P.PUBLISH, 1, [["t", "id-1", b"x"]]], [P.PING, 2]]
+    with pytest.raises(errors.ProtocolError) as info:
+        decoder.feed(P.encode_many(good) + struct.pack(">I", 1) + b"\xc1")
+    assert info.value.complete_frames == good
+
+
+def test_oversized_prefix_after_good_frames_hands_the_good_frames_over() -> None:
+    decoder = P.FrameDecoder(max_frame_bytes=64)
+    with pytest.raises(errors.FrameTooLarge) as info:
+        decoder.feed(P.encode([P.PING, 1]) + struct.pack(">I", 65))
+    assert info.value.complete_frames == [[P.PING, 1]]
+
+
 BAD_BODIES = {
     "empty body": b"",
     "reserved byte 0xc1": b"\xc1",

@@ -51,10 +51,14 @@ class Dispatch(Pushes):
     def connection_lost(self, conn_id: int, now: float, exc: errors.FluxError | None = None) -> None:
         """The connection closed or broke (EOF, reset, corrupt frames)."""
         conn = self.conns.get(conn_id)
-        if conn is not None:
+        if conn is None:
+            return
+        reason = conn.close_reason  # an ERROR the peer sent before closing: say why
+        if exc is None or reason is not None:
             host, port = conn.address
-            self._close(conn, exc or conn.close_reason or errors.ConnectionLost(
-                f"connection to {host}:{port} closed"), now, tell_shell=False)
+            exc = errors.ConnectionLost(f"connection to {host}:{port} closed"
+                                        + (f" by the peer: {reason}" if reason else ""))
+        self._close(conn, exc, now, tell_shell=False)
 
     def receive(self, conn_id: int, frame: list[Any], now: float) -> None:
         """Handle one decoded frame that arrived on connection ``conn_id``."""

@@ -34,7 +34,7 @@ class PublishItem(Waiter):
         self.topic = topic
         self.id = message_id
         self.payload = payload
-        self.size = len(topic) + len(message_id) + len(payload) + ITEM_OVERHEAD
+        self.size = len(topic) + len(message_id.encode()) + len(payload) + ITEM_OVERHEAD
         self.deadline = deadline
         self.attempts = 0
         self.in_flight = False

@@ -87,10 +87,14 @@ class Routing:
             slot.calls.append(obj)
         else:
             slot.subs[obj.key] = obj
-        if slot.conn is None:
+        conn = slot.conn
+        if conn is None:
             self._ensure_conn(slot, now)
-        elif slot.conn.state == "ready":
-            self._flush_slot(slot, now)
+        elif conn.state == "ready":
+            if isinstance(obj, PublishItem):
+                self._writable[conn.id] = None  # PUBLISH frames are built at send time
+            else:
+                self._flush_slot(slot, now)
 
     def _ensure_conn(self, slot: ShardSlot, now: float) -> None:
         if slot.conn is not None or self.closed or not slot.has_work() or now < slot.retry_at:

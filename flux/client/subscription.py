@@ -42,6 +42,10 @@ class AckSession:
         self.confirmed = cursor            # the shard's cursor: everything below is acked
         self.next_offset = cursor          # one past the highest offset delivered
 
+    def __repr__(self) -> str:
+        return (f"<AckSession sid={self.sid} gen={self.generation:#x} confirmed={self.confirmed}"
+                f" next={self.next_offset} unacked={len(self.order)} queued={len(self.queued)}>")
+
     def deliver(self, offset: int) -> None:
         if offset not in self.delivered and not self.is_acked(offset):
             self.order.append(offset)

@@ -23,6 +23,8 @@ class Timers(Dispatch):
     def next_deadline(self) -> float:
         """When :meth:`tick` must run next (``math.inf``: only on events)."""
         at = math.inf
+        if self.closed:
+            return at
         if self._delayed:
             at = self._delayed[0][0]
         for conn in self.conns.values():

@@ -76,6 +76,8 @@ class Client:
         ShuttingDown reuse the id. Raises InvalidTopic, InvalidMessageId,
         MessageTooLarge, InvalidRequest (before sending), TopicFull
         (back-pressure: retry later), RetryDeadlineExceeded, ClientClosed.
+        Like a deadline, cancelling the call leaves it unknown whether the
+        message was stored; publish again with the same id to find out.
         """
         item = self._core.publish(topic, payload, id, self._host.now())
         self._pump()
@@ -125,6 +127,8 @@ class Client:
         created. ``prefetch`` is the credit: how many first deliveries may wait
         in the client (default ``max_in_flight`` or 1000). ``on_reset``
         ("earliest" or "raise") decides what a shard restart does (G7).
+        Entering raises InvalidTopic or InvalidRequest (bad options, before
+        sending), OffsetOutOfRange, RetryDeadlineExceeded or ClientClosed.
         """
         return Subscription(self, topic, name, read_old=read_old, from_offset=from_offset,
                             max_in_flight=max_in_flight, prefetch=prefetch, on_reset=on_reset)
@@ -196,6 +200,7 @@ class Client:
     def _shutdown(self) -> None:
         self._shell.close()
 
+
 class Subscription:
     """A push subscription: ``async with`` subscribes and unsubscribes; iterate for messages.
 
@@ -203,7 +208,9 @@ class Subscription:
     raises SubscriptionInactive or SubscriptionTakenOver when the shard ended
     the subscription, TopicReset (``on_reset="raise"``) after a shard restart,
     NotDelivered (or another typed error) when the shard refused an ack, and
-    stops after :meth:`unsubscribe`.
+    stops after :meth:`unsubscribe` or when the client closes. Iterate it from
+    one task at a time. While the connection is being re-established the
+    iterator simply waits; unconsumed messages come again from the cursor.
     """
 
     def __init__(self, client: Client, topic: str, name: str | None, **options: Any) -> None:

@@ -439,8 +439,8 @@ class ShardCore:
         max_messages = min(1000 if max_messages is None else max_messages, FETCH_MAX_MESSAGES)
         max_bytes = min(_opt_int(opts, "max_bytes") or (1 << 20),
                         self.config.max_frame_bytes // 2)
-        if offset < 0 or max_messages < 0:
-            raise errors.InvalidRequest("offset and max_messages must be >= 0")
+        if offset < 0 or max_messages < 0 or max_bytes < 0:
+            raise errors.InvalidRequest("offset, max_messages and max_bytes must be >= 0")
         topic = self.topics.get(name)
         if opts.get("name") is not None:
             self._pull_sub(topic, opts.get("name"), now)
@@ -541,8 +541,21 @@ class ShardCore:
         if items:
             sub.credit -= len(items)
             self.counters["delivered"] += len(items)
-            session.out.append([P.DELIVER, sub.session[1], self.generation, items])
+            self._deliver(session, sub.session[1], items)
             self._schedule(sub)
+
+    def _deliver(self, session: Session, sid: int, items: list[list[Any]]) -> None:
+        """Queue DELIVER frames for ``items``, split so no frame nears max_frame_bytes."""
+        budget = self.config.max_frame_bytes // 2
+        start = size = 0
+        for i, item in enumerate(items):
+            item_size = len(item[2]) + len(item[1]) + 40
+            if size + item_size > budget and i > start:
+                session.out.append([P.DELIVER, sid, self.generation, items[start:i]])
+                start, size = i, 0
+            size += item_size
+        session.out.append([P.DELIVER, sid, self.generation,
+                            items[start:] if start else items])
 
     def _schedule(self, sub: Subscription) -> None:
         """Make sure the timer heap wakes ``sub`` at its earliest timer."""
@@ -631,7 +644,7 @@ class ShardCore:
                           pushes + 1])
         if items and session is not None:
             self.counters["redelivered"] += len(items)
-            session.out.append([P.DELIVER, sub.session[1], self.generation, items])
+            self._deliver(session, sub.session[1], items)
 
     def _exhausted(self, sub: Subscription, offset: int, now: float) -> None:
         """A message used all its pushes: the subscription becomes inactive (G4)."""

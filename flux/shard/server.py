@@ -129,10 +129,6 @@ class ShardServer:
         self._control_wake = trio.Event()
         self._control_switch = trio.Event()
 
-    @property
-    def generation(self) -> int:
-        return self.core.generation
-
     async def run(self, stop: trio.Event | None, task_status: Any) -> None:
         async with trio.open_nursery() as nursery:
             port = await nursery.start(self.host.serve, self.config.host, self.spec.port,
@@ -143,7 +139,7 @@ class ShardServer:
             nursery.start_soon(self._ticker)
             nursery.start_soon(self._control_loop)
             log.info("shard %d listening on %s (generation %#x)", self.spec.index, self.address,
-                     self.generation)
+                     self.core.generation)
             task_status.started(port)
             await self._stop.wait()
             await self._drain()
@@ -209,6 +205,8 @@ class ShardServer:
                 try:
                     frames = decoder.feed(data)
                 except errors.ProtocolError as exc:  # framing corruption (FrameTooLarge too)
+                    if exc.complete_frames:
+                        self._receive(c, exc.complete_frames)
                     self.core.fail(c.conn, exc, self.host.now())
                     self._dispatch()
                     continue
@@ -259,12 +257,11 @@ class ShardServer:
 
     def _begin_close(self, c: Connection) -> None:
         """Handle no more input on ``c``; flush its output, then close it (bounded)."""
-        if c.closing:
-            return
-        c.closing = True
-        c.mark_sent()  # release a reader waiting on back-pressure
-        c.wake()
-        c.nursery.start_soon(self._close_guard, c)
+        if not c.closing:
+            c.closing = True
+            c.mark_sent()  # release a reader waiting on back-pressure
+            c.wake()
+            c.nursery.start_soon(self._close_guard, c)
 
     async def _close_guard(self, c: Connection) -> None:
         await self.host.sleep_until(self.host.now() + CLOSE_GRACE)
@@ -384,7 +381,7 @@ class ShardServer:
 
         try:
             await stream.send_all(protocol.encode([protocol.REGISTER, 1, {
-                "index": self.spec.index, "pid": self.pid, "generation": self.generation,
+                "index": self.spec.index, "pid": self.pid, "generation": self.core.generation,
                 "address": self.address, "advertise": self.spec.advertise or self.address,
                 "shard_count": self.spec.shard_count}]))
             async with trio.open_nursery() as nursery:

@@ -33,6 +33,7 @@ class Outcome:
     problems: list[str]
     sim_time: float
     wall_time: float
+    cpu_time: float
     digest: str
     shrunk_plan: str | None = None
     shrunk_problems: list[str] = field(default_factory=list)
@@ -54,7 +55,7 @@ def run_one(job: tuple[int, str, str | None, bool]) -> Outcome:
         seed, workload_for(seed, scenario))
     result = run(seed, scenario, plan)
     outcome = Outcome(seed, scenario, result.ok, result.plan, result.rules, result.problems(),
-                      result.sim_time, result.wall_time, result.digest)
+                      result.sim_time, result.wall_time, result.cpu_time, result.digest)
     if not result.ok and do_shrink and len(plan):
         smaller, again = shrink(result, plan)
         outcome.shrunk_plan = smaller.encode()
@@ -158,7 +159,7 @@ def _sweep(jobs: list[tuple[int, str, str | None, bool]], workers: int) -> int:
 
     console = Console(stderr=True)
     failures: list[Outcome] = []
-    sim_total = wall_total = 0.0
+    sim_total = wall_total = cpu_total = 0.0
     started = time.perf_counter()  # seam-ok: the sweep's own wall time
     columns = (TextColumn("[bold]flux sim"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn())
@@ -167,6 +168,7 @@ def _sweep(jobs: list[tuple[int, str, str | None, bool]], workers: int) -> int:
         for outcome in _outcomes(jobs, workers):
             sim_total += outcome.sim_time
             wall_total += outcome.wall_time
+            cpu_total += outcome.cpu_time
             if not outcome.ok:
                 failures.append(outcome)
                 progress.console.print(_failure_text(outcome), markup=False, highlight=False,
@@ -175,11 +177,15 @@ def _sweep(jobs: list[tuple[int, str, str | None, bool]], workers: int) -> int:
     elapsed = time.perf_counter() - started  # seam-ok
     n = len(jobs)
     ratio = sim_total / wall_total if wall_total else 0.0
+    cpu_ratio = sim_total / cpu_total if cpu_total else 0.0
     per_core = n / (wall_total / 60.0) if wall_total else 0.0
-    click.echo(f"seeds: {n}  failures: {len(failures)}  workers: {workers}")
-    click.echo(f"simulated: {sim_total:.0f}s  run wall time: {wall_total:.1f}s"
-               f" (elapsed {elapsed:.1f}s)  simulated/real: {ratio:.0f}x"
-               f"  seeds/min/core: {per_core:.0f}")
+    per_cpu = n / (cpu_total / 60.0) if cpu_total else 0.0
+    click.echo(f"seeds: {n}  failures: {len(failures)}  workers: {workers}"
+               f"  elapsed: {elapsed:.1f}s")
+    click.echo(f"simulated: {sim_total:.0f}s  wall (sum over runs): {wall_total:.1f}s"
+               f"  cpu: {cpu_total:.1f}s")
+    click.echo(f"simulated/real: {ratio:.0f}x wall, {cpu_ratio:.0f}x cpu"
+               f"  seeds/min/core: {per_core:.0f} wall, {per_cpu:.0f} cpu")
     for outcome in sorted(failures, key=lambda o: (o.scenario, o.seed)):
         click.echo(f"FAIL seed {outcome.seed} [{outcome.scenario}] {','.join(outcome.rules)}:"
                    f" {outcome.replay()}")

@@ -90,6 +90,9 @@ class FaultMix:
     partition: tuple[float, float] = (0.5, 8.0)
     stall: tuple[float, float] = (0.05, 0.8)
     slow: tuple[float, float] = (1.0, 6.0)
+    producers_only: bool = False  # link faults pick producers, not subscribers
+    links: tuple[tuple[str, float], ...] = (
+        ("client<->shard", 1.0), ("client<->router", 1.0), ("router<->shard", 1.0))
 
 
 def draw_plan(rng: random.Random, mix: FaultMix, *, shards: int, clients: Sequence[str],
@@ -111,7 +114,8 @@ def draw_plan(rng: random.Random, mix: FaultMix, *, shards: int, clients: Sequen
         elif kind == "router":
             faults.append(Fault(at, kind, "router", _dur(rng, mix.router_down)))
         else:
-            link = _link(rng, shard_hosts, clients, one_way_ok=kind in ("partition", "stall"))
+            link = _link(rng, mix, shard_hosts, clients,
+                         one_way_ok=kind in ("partition", "stall"))
             if kind == "reset":
                 faults.append(Fault(at, kind, link))
             elif kind == "slow":
@@ -127,10 +131,10 @@ def _dur(rng: random.Random, span: tuple[float, float]) -> float:
     return round(rng.uniform(*span), 3)
 
 
-def _link(rng: random.Random, shards: list[str], clients: Sequence[str], *,
+def _link(rng: random.Random, mix: FaultMix, shards: list[str], clients: Sequence[str], *,
           one_way_ok: bool) -> str:
     """A random link ``a<->b`` (or one way ``a->b``) of one of the three kinds."""
-    kind = rng.choice(("client<->shard", "client<->router", "router<->shard"))
+    kind = rng.choices([k for k, _ in mix.links], [w for _, w in mix.links])[0]
     if kind == "client<->shard" and clients:
         a, b = rng.choice(list(clients)), rng.choice(shards)
     elif kind == "client<->router" and clients:

@@ -230,7 +230,7 @@ class _Listener:
     host: SimHost
     port: int
     handler: StreamHandler
-    nursery: trio.Nursery
+    nursery: trio.Nursery | None = None
 
 
 class Network:
@@ -334,15 +334,15 @@ class Network:
 
     # -- listening and connecting ------------------------------------------------------
 
-    def listen(self, host: SimHost, port: int, handler: StreamHandler,
-               nursery: trio.Nursery) -> _Listener:
+    def listen(self, host: SimHost, port: int, handler: StreamHandler) -> _Listener:
+        """Own ``port`` (0: a free one); raises OSError(EADDRINUSE) if it is taken."""
         if port == 0:
             port = next(self._ports)
             while port in self._listeners:
                 port = next(self._ports)
         elif port in self._listeners:
             raise OSError(errno.EADDRINUSE, f"port {port} is already in use")
-        listener = _Listener(host, port, handler, nursery)
+        listener = _Listener(host, port, handler)
         self._listeners[port] = listener
         return listener
 
@@ -363,7 +363,7 @@ class Network:
         with trio.move_on_after(CONNECT_TIMEOUT):
             while True:
                 listener = self._listeners.get(port)
-                if listener is None:
+                if listener is None or listener.nursery is None:
                     await trio.sleep(self.latency(dst, host.name))
                     raise ConnectionRefusedError(errno.ECONNREFUSED, f"nothing listens on {port}")
                 dst = listener.host.name
@@ -371,6 +371,7 @@ class Network:
                     break
                 await self._healed.park()
             client, server = self._pair(host, listener.host)
+            assert listener.nursery is not None
             listener.nursery.start_soon(listener.handler, server,
                                         name=f"{dst}:conn#{server.conn_id}")
             await trio.sleep(self.latency(dst, host.name))

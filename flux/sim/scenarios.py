@@ -121,7 +121,34 @@ def cleanup(rng: random.Random) -> Workload:
                    mix=FaultMix((("pause", 1.0), ("stall", 1.0), ("crash", 0.3)), count=(0, 4)))
 
 
+def dedup(rng: random.Random) -> Workload:
+    """A dedup window of seconds, clients that give up just inside it, lossy links (G3)."""
+    w = default(rng)
+    config = dict(w.config)
+    config["message"] = {**w.config["message"], "dedup_window": 5.0}  # type: ignore[dict-item]
+    # publishing all through the fault phase, so that faults catch publishes in flight
+    producers = tuple(replace(p, batch=3, gap=w.fault_phase / p.count) for p in w.producers)
+    return replace(w, scenario="dedup", config=config, producers=producers,
+                   request_timeout=0.5, retry_deadline=1.5, give_up_after=3.0,
+                   mix=FaultMix((("reset", 2.0), ("stall", 2.0), ("partition", 1.0),
+                                 ("crash", 0.3)), count=(8, 20), partition=(0.5, 3.0),
+                                stall=(0.3, 2.0), producers_only=True,
+                                links=(("client<->shard", 4.0), ("router<->shard", 1.0))))
+
+
+def backpressure(rng: random.Random) -> Workload:
+    """Topics so small that publishes hit TopicFull until consumers ack and cleanup runs."""
+    w = default(rng)
+    config = dict(w.config)
+    config["topic"] = {"max_bytes": rng.choice((300, 600, 1200)), "buffer": rng.choice((2, 64))}
+    config["message"] = {**w.config["message"], "ttl": 0.5, "cleanup_time": 0.25,  # type: ignore[dict-item]
+                         "dedup_window": 3.0}
+    producers = tuple(replace(p, batch=4) for p in w.producers)
+    return replace(w, scenario="backpressure", config=config, producers=producers,
+                   request_timeout=0.5, retry_deadline=1.0, give_up_after=2.0)
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
-    "strict": strict, "cleanup": cleanup,
+    "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
 }

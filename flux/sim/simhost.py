@@ -75,10 +75,11 @@ class SimHost:
 
     async def serve(self, host: str, port: int, handler: StreamHandler, *,
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            listener = self.network.listen(self, port, handler, nursery)
-            try:
+        listener = self.network.listen(self, port, handler)  # OSError if the port is taken
+        try:
+            async with trio.open_nursery() as nursery:
+                listener.nursery = nursery
                 task_status.started(listener.port)
                 await trio.sleep_forever()
-            finally:
-                self.network.unlisten(listener)
+        finally:
+            self.network.unlisten(listener)

@@ -35,6 +35,7 @@ class Recorder:
     def __init__(self, history: h.History) -> None:
         self.history = history
         self.sessions = itertools.count(1)
+        self.publish_tries: dict[tuple[str, str, str], int] = {}  # (client, topic, id)
         self.stopped = False
 
     def add(self, event: h.Event) -> None:
@@ -63,7 +64,6 @@ class _Tap:
         self.in_decoder: P.FrameDecoder | None = P.FrameDecoder(1 << 30)
         self.pending: dict[int, tuple[Any, ...]] = {}
         self.sessions: dict[int, _Session] = {}   # sid -> session
-        self.publish_tries: dict[tuple[str, str], int] = {}
         self.ended = False
 
     def _add(self, event: h.Event) -> None:
@@ -95,8 +95,8 @@ class _Tap:
             rid, items = frame[1], frame[2]
             self.pending[rid] = ("publish", items)
             for topic, message_id, _payload in items:
-                key = (topic, message_id)
-                tries = self.publish_tries[key] = self.publish_tries.get(key, 0) + 1
+                key = (self.client, topic, message_id)
+                tries = self.rec.publish_tries[key] = self.rec.publish_tries.get(key, 0) + 1
                 self._add(h.PublishAttempted(now, self.client, rid, topic, message_id, tries))
         elif kind == P.SUBSCRIBE:
             self.pending[frame[1]] = ("subscribe", frame[2], frame[3], now)

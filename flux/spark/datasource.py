@@ -33,10 +33,6 @@ class FluxDataSource(DataSource):
     """The ``flux`` format. Options are checked when a reader or writer is made
     (ValueError naming the option); see the README's Spark section for the list."""
 
-    def __init__(self, options: Any) -> None:
-        super().__init__(options)
-        self.options = options
-
     @classmethod
     def name(cls) -> str:
         return "flux"

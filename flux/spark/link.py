@@ -22,6 +22,7 @@ T = TypeVar("T")
 Item = tuple[str, str, bytes]          # topic, message id, payload
 Row = tuple[int, str, bytes, float]    # offset, id, payload, timestamp
 FETCH_BATCH = 5000
+FULL_BACKOFF = (0.05, 2.0)  # seconds between re-sends while a topic is full
 
 
 def call(url: str, timeout: float, step: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -33,13 +34,14 @@ def call(url: str, timeout: float, step: Callable[..., Awaitable[T]], *args: Any
             async with connect(url) as client:
                 return await step(client, *args)
         assert scope.cancelled_caught
-        raise errors.RequestTimeout(f"flux at {url} did not answer within {timeout:g}s")
+        raise errors.RequestTimeout(f"a call to flux at {url} did not finish within {timeout:g}s"
+                                    " (option 'timeout')")
 
     return trio.run(main)
 
 
 async def _status(client: Client, topic: str, name: str | None, offset: int) -> TopicStatus:
-    got = await client.fetch(topic, offset, max_messages=1, name=name)
+    got = await client.fetch(topic, offset, max_messages=0, name=name)  # status only
     return TopicStatus(got.generation, got.oldest, got.next)
 
 
@@ -106,9 +108,10 @@ async def commit_all(client: Client, name: str, end: offsets.Offsets) -> None:
             await _resume(client, topic, name, pos)
 
 
-async def fetch_range(client: Client, rng: Range, fail_on_data_loss: bool,
+async def fetch_range(client: Client, rng: Range, name: str | None, fail_on_data_loss: bool,
                       warn: offsets.Warn) -> list[Row]:
-    """Exactly the messages ``rng`` names, in offset order. Raises
+    """Exactly the messages ``rng`` names, in offset order; naming subscription
+    ``name`` (if it still exists) keeps it active meanwhile. Raises
     :class:`~flux.spark.offsets.DataLoss` (``fail_on_data_loss``) when its shard
     restarted or part of it was cleaned up; otherwise warns and skips what is gone."""
     rows: list[Row] = []
@@ -117,7 +120,10 @@ async def fetch_range(client: Client, rng: Range, fail_on_data_loss: bool,
         try:
             got = await client.fetch(rng.topic, offset,
                                      max_messages=min(FETCH_BATCH, rng.end - offset),
-                                     generation=rng.generation)
+                                     name=name, generation=rng.generation)
+        except errors.UnknownSubscription:
+            name = None  # gone: the data may still be held; the driver recreates it
+            continue
         except errors.TopicReset as exc:
             offsets.check_loss(fail_on_data_loss, warn,
                                f"topic {rng.topic!r} was reset (its shard restarted) before"
@@ -143,16 +149,25 @@ async def fetch_range(client: Client, rng: Range, fail_on_data_loss: bool,
 
 
 async def publish_all(client: Client, items: Iterable[Item], batch_size: int) -> tuple[int, int]:
-    """Publish ``(topic, id, payload)`` items, ``batch_size`` at a time; returns
-    (stored, duplicates). Raises the first item's error once the client gave up
-    retrying it (e.g. ``TopicFull`` past its retry deadline)."""
+    """Publish ``(topic, id, payload)`` items, ``batch_size`` at a time, in order per
+    topic; returns (stored, duplicates). ``TopicFull`` is waited out (the group is
+    re-sent with the same ids, so what was stored is not stored twice) until the
+    caller's timeout; other errors are raised once the client gave up retrying."""
     stored = duplicates = 0
     for chunk in _chunks(items, batch_size):
         by_topic: dict[str, list[Item]] = {}
         for item in chunk:
             by_topic.setdefault(item[0], []).append(item)
         for topic, group in by_topic.items():
-            acks = await client.publish_many(topic, [i[2] for i in group], ids=[i[1] for i in group])
+            payloads, ids = [i[2] for i in group], [i[1] for i in group]
+            pause = FULL_BACKOFF[0]
+            while True:
+                try:
+                    acks = await client.publish_many(topic, payloads, ids=ids)
+                    break
+                except errors.TopicFull:
+                    await trio.sleep(pause)
+                    pause = min(pause * 2, FULL_BACKOFF[1])
             dup = sum(1 for ack in acks if ack.duplicate)
             duplicates += dup
             stored += len(acks) - dup

@@ -188,9 +188,10 @@ def plan_end(start: Offsets, status: Mapping[str, TopicStatus], topics: list[str
             continue
         if pos.generation != st.generation:
             check_loss(fail_on_data_loss, warn,
-                  f"topic {topic!r} was reset (its shard restarted): generation"
-                  f" {pos.generation:#x} -> {st.generation:#x}; messages from offset {pos.next}"
-                  f" of the old generation on may be lost. Continuing at offset 0 of the new one.")
+                       f"topic {topic!r} was reset (its shard restarted): generation"
+                       f" {pos.generation:#x} -> {st.generation:#x}; messages from offset"
+                       f" {pos.next} of the old generation on may be lost. Continuing at"
+                       f" offset 0 of the new one.")
             out[topic] = Position(st.generation, 0)
             continue
         if st.next < pos.next:
@@ -198,9 +199,9 @@ def plan_end(start: Offsets, status: Mapping[str, TopicStatus], topics: list[str
                            f" next offset {st.next} in generation {st.generation:#x}")
         if st.oldest > pos.next:
             check_loss(fail_on_data_loss, warn,
-                  f"topic {topic!r}: offsets {pos.next}..{st.oldest - 1} were cleaned up before"
-                  f" the query read them (generation {st.generation:#x}). Continuing at"
-                  f" offset {st.oldest}.")
+                       f"topic {topic!r}: offsets {pos.next}..{st.oldest - 1} were cleaned up"
+                       f" before the query read them (generation {st.generation:#x})."
+                       f" Continuing at offset {st.oldest}.")
             out[topic] = Position(st.generation, st.oldest)
             continue
         end = st.next

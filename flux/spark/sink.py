@@ -8,6 +8,7 @@ Id rules live in :mod:`flux.spark.ids`; broker calls in :mod:`flux.spark.link`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,8 +63,12 @@ def to_items(rows: Iterator[Row], opts: SinkOptions, scope: str) -> Iterator[lin
 
 def _write(rows: Iterator[Row], opts: SinkOptions, scope: str, partition: int
            ) -> FluxCommitMessage:
+    items = to_items(rows, opts, scope)
+    first = next(items, None)
+    if first is None:  # an empty partition: no connection needed
+        return FluxCommitMessage(partition, 0, 0)
     published, duplicates = link.call(opts.url, opts.timeout, link.publish_all,
-                                      to_items(rows, opts, scope), opts.batch_size)
+                                      itertools.chain([first], items), opts.batch_size)
     return FluxCommitMessage(partition, published, duplicates)
 
 

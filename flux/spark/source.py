@@ -33,18 +33,20 @@ SCHEMA = ("topic string, offset long, generation string, id string, payload bina
 
 class FluxPartition(InputPartition):
     """One Spark task's share of a batch: offsets ``start``..``end - 1`` of one topic
-    generation. Plain data, so it pickles."""
+    generation. Plain data, so it pickles. ``subscription`` (streaming only) is
+    named in each FETCH so that a long batch keeps its subscription active."""
 
-    def __init__(self, rng: offsets.Range, url: str, fail_on_data_loss: bool,
-                 timeout: float) -> None:
+    def __init__(self, rng: offsets.Range, opts: SourceOptions, subscription: str | None
+                 ) -> None:
         super().__init__(None)
         self.topic = rng.topic
         self.generation = rng.generation
         self.start = rng.start
         self.end = rng.end
-        self.url = url
-        self.fail_on_data_loss = fail_on_data_loss
-        self.timeout = timeout
+        self.url = opts.url
+        self.subscription = subscription
+        self.fail_on_data_loss = opts.fail_on_data_loss
+        self.timeout = opts.timeout
 
     def __repr__(self) -> str:
         return (f"FluxPartition({self.topic!r}, generation={self.generation:#x},"
@@ -56,7 +58,7 @@ def read_partition(partition: FluxPartition) -> Iterator[tuple[Any, ...]]:
     ``failOnDataLoss`` is false). Raises :class:`~flux.spark.offsets.DataLoss`."""
     rng = offsets.Range(partition.topic, partition.generation, partition.start, partition.end)
     messages = link.call(partition.url, partition.timeout, link.fetch_range, rng,
-                         partition.fail_on_data_loss, _warn)
+                         partition.subscription, partition.fail_on_data_loss, _warn)
     generation = f"{partition.generation:#x}"
     utc = datetime.UTC
     for offset, message_id, payload, timestamp in messages:
@@ -114,8 +116,7 @@ class FluxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         batch = offsets.ranges(offsets.decode(start), offsets.decode(end), self.topics)
         pieces = offsets.split(batch, self.opts.max_messages_per_partition,
                                self.opts.min_partitions)
-        return [FluxPartition(p, self.opts.url, self.opts.fail_on_data_loss, self.opts.timeout)
-                for p in pieces]
+        return [FluxPartition(p, self.opts, self.opts.subscription) for p in pieces]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, FluxPartition)
@@ -150,7 +151,7 @@ class FluxBatchReader(DataSourceReader):
         batch = offsets.batch_ranges(starts, ends, status, opts.topics,
                                      fail_on_data_loss=opts.fail_on_data_loss, warn=_warn)
         pieces = offsets.split(batch, opts.max_messages_per_partition, opts.min_partitions)
-        return [FluxPartition(p, opts.url, opts.fail_on_data_loss, opts.timeout) for p in pieces]
+        return [FluxPartition(p, opts, None) for p in pieces]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, FluxPartition)

@@ -52,7 +52,8 @@ def run_on_spark(jobs: Sequence[Any], *, master: str = DEFAULT_MASTER,
     from flux.spark.session import spark_session, stop_session
 
     resolve(entry)
-    session = spark if spark is not None else spark_session(master, app="flux-sim-sweep")
+    session = spark if spark is not None else spark_session(
+        master, app="flux-sim-sweep", settings={"spark.ui.showConsoleProgress": "false"})
     try:
         sc = session.sparkContext
         if spark is None:

@@ -7,7 +7,9 @@ Java is missing. The session's JVM is stopped when the package's tests end.
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,10 +35,14 @@ def spark() -> Iterator[Any]:
         pytest.skip("Spark needs Java 17 on PATH")
     from flux.spark.session import spark_session, stop_session
 
+    # the workers must run this interpreter, whatever the environment says
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     session = spark_session("local[2]", app="flux-tests", settings={
         "spark.sql.shuffle.partitions": "2",
         "spark.default.parallelism": "2",
         "spark.sql.streaming.stopTimeout": "30s",
+        "spark.ui.showConsoleProgress": "false",
     })
     session.sparkContext.setLogLevel("ERROR")
     try:

@@ -1,0 +1,240 @@
+"""The checker on hand-written histories: a clean one passes, each broken rule is named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flux.sim import history as h
+from flux.sim.checker import check
+from flux.sim.simhost import EPOCH
+
+G, G2 = 0xAAAA, 0xBBBB
+CONFIG = {"message": {"ttl": 2.0, "cleanup_time": 1.0, "dedup_window": 60.0},
+          "subscriber": {"retry_count": 2, "retry_interval": 0.5, "timeout": 1.0,
+                         "cleanup_time": 1.0, "inactive_time": 4.0, "heartbeat": 1.0,
+                         "max_in_flight": 100}}
+PERIOD = 1.5  # timeout + retry_interval
+
+
+class Story:
+    """Builds a history: one client ``c1`` with subscription ``n`` on topic ``t``."""
+
+    def __init__(self, *, oracle: bool = False, liveness: bool = True) -> None:
+        self.h = h.History(meta={"config": CONFIG, "epoch": EPOCH, "latency_bound": 0.01,
+                                 "oracle": oracle, "liveness": [], "canaries": []})
+        if liveness:
+            self.h.meta["liveness"] = [{"subscriber": "c1/n", "topic": "t"}]
+        self.stored: dict[tuple[int, int], float] = {}
+
+    def add(self, event: h.Event) -> Story:
+        self.h.add(event)
+        return self
+
+    def hello(self, t: float, generation: int = G, client: str = "c1") -> Story:
+        return self.add(h.ShardHello(t, client, 0, generation))
+
+    def subscribe(self, t: float, session: int = 1, *, generation: int = G, created: bool = True,
+                  start: int = 0, cursor: int = 0, asked: int | None = None,
+                  subscriber: str = "c1/n") -> Story:
+        return self.add(h.Subscribed(t, subscriber, session, subscriber.split("/")[0], 0, "t",
+                                     subscriber.split("/")[1], generation, created, start,
+                                     cursor, False, asked or 100, asked, t - 0.002, None))
+
+    def publish(self, t: float, message_id: str, offset: int, generation: int = G,
+                duplicate: bool = False) -> Story:
+        self.add(h.PublishAttempted(t, "p", 1, "t", message_id, 1))
+        self.stored.setdefault((generation, offset), t + 0.001)
+        return self.add(h.PublishAcked(t + 0.002, "p", 1, "t", message_id, generation, offset,
+                                       duplicate))
+
+    def deliver(self, t: float, offset: int, message_id: str, attempt: int = 1,
+                session: int = 1, generation: int = G, subscriber: str = "c1/n") -> Story:
+        stored = self.stored.get((generation, offset), t)
+        self.add(h.Delivered(t, subscriber, session, "t", generation, offset, message_id, attempt,
+                             EPOCH + stored))
+        return self.add(h.Consumed(t, subscriber, "t", generation, offset, message_id, attempt))
+
+    def ack(self, t: float, offset: int, cursor: int, session: int = 1,
+            generation: int = G) -> Story:
+        self.add(h.AckSent(t, "c1/n", session, "t", generation, (offset,), -1))
+        return self.add(h.AckConfirmed(t + 0.002, "c1/n", session, "t", generation, (offset,),
+                                       -1, cursor))
+
+    def end(self, t: float = 10.0) -> Story:
+        self.add(h.Phase(1.0 if not self.h.events else min(t, 5.0), "heal"))
+        return self.add(h.Phase(t, "end"))
+
+    def rules(self) -> list[str]:
+        return check(self.h).rules()
+
+
+def clean() -> Story:
+    s = Story().hello(0.0).subscribe(0.01)
+    s.publish(0.1, "a", 0).deliver(0.12, 0, "a").ack(0.13, 0, 1)
+    s.publish(0.2, "b", 1).deliver(0.22, 1, "b").ack(0.23, 1, 2)
+    return s
+
+
+def test_a_clean_history_passes() -> None:
+    report = check(clean().end().h)
+    assert report.ok, report.summary()
+    assert report.counts["acked"] == 2
+
+
+def test_acked_message_never_delivered_after_heal_is_lost() -> None:
+    s = clean().publish(0.3, "c", 2).end()
+    assert "G2/lost" in s.rules()
+
+
+def test_loss_in_a_generation_that_crashed_is_explained_not_a_violation() -> None:
+    s = clean().publish(0.3, "c", 2)
+    s.add(h.FaultInjected(0.4, "crash", "shard-0", "instant"))
+    s.hello(0.5, G2).subscribe(0.51, 2, generation=G2, start=0)
+    report = check(s.end().h)
+    assert report.ok, report.summary()
+    assert report.counts["lost_explained_by_crash"] == 1
+
+
+def test_message_nobody_published_is_unexpected() -> None:
+    s = clean().deliver(0.3, 2, "zzz").end()
+    assert "G2/unexpected" in s.rules()
+
+
+def test_first_deliveries_out_of_order_break_g1() -> None:
+    s = Story().hello(0.0).subscribe(0.01)
+    s.publish(0.1, "a", 0).publish(0.1, "b", 1)
+    s.deliver(0.2, 1, "b").deliver(0.2, 0, "a").ack(0.3, 0, 1).ack(0.31, 1, 2).end()
+    assert "G1/order" in s.rules()
+
+
+def test_one_id_stored_twice_in_a_generation_breaks_g3() -> None:
+    s = clean().publish(0.3, "a", 2).deliver(0.32, 2, "a").ack(0.33, 2, 3).end()
+    assert "G3/stored-twice" in s.rules()
+
+
+def test_two_messages_at_one_offset_break_g1() -> None:
+    s = clean().publish(0.3, "c", 1).end()
+    assert "G1/offset-reused" in s.rules()
+
+
+def test_redelivery_after_a_confirmed_ack_is_caught() -> None:
+    s = clean().deliver(0.5, 0, "a", attempt=2).end()
+    assert {"G1/redelivered-acked", "G4/redelivered-after-ack"} <= set(s.rules())
+
+
+def test_redelivery_before_the_ack_timeout_is_early() -> None:
+    s = Story().hello(0.0).subscribe(0.01).publish(0.1, "a", 0)
+    s.deliver(0.12, 0, "a").deliver(0.5, 0, "a", attempt=2).ack(0.6, 0, 1).end()
+    assert "G4/early-redelivery" in s.rules()
+
+
+def test_redelivery_on_schedule_passes() -> None:
+    s = Story().hello(0.0).subscribe(0.01).publish(0.1, "a", 0)
+    s.deliver(0.12, 0, "a").deliver(0.12 + PERIOD, 0, "a", attempt=2)
+    s.ack(0.12 + PERIOD + 0.01, 0, 1).end()
+    report = check(s.h)
+    assert report.ok, report.summary()
+
+
+def test_more_pushes_than_retry_count_allows_break_g4() -> None:
+    s = Story().hello(0.0).subscribe(0.01).publish(0.1, "a", 0)
+    for k in range(4):
+        s.deliver(0.12 + k * PERIOD, 0, "a", attempt=k + 1)
+    s.ack(0.12 + 3 * PERIOD + 0.01, 0, 1).end()
+    assert "G4/too-many-pushes" in s.rules()
+
+
+def test_unacked_message_that_is_never_pushed_again_is_missed() -> None:
+    s = Story().hello(0.0).subscribe(0.01).publish(0.1, "a", 0).deliver(0.12, 0, "a").end()
+    assert "G4/missed-redelivery" in s.rules()
+
+
+def test_push_beyond_max_in_flight_breaks_g1() -> None:
+    s = Story().hello(0.0).subscribe(0.01, asked=1).publish(0.1, "a", 0).publish(0.1, "b", 1)
+    s.deliver(0.12, 0, "a").deliver(0.13, 1, "b").ack(0.2, 0, 1).ack(0.21, 1, 2).end()
+    assert "G1/window" in s.rules()
+
+
+def test_inactive_without_an_exhausted_message_is_spurious() -> None:
+    s = clean().add(h.SessionEnded(0.5, "c1/n", 1, "t", "inactive")).subscribe(0.6, 2,
+                                                                               created=False)
+    assert "G4/spurious-inactive" in s.end().rules()
+
+
+def test_delivery_of_another_generation_on_a_session_breaks_g7() -> None:
+    s = clean().publish(0.3, "c", 2, generation=G2).deliver(0.32, 2, "c", generation=G2)
+    assert "G7/generations-mixed" in s.end().rules()
+
+
+def test_an_old_generation_answering_after_a_new_one_breaks_g7() -> None:
+    s = clean().add(h.FaultInjected(0.3, "crash", "shard-0", "instant"))
+    s.hello(0.4, G2, client="c2").hello(0.5, G, client="c3")
+    assert "G7/two-incarnations" in s.end().rules()
+
+
+def test_deleting_a_message_before_its_ttl_breaks_g5() -> None:
+    s = clean()
+    s.add(h.Trimmed(0.5, 0, G, "t", 0, 1))
+    assert "G5/deleted-before-ttl" in s.end().rules()
+
+
+def test_deleting_a_message_a_subscription_has_not_acked_breaks_g5() -> None:
+    s = Story().hello(0.0).subscribe(0.01).publish(0.1, "a", 0).deliver(0.12, 0, "a")
+    s.add(h.Trimmed(3.0, 0, G, "t", 0, 1))
+    s.ack(3.5, 0, 1)
+    assert "G5/deleted-unacked" in s.end().rules()
+
+
+def test_deleting_a_subscription_before_inactive_time_breaks_g6() -> None:
+    s = clean().add(h.SessionEnded(1.0, "c1/n", 1, "t", "unsubscribed"))
+    s.add(h.SubscriptionGone(2.0, 0, G, "t", "n"))
+    assert "G6/deleted-too-early" in Story.rules(s)
+
+
+def test_keeping_an_inactive_subscription_too_long_breaks_g6() -> None:
+    s = Story(oracle=True, liveness=False).hello(0.0).subscribe(0.01)
+    s.add(h.SessionEnded(1.0, "c1/n", 1, "t", "unsubscribed"))
+    s.add(h.Phase(2.0, "heal")).add(h.Phase(20.0, "end"))
+    assert "G6/kept-too-long" in s.rules()
+
+
+def test_recreated_subscription_proves_it_was_deleted() -> None:
+    s = Story(liveness=False).hello(0.0).subscribe(0.01)
+    s.add(h.SessionEnded(1.0, "c1/n", 1, "t", "unsubscribed"))
+    s.subscribe(2.0, 2, created=True)   # re-created after 1 s; inactive_time is 4 s
+    assert "G6/deleted-too-early" in s.end().rules()
+
+
+def test_subscriber_left_on_an_old_generation_is_not_live() -> None:
+    s = clean().add(h.FaultInjected(0.3, "crash", "shard-0", "instant")).hello(0.4, G2, "c2")
+    assert "liveness/stale-generation" in s.end().rules()
+
+
+def test_publish_after_heal_that_never_succeeds_is_not_live() -> None:
+    s = clean()
+    s.h.meta["canaries"] = [["t", "canary-t"]]
+    assert "liveness/publish-stuck" in s.end().rules()
+
+
+@pytest.mark.parametrize("event", [
+    h.PublishAttempted(1.5, "p", 3, "t", "x", 2),
+    h.Subscribed(2.0, "c/n", 4, "c", 1, "t", None, G, True, 0, 0, False, 5, None, 1.9, G2),
+    h.AckSent(3.0, "c/n", 4, "t", G, (1, 2), -1),
+    h.FaultInjected(4.0, "partition", "a->b", "begin"),
+])
+def test_events_round_trip_through_json(event: h.Event, tmp_path: Any) -> None:
+    history = h.History(meta={"seed": 1}, events=[event])
+    path = str(tmp_path / "history.jsonl")
+    history.dump(path)
+    again = h.History.load(path)
+    assert again.events == [event]
+    assert again.digest() == history.digest()
+
+
+def test_digest_changes_with_any_event() -> None:
+    a = clean().end().h
+    b = clean().publish(0.3, "c", 2).end().h
+    assert a.digest() != b.digest()
+    assert a.digest() == clean().end().h.digest()

@@ -1,0 +1,33 @@
+"""A fixed set of seeds over every scenario, plus every seed that once found a bug.
+
+Select with ``pytest -m sim``. Each failure prints the command that replays it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flux.sim.faults import decode_plan
+from flux.sim.runner import describe, run
+from flux.sim.scenarios import SCENARIOS
+
+SEEDS_PER_SCENARIO = 12
+
+# Seeds that found real bugs: (scenario, seed, plan or None for the seed's own).
+FOUND = [
+    # a reset of the shard's control link crashed the shard (ExceptionGroup escaped)
+    ("default", 3, "reset:router<->shard-1@17.324"),
+    ("default", 4, None),
+]
+
+CASES = [(scenario, seed, None) for scenario in SCENARIOS
+         for seed in range(SEEDS_PER_SCENARIO)] + FOUND
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize(("scenario", "seed", "plan"), CASES,
+                         ids=[f"{sc}-{seed}{'-plan' if plan else ''}" for sc, seed, plan in CASES])
+def test_seed_passes_every_check(scenario: str, seed: int, plan: str | None) -> None:
+    result = run(seed, scenario, decode_plan(plan) if plan is not None else None)
+    assert result.ok, "\n".join(describe(result, limit=30)) + (
+        f"\nreplay: flux sim --seed {seed} --scenario {scenario} --plan '{result.plan}'")
