@@ -149,6 +149,9 @@ def _add_optional_commands() -> None:
     except ImportError:
         return
     main.add_command(sim)
+    from flux.bench.command import bench
+
+    main.add_command(bench)
 
 
 _add_optional_commands()

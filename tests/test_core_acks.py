@@ -223,3 +223,21 @@ def test_an_ack_opens_the_window_for_the_next_first_delivery() -> None:
     client.take()
     reply = client.send([P.ACK, 500, 1, GEN, [0], -1])
     assert reply == [[P.ACKED, 500, 1, 1, []], [P.DELIVER, 1, GEN, [[1, "b", b"b", 0.0, 1]]]]
+
+
+def test_offset_acked_before_a_reattach_is_not_pushed_when_the_cursor_jumps_over_it() -> None:
+    """G6: acked offsets above the cursor are never redelivered, even when the new session's
+    window is too small to have passed them before the cursor moved."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s", max_in_flight=3, credit=10)
+    client.publish("a", "b", "c")
+    client.ack(1, 1)
+    client.unsubscribe(1)
+    client.take()
+    client.subscribe(2, name="s", max_in_flight=1, credit=10)
+    assert client.deliveries(2) == [(0, 1)]
+    assert client.ack(2, 0) == (2, [])
+    assert client.deliveries(2) == [(2, 1)]
+    assert client.ack(2, 2) == (3, [])
+    assert client.deliveries(2) == []

@@ -241,7 +241,7 @@ _frames = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(frames=st.lists(_frames, min_size=1, max_size=8))
 def test_no_decodable_frame_raises_or_loses_stored_data(frames: list[list[Any]]) -> None:
     """G8: whatever arrives (after the decoder), receive() and tick() do not raise, every

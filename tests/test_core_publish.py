@@ -234,3 +234,70 @@ def test_publish_while_draining_is_refused_as_shutting_down() -> None:
     reply = client.publish_frame([[TOPIC, "a", b""]])
     assert reply[0] == P.ERROR and reply[2] == errors.ShuttingDown.code
     assert TOPIC not in shard.stats()["topics"]
+
+
+def test_expired_ids_stop_counting_toward_max_bytes_before_the_next_cleanup_pass() -> None:
+    """G5: an id whose dedup window has passed no longer holds bytes, even between passes.
+
+    "abc" (3-byte id, 10-byte payload) fills max_bytes=16 at t=1; the message is
+    trimmed at t=25 and the id expires at t=51, between the passes at t=50 and t=55.
+    """
+    shard = Shard({"topic.max_bytes": 16})
+    client = shard.connect()
+    shard.advance(1.0)
+    assert client.publish("abc", payload=b"0123456789") == [[P.OK, 0, False]]
+    shard.advance(52.0)
+    assert shard.topic_stats()["held"] == 0
+    assert client.publish("xyz", payload=b"0123456789") == [[P.OK, 1, False]]
+
+
+def test_message_that_could_not_be_delivered_in_one_frame_is_refused_as_too_large() -> None:
+    """G8: the PUBLISH fits in max_frame_bytes, but its DELIVER (which adds the offset,
+    generation, timestamp and attempt) would not; storing it would make a message no
+    subscriber can ever receive, so it gets MessageTooLarge and nothing is stored."""
+    shard = Shard({"max_frame_bytes": 1024})
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    publish = [P.PUBLISH, 5, [["t", "i", b"x" * 1000]]]
+    assert len(P.encode(publish)) - 4 <= 1024  # the request itself is a legal frame
+    reply = client.publish_frame(publish[2])
+    assert reply[3][0][0] == errors.MessageTooLarge.code
+    assert "t" not in shard.stats()["topics"] or shard.stats()["topics"]["t"]["next_offset"] == 0
+
+
+def test_largest_accepted_message_can_be_delivered_and_fetched_in_one_frame() -> None:
+    """G2/G8: whatever is stored fits in the DELIVER and FETCHED frames that carry it."""
+    shard = Shard({"max_frame_bytes": 1024})
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    mid = "i" * 128
+    size = 1024
+    while True:  # the largest payload the shard accepts with a 128-byte id
+        [[status, *_]] = client.publish(f"{mid[:-4]}{size:04d}", payload=b"x" * size)
+        if status == P.OK:
+            break
+        assert status == errors.MessageTooLarge.code
+        size -= 1
+    assert size >= 512
+    decoder = P.FrameDecoder(1024)
+    [deliver] = client.take(P.DELIVER)
+    assert decoder.feed(P.encode(deliver)) == [deliver]
+    fetched = client.fetch(offset=0)
+    assert decoder.feed(P.encode(fetched)) == [fetched]
+
+
+def test_every_frame_carrying_large_messages_fits_max_frame_bytes() -> None:
+    """G8: first pushes, redeliveries due together and FETCH replies are split or bounded
+    so a client with the same max_frame_bytes can decode them."""
+    shard = Shard({"max_frame_bytes": 1024, "message.cleanup_time": 1000.0,
+                   "subscriber.cleanup_time": 1000.0})
+    client = shard.connect()
+    client.subscribe(1, name="s", credit=100)
+    client.publish(*[f"m{i}" for i in range(5)], payload=b"x" * 700)
+    shard.advance(10.0)  # all five are re-pushed at once
+    decoder = P.FrameDecoder(1024)
+    frames = client.take(P.DELIVER)
+    assert sorted((item[0], item[4]) for f in frames for item in f[3]) == \
+        sorted([(o, a) for o in range(5) for a in (1, 2)])
+    for frame in [*frames, client.fetch(offset=0, max_bytes=1 << 20)]:
+        assert decoder.feed(P.encode(frame)) == [frame]

@@ -209,3 +209,107 @@ def test_dedup_with_a_zero_window_remembers_nothing() -> None:
     dedup.remember("a", 1, 0.0)
     assert dedup.lookup("a", 0.0) is None
     assert dedup.held_bytes == 0
+
+
+# -- model tests with batches and shared store times ----------------------------------------
+
+_log_ops = st.lists(st.one_of(
+    st.tuples(st.just("append"), st.integers(0, 3), st.booleans()),
+    st.tuples(st.just("extend"), st.integers(0, 700), st.booleans()),
+    st.tuples(st.just("trim"), st.integers(0, 3000), st.integers(0, 40)),
+), max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=_log_ops)
+def test_log_with_batches_matches_a_dict_model(ops: list[tuple[object, ...]]) -> None:
+    """G1/G2/G5: appends and batch extends (several per store time), trims and compaction
+    agree with a dict of offset -> (id, payload, stored_at) on get, read, span and bytes."""
+    log = TopicLog()
+    model: dict[int, tuple[str, bytes, float]] = {}
+    next_offset = 0
+    now = 0.0
+    for op in ops:
+        kind = op[0]
+        if kind in ("append", "extend"):
+            n, same_time = int(op[1]), bool(op[2])  # type: ignore[call-overload]
+            if not same_time:
+                now += 1.0
+            batch = [(f"m{next_offset + k}", bytes(k % 3)) for k in range(n if kind == "extend"
+                                                                          else 1)]
+            if kind == "append":
+                assert log.append(batch[0][0], batch[0][1], now) == next_offset
+            else:
+                assert log.extend([b[0] for b in batch], [b[1] for b in batch], now) == next_offset
+            for mid, payload in batch:
+                model[next_offset] = (mid, payload, now)
+                next_offset += 1
+        else:
+            below, cutoff = int(op[1]), float(op[2])  # type: ignore[call-overload]
+            expected = 0
+            for off in sorted(model):
+                if off < below and model[off][2] <= cutoff:
+                    del model[off]
+                    expected += 1
+                else:
+                    break
+            assert log.trim(below, cutoff) == expected
+        assert (log.next_offset, len(log)) == (next_offset, len(model))
+        oldest = min(model) if model else next_offset
+        assert log.oldest == oldest
+        assert log.held_bytes == sum(len(m[0]) + len(m[1]) for m in model.values())
+        for off in (oldest - 1, oldest, (oldest + next_offset) // 2, next_offset - 1, next_offset):
+            entry = log.get(off)
+            assert (tuple(entry) if entry is not None else None) == model.get(off)
+        assert [(o, tuple(e)) for o, e in log.read(oldest, 5, 1 << 20)] == \
+            [(o, model[o]) for o in range(oldest, min(oldest + 5, next_offset))]
+        if model:
+            stop = min(next_offset, oldest + 700)
+            ids, payloads, times = log.span(oldest, stop)
+            assert list(zip(ids, payloads, times, strict=True)) == \
+                [model[o] for o in range(oldest, stop)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["remember", "remember_all", "lookup", "expire"]),
+                              st.integers(0, 6), st.integers(0, 4), st.booleans()),
+                    max_size=40))
+def test_dedup_window_matches_a_dict_model(ops: list[tuple[str, int, int, bool]]) -> None:
+    """G3: an id maps to its offset from acceptance until exactly ``window`` later."""
+    window = 5.0
+    dedup = DedupWindow(window)
+    model: dict[str, tuple[int, float]] = {}  # id -> (offset, accepted at)
+    now, offset, expired_up_to = 0.0, 0, 0.0
+
+    def alive(mid: str, t: float) -> bool:
+        return mid in model and t < model[mid][1] + window
+
+    for kind, k, n, later in ops:
+        if later:
+            now += 1.0
+        mid = f"id{k}"
+        if kind == "lookup":
+            assert dedup.lookup(mid, now) == (model[mid][0] if alive(mid, now) else None)
+            expired_up_to = now
+        elif kind == "expire":
+            dedup.expire(now)
+            expired_up_to = now
+        else:
+            dedup.expire(now)  # as the core does before accepting ids
+            expired_up_to = now
+            fresh = {f"id{(k + j) % 7}": 0 for j in range(n + 1 if kind == "remember_all" else 1)}
+            fresh = {i: 0 for i in fresh if not alive(i, now)}
+            for i in fresh:
+                fresh[i] = offset
+                model[i] = (offset, now)
+                offset += 1
+            if kind == "remember":
+                for i, o in fresh.items():
+                    dedup.remember(i, o, now)
+            else:
+                dedup.remember_all(fresh, now)
+        for i in [f"id{j}" for j in range(7)]:
+            assert dedup.get(i) == (model[i][0] if alive(i, expired_up_to) else None), i
+        live = [i for i in model if alive(i, expired_up_to)]
+        assert len(dedup) == len(live)
+        assert dedup.held_bytes == sum(len(i) for i in live)

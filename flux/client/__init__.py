@@ -1,6 +1,7 @@
-"""Flux clients. Use :mod:`flux.client.trio` (``connect``); an asyncio flavour will follow.
+"""Flux clients, one API in three flavours: :mod:`flux.client.trio`,
+:mod:`flux.client.asyncio` (the default loop or uvloop) and the blocking
+:mod:`flux.client.sync` (scripts, notebooks); each has ``connect``.
 
-Both flavours are thin shells over one sans-IO core (:mod:`flux.client.core`),
-which holds every protocol rule; the values they return live in
-:mod:`flux.client.types`.
+All are thin shells over one sans-IO core (:mod:`flux.client.core`), which holds
+every protocol rule; the values they return live in :mod:`flux.client.types`.
 """

@@ -9,6 +9,7 @@ HELLO_OK. No sockets here: :mod:`flux.client.core` drives them.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -94,6 +95,7 @@ class ShardSlot:
         self.failures = 0            # consecutive failed connection attempts
         self.retry_at = 0.0          # no new connection before this time
         self.last_error: errors.FluxError | None = None   # why the last connection failed
+        self.linger_at = math.inf    # when a lingering partial PUBLISH batch must go out
         self.publishes: deque[PublishItem] = deque()
         self.calls: deque[Call] = deque()
         self.subs: dict[int, SubState] = {}   # id(sub) -> subscription homed on this shard

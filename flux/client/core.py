@@ -34,7 +34,9 @@ class ClientCore(Timers):
 
     ``router`` is the router's address (``flux://host:port`` or a tuple); ``rng``
     draws message ids and backoff jitter; ``request_timeout`` bounds every
-    request and connection attempt; ``retry_deadline`` bounds retries.
+    request and connection attempt; ``retry_deadline`` bounds retries;
+    ``linger`` (seconds, default 0) lets a partial PUBLISH batch wait that long
+    for more messages (full batches always go at once).
     """
 
     def __repr__(self) -> str:
@@ -76,11 +78,40 @@ class ClientCore(Timers):
         message_id = self.new_id() if message_id is None else P.check_message_id(message_id)
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise errors.InvalidRequest(f"payload must be bytes, not {type(payload).__name__}")
-        item = PublishItem(topic, message_id, bytes(payload), now + self.retry_deadline)
+        item = PublishItem(topic, message_id, bytes(payload), now + self.retry_deadline, now)
         if item.size > P.DEFAULT_MAX_FRAME_BYTES - 1024:
             raise errors.MessageTooLarge(f"a {len(item.payload)}-byte payload cannot fit in a frame")
         self._route(item, now)
         return item
+
+    def publish_many(self, topic: str, payloads: list[bytes], ids: list[str] | None,
+                     now: float) -> list[PublishItem]:
+        """Queue several messages of one topic, in order (like :meth:`publish`, which
+        raises the same errors, before anything is queued)."""
+        self._check_open()
+        P.check_topic(topic)
+        if ids is None:
+            # 128 random bits per id, as new_id, drawn in one call
+            digits = self.rng.randbytes(16 * len(payloads)).hex()
+            ids = [digits[i:i + 32] for i in range(0, len(digits), 32)]
+        else:
+            for message_id in ids:
+                P.check_message_id(message_id)
+        deadline = now + self.retry_deadline
+        limit = P.DEFAULT_MAX_FRAME_BYTES - 1024
+        items = []
+        for payload, message_id in zip(payloads, ids, strict=True):
+            if type(payload) is not bytes:
+                if not isinstance(payload, (bytes, bytearray, memoryview)):
+                    raise errors.InvalidRequest(
+                        f"payload must be bytes, not {type(payload).__name__}")
+                payload = bytes(payload)
+            item = PublishItem(topic, message_id, payload, deadline, now)
+            if item.size > limit:
+                raise errors.MessageTooLarge(f"a {len(payload)}-byte payload cannot fit in a frame")
+            items.append(item)
+        self._route_publishes(topic, items, now)
+        return items
 
     def subscribe(self, topic: str, name: str | None, *, read_old: bool = False,
                   from_offset: int | None = None, max_in_flight: int | None = None,
@@ -116,10 +147,22 @@ class ClientCore(Timers):
             if sub.credit_owed or (sub.session is not None and sub.session.queued):
                 self._dirty(sub)
 
-    def ack(self, sub: SubState, msg: Message, now: float) -> None:
-        """Queue the ack of ``msg`` (never raises; refusals surface from the iterator)."""
-        if sub.ack(msg, now):
+    def ack(self, sub: SubState, msg: Message, now: float) -> bool:
+        """Queue the ack of ``msg`` (never raises; refusals surface from the iterator).
+
+        Returns whether the shell must act now (an ACK frame is due, or the first
+        queued ack needs its hold timer); otherwise acks wait for the next action.
+        """
+        if not sub.ack(msg, now):
+            return False
+        session = sub.session
+        queued = len(session.queued) if session is not None else 0
+        # ask for the shell once per reason: the first held ack (its timer), a full
+        # batch, or the last buffered message (the consumer is about to wait)
+        if session is None or queued == 1 or queued == sub.ack_batch or not sub.buffer:
             self._dirty(sub)
+            return True
+        return False  # the next pump (at most STREAK messages on) picks the ack up
 
     def unsubscribe(self, sub: SubState, now: float) -> Waiter:
         """End the subscription: queued acks go first, then UNSUBSCRIBE."""

@@ -3,11 +3,13 @@
 Replies are matched to what is pending on their connection; PUBLISHED results
 finish or retry each item; a lost connection requeues or retries what was on
 it. PUBLISH frames are built here, at send time, so publishes queued while the
-connection is busy coalesce (at most ~256 items, under ``max_frame_bytes``).
+connection is busy coalesce (at most ~256 items, under ``max_frame_bytes``);
+with ``linger`` a partial batch may also wait that long for more.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from flux import errors, protocol
@@ -196,7 +198,11 @@ class Dispatch(Pushes):
         queue = slot.publishes
         limit = max(4096, conn.max_frame_bytes - 1024)
         while queue and conn.publish_frames < PUBLISH_WINDOW:
+            if self.linger and self._lingers(queue, limit, now):
+                slot.linger_at = min(slot.linger_at, queue[0].queued_at + self.linger)
+                break
             batch: list[PublishItem] = []
+            wire: list[list[Any]] = []
             size = 64
             while queue and len(batch) < MAX_BATCH:
                 item = queue[0]
@@ -212,18 +218,25 @@ class Dispatch(Pushes):
                         f"a {len(item.payload)}-byte payload is over the shard's"
                         f" max_frame_bytes={conn.max_frame_bytes}"))
                 else:
+                    item.in_flight = True
+                    item.attempts += 1
                     batch.append(item)
+                    wire.append([item.topic, item.id, item.payload])
                     size += item.size
             if not batch:
                 continue
             rid = next(self._rids)
-            for item in batch:
-                item.in_flight = True
-                item.attempts += 1
-            frames.append([P.PUBLISH, rid, [[i.topic, i.id, i.payload] for i in batch]])
+            frames.append([P.PUBLISH, rid, wire])
             conn.pending[rid] = ("publish", batch)
             conn.timeouts.append((now + self.request_timeout, rid))
             conn.publish_frames += 1
+
+    def _lingers(self, queue: deque[PublishItem], limit: int, now: float) -> bool:
+        """Whether a partial batch should wait for more items (``linger``): only until
+        its oldest item has waited ``linger``, and never once it would fill a frame."""
+        if now >= queue[0].queued_at + self.linger or len(queue) >= MAX_BATCH:
+            return False
+        return sum(item.size for item in queue) + 64 <= limit
 
     def _on_published(self, conn: Conn, batch: list[PublishItem], frame: list[Any],
                       error: errors.FluxError | None, now: float) -> None:
@@ -237,16 +250,21 @@ class Dispatch(Pushes):
         if error is not None:
             retry_now = [item for item in batch if self._publish_failed(item, error, now)]
         else:
+            woken = self._woken
             for item, (status, a, b) in zip(batch, results, strict=True):
                 item.in_flight = False
                 if status == P.OK:
-                    self._finish(item, PublishAck(item.topic, item.id, int(a), generation, bool(b)))
+                    if not item.done:  # self._finish, inlined (once per published message)
+                        item.set_value(PublishAck(item.topic, item.id, int(a), generation, b is True))
+                        if item.waker is not None:
+                            woken.append(item)
                 elif self._publish_failed(item, errors.from_code(int(status), str(a)), now):
                     retry_now.append(item)
         for item in retry_now:
             self._route(item, now)
         slot = self._slot_of(conn)
         if slot is not None and slot.publishes:
+            self._arm_linger(slot)
             self._writable[conn.id] = None
 
     def _publish_failed(self, item: PublishItem, exc: errors.FluxError, now: float) -> bool:

@@ -26,16 +26,19 @@ _REPLY = {"fetch": P.FETCHED, "commit": P.COMMITTED, "stats": P.STATS_OK,
 class PublishItem(Waiter):
     """One message to publish; its id is fixed for every retry (G3)."""
 
-    __slots__ = ("attempts", "deadline", "id", "in_flight", "last_error", "payload", "size",
-                 "topic")
+    __slots__ = ("attempts", "deadline", "id", "in_flight", "last_error", "payload", "queued_at",
+                 "size", "topic")
 
-    def __init__(self, topic: str, message_id: str, payload: bytes, deadline: float) -> None:
+    def __init__(self, topic: str, message_id: str, payload: bytes, deadline: float,
+                 queued_at: float = 0.0) -> None:
         super().__init__()
         self.topic = topic
         self.id = message_id
         self.payload = payload
-        self.size = len(topic) + len(message_id.encode()) + len(payload) + ITEM_OVERHEAD
+        self.size = (len(topic) + len(payload) + ITEM_OVERHEAD
+                     + (len(message_id) if message_id.isascii() else len(message_id.encode())))
         self.deadline = deadline
+        self.queued_at = queued_at   # when the caller published it (linger counts from here)
         self.attempts = 0
         self.in_flight = False
         self.last_error: errors.FluxError | None = None

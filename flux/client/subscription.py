@@ -203,6 +203,32 @@ class SubState(Wakeable):
             return False, 0
         was_empty = not self.buffer
         credit_back = 0
+        if not self.ack_on_arrival:
+            # the usual case, first deliveries only: session.deliver inlined (hot path)
+            topic, acker = self.topic, self.acker
+            buffer_append, buffered_add = self.buffer.append, self.buffered.add
+            delivered, acked, confirmed = session.delivered, session.acked, session.confirmed
+            order_append, delivered_add = session.order.append, delivered.add
+            rest: list[list[Any]] = []
+            top = -1
+            for item in items:
+                offset, message_id, payload, timestamp, attempt = item
+                if attempt != 1:
+                    rest.append(item)
+                    continue
+                if offset not in delivered and offset >= confirmed and offset not in acked:
+                    order_append(offset)
+                    delivered_add(offset)
+                if offset > top:
+                    top = offset
+                buffer_append(Message(topic, offset, generation, message_id, payload, timestamp,
+                                      1, session, acker))
+                buffered_add(offset)
+            if top >= session.next_offset:
+                session.next_offset = top + 1
+            if not rest:
+                return was_empty and bool(self.buffer), 0
+            items = rest
         for offset, message_id, payload, timestamp, attempt in items:
             if attempt == 1 and offset in self.ack_on_arrival:
                 # the user acked it in an earlier session; ack it here instead of again
@@ -240,13 +266,17 @@ class SubState(Wakeable):
             return msg
         return None
 
+    @property
+    def ack_batch(self) -> int:
+        """Acks that go out at once, even while buffered messages remain."""
+        return min(ACK_BATCH, max(1, self.prefetch // 4))
+
     def ack_due_at(self) -> float:
         """When queued acks must go out: ``-inf`` means now, ``inf`` that none are queued."""
         session = self.session
         if session is None or not session.queued:
             return math.inf
-        if self.ack_first_at is None or not self.buffer or len(session.queued) >= min(
-                ACK_BATCH, max(1, self.prefetch // 4)):
+        if self.ack_first_at is None or not self.buffer or len(session.queued) >= self.ack_batch:
             return -math.inf
         return self.ack_first_at + ACK_DELAY
 

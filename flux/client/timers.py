@@ -84,7 +84,7 @@ class Timers(Dispatch):
             conn.last_send = now
 
     def _slot_deadline(self, slot: ShardSlot) -> float:
-        at = math.inf
+        at = slot.linger_at
         conn = slot.conn
         if conn is None or conn.state != "ready":
             if conn is None and slot.has_work():
@@ -99,6 +99,8 @@ class Timers(Dispatch):
         return at
 
     def _slot_due(self, slot: ShardSlot, now: float) -> None:
+        if slot.linger_at <= now:  # the lingering batch is due: _flush_slot wakes the writer
+            slot.linger_at = math.inf
         for queue in (slot.publishes, slot.calls):
             if queue and queue[0].deadline <= now:
                 keep = [w for w in queue if not w.done and w.deadline > now]

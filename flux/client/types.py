@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from flux import errors
 
@@ -29,7 +29,7 @@ class Waiter(Wakeable):
     __slots__ = ("_error", "_value", "done")
 
     def __init__(self) -> None:
-        super().__init__()
+        self.waker = None  # Wakeable.__init__, inlined: one Waiter is made per publish
         self.done = False
         self._value: Any = None
         self._error: errors.FluxError | None = None
@@ -60,9 +60,10 @@ class Waiter(Wakeable):
         return f"<{type(self).__name__} {state}>"
 
 
-@dataclass(frozen=True, slots=True)
-class PublishAck:
-    """The broker stored a message (or had already: ``duplicate``) at ``offset``."""
+class PublishAck(NamedTuple):
+    """The broker stored a message (or had already: ``duplicate``) at ``offset``.
+
+    Immutable; a named tuple because one is made per published message."""
 
     topic: str
     id: str

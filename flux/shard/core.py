@@ -23,6 +23,9 @@ from flux.shard.topic import DedupWindow, TopicLog
 
 P = protocol
 MAX_CREDIT = 1 << 30
+# room a DELIVER or FETCHED frame needs around one message's payload and id (the id's
+# length is counted in characters: up to 96 more bytes for a 128-byte id)
+MESSAGE_FRAME_SLACK = 256
 FETCH_MAX_MESSAGES = 10_000
 
 
@@ -197,52 +200,102 @@ class ShardCore:
         if self.draining:
             raise errors.ShuttingDown("shard is draining; reconnect and retry")
         results: list[list[Any]] = []
+        add = results.append
         counts: dict[str, int] = {}
         buffer = self.config.topic.buffer
         max_bytes = self.config.topic.max_bytes
+        max_message = self.config.max_frame_bytes - MESSAGE_FRAME_SLACK
         touched: dict[str, Topic] = {}
+        # The hot loop. Items of a frame mostly share a topic: a run of items of one
+        # topic is checked against its dedup window and the run's own new ids, and
+        # stored at the end of the run with one extend.
+        name: Any = None
+        topic: Topic | None = None
+        count = held = next_offset = duplicates = 0
+        dedup_on = True
+        known: Callable[[str], int | None] = _nothing
+        new_ids: list[str] = []
+        new_payloads: list[bytes] = []
+        fresh: dict[str, int] = {}
         for item in items:
-            try:
-                if not isinstance(item, list) or len(item) != 3:
-                    raise errors.InvalidRequest("a publish item is [topic, id, payload]")
-                name, message_id, payload = item
-                name = self._check_owned(name)
-                P.check_message_id(message_id)
-                if not isinstance(payload, bytes):
-                    raise errors.InvalidRequest(
-                        f"payload must be binary, not {type(payload).__name__}")
-            except errors.FluxError as exc:
-                results.append([exc.code, str(exc), None])
+            if type(item) is not list or len(item) != 3:
+                add(_err(errors.InvalidRequest, "a publish item is [topic, id, payload]"))
                 continue
-            n = counts.get(name, 0) + 1
-            counts[name] = n
-            if n > buffer:
-                results.append(_err(errors.Busy,
-                                    f"more than topic.buffer={buffer} publishes of {name!r}"
-                                    " in one frame; retry with the same id"))
+            item_topic, message_id, payload = item
+            if item_topic != name or topic is None:
+                if topic is not None:
+                    counts[name] = count
+                    self._store_run(topic, new_ids, new_payloads, fresh, now)
+                    new_ids, new_payloads, fresh = [], [], {}
+                try:
+                    name = self._check_owned(item_topic)
+                except errors.FluxError as exc:
+                    add([exc.code, str(exc), None])
+                    name = topic = None
+                    continue
+                topic = self._topic(name)
+                touched[name] = topic
+                count = counts.get(name, 0)
+                topic.dedup.expire(now)  # before reading held bytes: expired ids free theirs
+                held = topic.held_bytes
+                next_offset = topic.log.next_offset
+                known = topic.dedup.finder()
+                dedup_on = topic.dedup.window > 0  # a zero window remembers nothing (G3)
+            if type(message_id) is not str or not 0 < len(message_id) <= 32:
+                try:  # 32 characters are at most 128 bytes of UTF-8: longer ids are checked
+                    P.check_message_id(message_id)
+                except errors.FluxError as exc:
+                    add([exc.code, str(exc), None])
+                    continue
+            if type(payload) is not bytes:
+                add(_err(errors.InvalidRequest,
+                         f"payload must be binary, not {type(payload).__name__}"))
                 continue
-            topic = self._topic(name)
-            original = topic.dedup.lookup(message_id, now)
-            if original is not None:
-                self.counters["duplicates"] += 1
-                results.append([P.OK, original, True])
+            if len(payload) + len(message_id) > max_message:
+                # stored, it could never be delivered or fetched in one frame (G8)
+                add(_err(errors.MessageTooLarge,
+                         f"a {len(payload)}-byte payload cannot be delivered in one frame;"
+                         f" at most {max_message - len(message_id)} bytes with this id"))
+                continue
+            count += 1
+            if count > buffer:
+                add(_err(errors.Busy, f"more than topic.buffer={buffer} publishes of {name!r}"
+                                      " in one frame; retry with the same id"))
+                continue
+            original = known(message_id)
+            if original is None and dedup_on:
+                original = fresh.get(message_id)
+            if original is not None:  # G3: before the TopicFull check
+                duplicates += 1
+                add([P.OK, original, True])
                 continue
             size = len(payload) + 2 * len(message_id)
-            if topic.held_bytes + size > max_bytes:
-                results.append(_err(errors.TopicFull,
-                                    f"topic {name!r} holds {topic.held_bytes} bytes;"
-                                    f" topic.max_bytes={max_bytes}"))
+            if held + size > max_bytes:
+                add(_err(errors.TopicFull, f"topic {name!r} holds {held} bytes;"
+                                           f" topic.max_bytes={max_bytes}"))
                 continue
-            offset = topic.log.append(message_id, payload, now)
-            topic.dedup.remember(message_id, offset, now)
-            self.counters["published"] += 1
-            results.append([P.OK, offset, False])
-            touched[name] = topic
+            held += size
+            fresh[message_id] = next_offset
+            new_ids.append(message_id)
+            new_payloads.append(payload)
+            add([P.OK, next_offset, False])
+            next_offset += 1
+        if topic is not None:
+            self._store_run(topic, new_ids, new_payloads, fresh, now)
+        self.counters["duplicates"] += duplicates
         session.out.append([P.PUBLISHED, rid, self.generation, results])
         for topic in touched.values():
             for sub in topic.subs.values():
                 if sub.session is not None:
                     self._dirty[id(sub)] = sub
+
+    def _store_run(self, topic: Topic, ids: list[str], payloads: list[bytes],
+                   fresh: dict[str, int], now: float) -> None:
+        """Store a run of accepted publishes of one topic (G2) and remember their ids (G3)."""
+        if ids:
+            topic.log.extend(ids, payloads, now)
+            topic.dedup.remember_all(fresh, now)
+            self.counters["published"] += len(ids)
 
     # -- subscribe ---------------------------------------------------------------------
 
@@ -514,39 +567,55 @@ class ShardCore:
         log = topic.log
         end = log.next_offset
         room = min(sub.max_in_flight - len(sub.in_flight), sub.credit)
-        if room <= 0 or sub.next_push >= end:
+        # the cursor can jump past next_push over offsets acked before this attachment
+        # (they are no longer in ``acked``): never push those
+        start = max(sub.next_push, sub.cursor, log.oldest)
+        if room <= 0 or start >= end:
             return
         assert sub.session is not None
         session = self.sessions.get(sub.session[0])
         if session is None:
             return
-        items: list[list[Any]] = []
-        offset = sub.next_push
+        stop = min(end, start + room)
         acked = sub.acked
-        deadline = now + self.config.subscriber.timeout
+        if acked and max(acked) >= start:
+            offsets = [o for o in range(start, stop) if o not in acked]
+            if len(offsets) < stop - start:  # skipped some: fill the room further on
+                for o in range(stop, end):
+                    if len(offsets) >= room:
+                        break
+                    if o not in acked:
+                        offsets.append(o)
+                stop = offsets[-1] + 1 if offsets else stop
+        else:
+            offsets = list(range(start, stop))
+        sub.next_push = stop
+        if not offsets:
+            return
         epoch = self.epoch
-        while offset < end and len(items) < room:
-            if offset in acked:
-                offset += 1
-                continue
-            entry = log.get(offset)
-            if entry is None:  # trimmed below the cursor: cannot happen for held offsets
-                offset += 1
-                continue
-            sub.in_flight[offset] = 1
-            sub.add_deadline(deadline, offset, 1)
-            items.append([offset, entry.id, entry.payload, epoch + entry.stored_at, 1])
-            offset += 1
-        sub.next_push = offset
-        if items:
-            sub.credit -= len(items)
-            self.counters["delivered"] += len(items)
-            self._deliver(session, sub.session[1], items)
-            self._schedule(sub)
+        if len(offsets) == stop - start:  # the usual case: a contiguous run of offsets
+            ids, payloads, times = log.span(start, stop)
+            items = [[o, i, p, epoch + t, 1]
+                     for o, i, p, t in zip(offsets, ids, payloads, times, strict=True)]
+        else:
+            items = []
+            for o in offsets:
+                entry = log.get(o)
+                assert entry is not None  # held: at or above the cursor
+                items.append([o, entry.id, entry.payload, epoch + entry.stored_at, 1])
+        sub.in_flight.update(dict.fromkeys(offsets, 1))
+        sub.add_deadlines(now + self.config.subscriber.timeout, offsets, 1)
+        sub.credit -= len(items)
+        self.counters["delivered"] += len(items)
+        self._deliver(session, sub.session[1], items)
+        self._schedule(sub)
 
     def _deliver(self, session: Session, sid: int, items: list[list[Any]]) -> None:
         """Queue DELIVER frames for ``items``, split so no frame nears max_frame_bytes."""
         budget = self.config.max_frame_bytes // 2
+        if len(items) * 40 + sum(len(item[2]) + len(item[1]) for item in items) <= budget:
+            session.out.append([P.DELIVER, sid, self.generation, items])
+            return
         start = size = 0
         for i, item in enumerate(items):
             item_size = len(item[2]) + len(item[1]) + 40
@@ -607,16 +676,17 @@ class ShardCore:
             r = sub.repushes[0] if sub.repushes else None
             if d is not None and d[0] <= now and (r is None or d[0] <= r[0]):
                 sub.deadlines.popleft()
-                at, offset, pushes, epoch = d
-                if not sub.is_current(offset, pushes, epoch):
-                    continue
-                if pushes >= max_pushes:
-                    self._exhausted(sub, offset, now)
-                    return
-                if cfg.retry_interval <= 0:
-                    repush.append((at, offset, pushes))
-                else:
-                    sub.add_repush(at + cfg.retry_interval, offset, pushes)
+                at, offsets, pushes, epoch = d
+                for offset in offsets:  # only the unacked ones of the batch time out
+                    if not sub.is_current(offset, pushes, epoch):
+                        continue
+                    if pushes >= max_pushes:
+                        self._exhausted(sub, offset, now)
+                        return
+                    if cfg.retry_interval <= 0:
+                        repush.append((at, offset, pushes))
+                    else:
+                        sub.add_repush(at + cfg.retry_interval, offset, pushes)
             elif r is not None and r[0] <= now:
                 sub.repushes.popleft()
                 at, offset, pushes, epoch = r
@@ -639,7 +709,7 @@ class ShardCore:
             if entry is None:
                 continue
             sub.in_flight[offset] = pushes + 1
-            sub.add_deadline(at + timeout, offset, pushes + 1)
+            sub.add_deadlines(at + timeout, [offset], pushes + 1)
             items.append([offset, entry.id, entry.payload, self.epoch + entry.stored_at,
                           pushes + 1])
         if items and session is not None:
@@ -722,6 +792,10 @@ class ShardCore:
     def _emit(self, *event: Any) -> None:
         if self.on_event is not None:
             self.on_event(event)
+
+
+def _nothing(message_id: str) -> int | None:
+    return None
 
 
 def _next_pass(previous: float, interval: float, now: float) -> float:

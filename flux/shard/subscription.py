@@ -3,9 +3,9 @@
 The cursor is the lowest unacked offset; acks above it are remembered in
 ``acked``. While a session is attached, ``in_flight`` maps each pushed, unacked
 offset to how many pushes it has used, and two FIFO queues drive selective
-redelivery (G4): ack deadlines and re-push times. Push ``k`` of a message falls
-at ``t0 + k*(timeout + retry_interval)``. Timeouts are uniform, so each queue
-is already in time order and needs no heap.
+redelivery (G4): ack deadlines (one entry per DELIVER batch) and re-push times.
+Push ``k`` of a message falls at ``t0 + k*(timeout + retry_interval)``. Timeouts
+are uniform, so each queue is already in time order and needs no heap.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ class Subscription:
     # already acked when it attached (skipped, never pushed to it)
     attached_from: int = 0
     preacked: frozenset[int] = frozenset()
-    deadlines: deque[tuple[float, int, int, int]] = field(default_factory=deque)
+    # (at, offsets, pushes, epoch): one entry per batch of pushes that share a deadline
+    deadlines: deque[tuple[float, list[int], int, int]] = field(default_factory=deque)
     repushes: deque[tuple[float, int, int, int]] = field(default_factory=deque)
     # activity (G6)
     active: bool = False
@@ -81,9 +82,16 @@ class Subscription:
 
     def ack_through(self, through: int) -> int:
         """Ack every in-flight offset <= ``through``; returns how many."""
-        due = [o for o in self.in_flight if o <= through]
-        for offset in sorted(due):
-            self.ack(offset)
+        # in_flight is in increasing offset order: first pushes go out in offset order
+        # (G1) and a re-push updates its entry in place
+        due: list[int] = []
+        for offset in self.in_flight:
+            if offset > through:
+                break
+            due.append(offset)
+        ack = self.ack
+        for offset in due:
+            ack(offset)
         return len(due)
 
     def commit(self, offset: int) -> None:
@@ -138,11 +146,12 @@ class Subscription:
             return d
         return min(d, r)
 
-    def add_deadline(self, at: float, offset: int, pushes: int) -> None:
+    def add_deadlines(self, at: float, offsets: list[int], pushes: int) -> None:
+        """Push ``pushes`` of each of ``offsets`` (increasing) waits for its ack until ``at``."""
         q = self.deadlines
         if q and q[-1][0] > at:  # a late tick; keep the queue ordered
             at = q[-1][0]
-        q.append((at, offset, pushes, self.epoch))
+        q.append((at, offsets, pushes, self.epoch))
 
     def add_repush(self, at: float, offset: int, pushes: int) -> None:
         q = self.repushes

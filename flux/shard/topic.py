@@ -8,7 +8,9 @@ Neither knows about subscriptions; cleanup decides what may be trimmed.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
 from typing import NamedTuple
 
 
@@ -21,14 +23,23 @@ class Entry(NamedTuple):
 
 
 class TopicLog:
-    """Messages of one topic at consecutive offsets; the oldest may be trimmed."""
+    """Messages of one topic at consecutive offsets; the oldest may be trimmed.
 
-    __slots__ = ("_entries", "_first", "_head", "held_bytes")
+    Ids and payloads sit in two parallel lists and store times in a short list of
+    marks (one per distinct ``now``, i.e. per PUBLISH frame), so a held message
+    costs two list slots beyond its id and payload objects.
+    """
+
+    __slots__ = ("_first", "_head", "_ids", "_mark_at", "_mark_offset", "_payloads",
+                 "held_bytes")
 
     def __init__(self) -> None:
-        self._entries: list[Entry] = []
-        self._first = 0      # offset of self._entries[0]
-        self._head = 0       # index of the oldest held entry in self._entries
+        self._ids: list[str] = []
+        self._payloads: list[bytes] = []
+        self._mark_offset: list[int] = []   # a mark: from this offset on, stored at ...
+        self._mark_at: list[float] = []     # ... this time (until the next mark)
+        self._first = 0      # offset of self._ids[0]
+        self._head = 0       # index of the oldest held entry in self._ids
         self.held_bytes = 0  # payload + id bytes of held messages
 
     @property
@@ -39,23 +50,60 @@ class TopicLog:
     @property
     def next_offset(self) -> int:
         """The offset the next append gets; offsets are never reused."""
-        return self._first + len(self._entries)
+        return self._first + len(self._ids)
 
     def __len__(self) -> int:
-        return len(self._entries) - self._head
+        return len(self._ids) - self._head
 
     def append(self, message_id: str, payload: bytes, now: float) -> int:
         """Store a message and return its offset."""
-        self._entries.append(Entry(message_id, payload, now))
+        ids = self._ids
+        offset = self._first + len(ids)
+        if not self._mark_at or self._mark_at[-1] != now:
+            self._mark_offset.append(offset)
+            self._mark_at.append(now)
+        ids.append(message_id)
+        self._payloads.append(payload)
         self.held_bytes += len(payload) + len(message_id)
-        return self._first + len(self._entries) - 1
+        return offset
+
+    def extend(self, ids: list[str], payloads: list[bytes], now: float) -> int:
+        """Store several messages at once; returns the offset of the first."""
+        offset = self._first + len(self._ids)
+        if ids:
+            if not self._mark_at or self._mark_at[-1] != now:
+                self._mark_offset.append(offset)
+                self._mark_at.append(now)
+            self._ids += ids
+            self._payloads += payloads
+            self.held_bytes += sum(map(len, ids)) + sum(map(len, payloads))
+        return offset
+
+    def stored_at(self, offset: int) -> float:
+        """When the message at ``offset`` (held, or the next one) was stored."""
+        return self._mark_at[bisect_right(self._mark_offset, offset) - 1]
 
     def get(self, offset: int) -> Entry | None:
         """The entry at ``offset`` if it is held."""
         i = offset - self._first
-        if i < self._head or i >= len(self._entries):
+        if i < self._head or i >= len(self._ids):
             return None
-        return self._entries[i]
+        return Entry(self._ids[i], self._payloads[i], self.stored_at(offset))
+
+    def span(self, start: int, stop: int) -> tuple[list[str], list[bytes], list[float]]:
+        """Ids, payloads and store times of the held offsets ``start`` to ``stop - 1``
+        (the caller makes sure they are held)."""
+        a, b = start - self._first, stop - self._first
+        offsets, ats = self._mark_offset, self._mark_at
+        m = bisect_right(offsets, start) - 1
+        times: list[float] = []
+        pos = start
+        while pos < stop:
+            end = offsets[m + 1] if m + 1 < len(offsets) and offsets[m + 1] < stop else stop
+            times += [ats[m]] * (end - pos)
+            pos = end
+            m += 1
+        return self._ids[a:b], self._payloads[a:b], times
 
     def read(self, start: int, max_messages: int, max_bytes: int) -> list[tuple[int, Entry]]:
         """Held messages from ``start`` on: at most ``max_messages``, and about
@@ -63,49 +111,80 @@ class TopicLog:
         i = max(start - self._first, self._head)
         out: list[tuple[int, Entry]] = []
         size = 0
-        entries = self._entries
-        while i < len(entries) and len(out) < max_messages:
-            entry = entries[i]
-            size += len(entry.payload) + len(entry.id)
+        ids, payloads = self._ids, self._payloads
+        while i < len(ids) and len(out) < max_messages:
+            size += len(payloads[i]) + len(ids[i])
             if out and size > max_bytes:
                 break
-            out.append((self._first + i, entry))
+            offset = self._first + i
+            out.append((offset, Entry(ids[i], payloads[i], self.stored_at(offset))))
             i += 1
         return out
 
     def trim(self, below: int, stored_before: float) -> int:
         """Drop held messages with offset < ``below`` stored at or before
         ``stored_before``; stops at the first that must stay. Returns the count."""
-        entries = self._entries
-        head = self._head
-        limit = min(below - self._first, len(entries))
-        dropped = 0
-        while head < limit and entries[head].stored_at <= stored_before:
-            entry = entries[head]
-            self.held_bytes -= len(entry.payload) + len(entry.id)
-            head += 1
-            dropped += 1
-        if head > 1024 and head * 2 > len(entries):
-            del entries[:head]
+        ids, payloads = self._ids, self._payloads
+        first, head = self._first, self._head
+        limit = min(below - first, len(ids))
+        if head >= limit:
+            return 0
+        # the first message stored after the cutoff stops the trim (times never decrease
+        # within a mark; a later mark may have an earlier time, so walk them in order)
+        offsets, ats = self._mark_offset, self._mark_at
+        m = bisect_right(offsets, first + head) - 1
+        stop = head
+        while stop < limit and ats[m] <= stored_before:
+            stop = min(limit, (offsets[m + 1] - first) if m + 1 < len(offsets) else limit)
+            m += 1
+        dropped = stop - head
+        if not dropped:
+            return 0
+        self.held_bytes -= sum(map(len, ids[head:stop])) + sum(map(len, payloads[head:stop]))
+        for i in range(head, stop):  # release the objects now, not at the next compaction
+            ids[i] = ""
+            payloads[i] = b""
+        head = stop
+        if head == len(ids):
+            ids.clear()
+            payloads.clear()
             self._first += head
             head = 0
-        elif head == len(entries) and head:
-            entries.clear()
+            self._drop_marks(self._first)
+        elif head > 1024 and head * 2 > len(ids):
+            del ids[:head]
+            del payloads[:head]
             self._first += head
             head = 0
+            self._drop_marks(self._first)
         self._head = head
         return dropped
 
+    def _drop_marks(self, oldest: int) -> None:
+        """Forget marks that only cover offsets below ``oldest``."""
+        offsets = self._mark_offset
+        k = bisect_right(offsets, oldest) - 1
+        if k > 0:
+            del offsets[:k]
+            del self._mark_at[:k]
+        if not self._ids:  # empty: the next append starts a mark
+            offsets.clear()
+            self._mark_at.clear()
+
 
 class DedupWindow:
-    """Message ids accepted in the last ``window`` seconds, with their offsets."""
+    """Message ids accepted in the last ``window`` seconds, with their offsets.
+
+    Ids expire in buckets, one per distinct acceptance time (a PUBLISH frame's
+    ``now``), so remembering an id costs a dict entry and a list slot.
+    """
 
     __slots__ = ("_expiry", "_offsets", "held_bytes", "window")
 
     def __init__(self, window: float) -> None:
         self.window = window
         self._offsets: dict[str, int] = {}
-        self._expiry: deque[tuple[float, str]] = deque()
+        self._expiry: deque[tuple[float, list[str]]] = deque()
         self.held_bytes = 0
 
     def __len__(self) -> int:
@@ -122,8 +201,34 @@ class DedupWindow:
         if self.window <= 0:
             return
         self._offsets[message_id] = offset
-        self._expiry.append((now + self.window, message_id))
+        at = now + self.window
+        expiry = self._expiry
+        if expiry and expiry[-1][0] == at:
+            expiry[-1][1].append(message_id)
+        else:
+            expiry.append((at, [message_id]))
         self.held_bytes += len(message_id)
+
+    def get(self, message_id: str) -> int | None:
+        """Like :meth:`lookup` without expiring first (the caller ran :meth:`expire`)."""
+        return self._offsets.get(message_id)
+
+    def finder(self) -> Callable[[str], int | None]:
+        """:meth:`get` as a plain function, for a loop over many ids (after :meth:`expire`)."""
+        return self._offsets.get
+
+    def remember_all(self, ids: dict[str, int], now: float) -> None:
+        """:meth:`remember` each id (with its offset) of ``ids``."""
+        if self.window <= 0 or not ids:
+            return
+        self._offsets.update(ids)
+        at = self.window + now
+        expiry = self._expiry
+        if expiry and expiry[-1][0] == at:
+            expiry[-1][1].extend(ids)
+        else:
+            expiry.append((at, list(ids)))
+        self.held_bytes += sum(map(len, ids))
 
     def expire(self, now: float) -> int:
         """Forget ids whose window has passed; returns how many."""
@@ -131,8 +236,9 @@ class DedupWindow:
         offsets = self._offsets
         count = 0
         while expiry and expiry[0][0] <= now:
-            _, message_id = expiry.popleft()
-            offsets.pop(message_id, None)
-            self.held_bytes -= len(message_id)
-            count += 1
+            _, ids = expiry.popleft()
+            for message_id in ids:
+                offsets.pop(message_id, None)
+            self.held_bytes -= sum(map(len, ids))
+            count += len(ids)
         return count

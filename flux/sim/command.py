@@ -112,7 +112,8 @@ def sim(seed_range: str | None, seed: int | None, scenario: str, workers: int | 
     \b
       flux sim --seeds 0:500 --workers 2     # a sweep, with a summary
       flux sim --seed 17 --trace              # one run, every event, its digest
-    A failing run prints the command that replays it exactly.
+
+    A failing run prints the command that replays it exactly (its fault plan shrunk).
     """
     if seed is not None:
         sys.exit(_single(seed, scenario, plan, trace, save))

@@ -257,6 +257,17 @@ class SubscriptionGone(Event):
     name: str
 
 
+@_event
+@dataclass(frozen=True, slots=True)
+class ShardStopped(Event):
+    """Oracle: a shard incarnation ended (crashed, drained, or exited orphaned): every
+    subscription of its generation is gone with it."""
+
+    kind: ClassVar[str] = "shard_stopped"
+    shard: int
+    generation: int
+
+
 def event_from_dict(data: dict[str, Any]) -> Event:
     """Rebuild an event from :meth:`Event.to_dict` output."""
     data = dict(data)

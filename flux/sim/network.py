@@ -28,6 +28,7 @@ StreamHandler = Callable[[trio.abc.Stream], Awaitable[None]]
 WINDOW_BYTES = 1 << 20      # bytes in flight per direction before send_all blocks
 CONNECT_TIMEOUT = 20.0      # a SYN that never gets through fails like a kernel connect
 FIRST_EPHEMERAL_PORT = 30000
+TICK = 0.0005                # delivery times are multiples of this (fewer distinct wake-ups)
 
 
 @dataclass
@@ -52,6 +53,11 @@ class LinkProfile:
         if self.spike_p and rng.random() < self.spike_p:
             delay += self.spike
         return delay
+
+
+def _tick(at: float) -> float:
+    """Round a delivery time up to the network's tick, so that deliveries bunch up."""
+    return math.ceil(at / TICK) * TICK
 
 
 class _Pipe:
@@ -138,7 +144,8 @@ class SimStream(trio.abc.HalfCloseableStream):
                 await pipe.lot.park()
             if data:
                 chunk = bytes(data)
-                at = max(trio.current_time() + self._net.latency(pipe.src, pipe.dst), pipe.last_at)
+                at = max(_tick(trio.current_time() + self._net.latency(pipe.src, pipe.dst)),
+                         pipe.last_at)
                 pipe.last_at = at
                 pipe.chunks.append([at, chunk])
                 pipe.buffered += len(chunk)

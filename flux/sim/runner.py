@@ -13,7 +13,6 @@ import random
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 
@@ -173,4 +172,4 @@ def describe(result: RunResult, limit: int = 12) -> list[str]:
     return lines
 
 
-__all__: list[Any] = ["RunResult", "describe", "run", "summary_line"]
+__all__ = ["RunResult", "describe", "plan_for", "run", "summary_line", "workload_for"]

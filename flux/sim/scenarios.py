@@ -43,7 +43,7 @@ def _topics(rng: random.Random, n: int) -> tuple[str, ...]:
 def _subscriber(rng: random.Random, i: int, topic: str, behaviour: str) -> SubscriberSpec:
     name = f"s{i}"
     spec = SubscriberSpec(name=name, topic=topic, sub_name=f"sub{i}", behaviour=behaviour,
-                          live=behaviour not in ("never", "takeover"))
+                          live=behaviour not in ("never", "takeover", "ephemeral"))
     if behaviour in ("flaky", "unsub"):
         spec = replace(spec, churn=rng.uniform(3.0, 10.0))
     elif behaviour == "strict":
@@ -51,6 +51,10 @@ def _subscriber(rng: random.Random, i: int, topic: str, behaviour: str) -> Subsc
     elif behaviour == "window":
         n = rng.randint(2, 8)
         spec = replace(spec, max_in_flight=n, prefetch=rng.randint(1, n))
+    elif behaviour == "ephemeral":
+        spec = replace(spec, sub_name=None, churn=rng.uniform(3.0, 10.0))
+    elif behaviour == "raise":
+        spec = replace(spec, on_reset="raise")
     elif behaviour == "reader":
         if rng.random() < 0.5:
             spec = replace(spec, read_old=True)
@@ -66,7 +70,8 @@ def default(rng: random.Random) -> Workload:
     producers = tuple(ProducerSpec(f"p{i}", topics, count=rng.randint(20, 50),
                                    gap=rng.uniform(0.2, 0.8), batch=rng.choice((1, 1, 3)))
                       for i in range(rng.randint(1, 3)))
-    kinds = ["ack", "slow", "flaky", "unsub", "strict", "window", "reader", "never"]
+    kinds = ["ack", "slow", "flaky", "unsub", "strict", "window", "reader", "never", "ephemeral",
+             "raise"]
     rng.shuffle(kinds)
     subscribers = [_subscriber(rng, i, rng.choice(topics), kind)
                    for i, kind in enumerate(kinds[:rng.randint(3, 6)])]
@@ -85,10 +90,14 @@ def no_faults(rng: random.Random) -> Workload:
 
 
 def crashes(rng: random.Random) -> Workload:
-    """Process faults only: shard crashes and pauses, router crashes."""
+    """Process faults only: shard crashes and pauses, router crashes (some longer than
+    shard.orphan_timeout, so orphaned shards exit and the new router starts them again)."""
     w = default(rng)
-    return replace(w, scenario="crashes",
-                   mix=FaultMix((("crash", 1.0), ("pause", 1.0), ("router", 1.0)), count=(3, 10)))
+    config = dict(w.config)
+    config["shard"] = {"orphan_timeout": rng.choice((4.0, 8.0, 30.0))}
+    return replace(w, scenario="crashes", config=config,
+                   mix=FaultMix((("crash", 1.0), ("pause", 1.0), ("router", 1.0)), count=(3, 10),
+                                router_down=(0.5, 12.0)))
 
 
 def network(rng: random.Random) -> Workload:

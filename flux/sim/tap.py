@@ -9,6 +9,7 @@ deliveries, acks and confirmations, session ends). It never alters traffic.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -30,10 +31,15 @@ def error_name(code: Any) -> str:
 
 
 class Recorder:
-    """Shared by every tapped connection of one run: session numbering and the history."""
+    """Shared by every tapped connection of one run: session numbering and the history.
 
-    def __init__(self, history: h.History) -> None:
+    ``clock`` stamps the events (trio's clock unless given: a chaos client on
+    asyncio passes its loop's).
+    """
+
+    def __init__(self, history: h.History, clock: Callable[[], float] | None = None) -> None:
         self.history = history
+        self.clock: Callable[[], float] = clock if clock is not None else trio.current_time
         self.sessions = itertools.count(1)
         self.publish_tries: dict[tuple[str, str, str], int] = {}  # (client, topic, id)
         self.stopped = False
@@ -53,8 +59,9 @@ class _Session:
         self.generation = generation
 
 
-class _Tap:
-    """Decodes both directions of one connection and records events."""
+class WireTap:
+    """Decodes both directions of one connection and records events (sans-IO: feed it
+    the bytes a client sends and receives, and tell it when the connection ends)."""
 
     def __init__(self, recorder: Recorder, client: str) -> None:
         self.rec = recorder
@@ -82,7 +89,7 @@ class _Tap:
         except errors.FluxError:
             self.out_decoder = None
             return
-        now = trio.current_time()
+        now = self.rec.clock()
         for frame in frames:
             try:
                 self._out_frame(frame, now)
@@ -120,7 +127,7 @@ class _Tap:
         except errors.FluxError:
             self.in_decoder = None
             return
-        now = trio.current_time()
+        now = self.rec.clock()
         for frame in frames:
             try:
                 self._in_frame(frame, now)
@@ -224,7 +231,7 @@ class _Tap:
         if self.ended:
             return
         self.ended = True
-        now = trio.current_time()
+        now = self.rec.clock()
         for s in self.sessions.values():
             self._add(h.SessionEnded(now, s.subscriber, s.id, s.topic, "lost"))
         self.sessions.clear()
@@ -232,11 +239,11 @@ class _Tap:
 
 
 class TapStream(trio.abc.HalfCloseableStream):
-    """Passes bytes through to ``inner`` and shows a copy of them to a :class:`_Tap`."""
+    """Passes bytes through to ``inner`` and shows a copy of them to a :class:`WireTap`."""
 
     def __init__(self, inner: SimStream, recorder: Recorder, client: str) -> None:
         self.inner = inner
-        self.tap = _Tap(recorder, client)
+        self.tap = WireTap(recorder, client)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         # recorded before it leaves: an ack is "sent" from the moment it may arrive

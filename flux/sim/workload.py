@@ -34,7 +34,8 @@ ENDED = (errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.Topic
          errors.RequestTimeout)
 
 # Subscriber behaviours; "live" ones must have everything delivered after the heal.
-BEHAVIOURS = ("ack", "slow", "never", "flaky", "unsub", "strict", "window", "reader", "takeover")
+BEHAVIOURS = ("ack", "slow", "never", "flaky", "unsub", "strict", "window", "reader", "takeover",
+              "ephemeral", "raise")
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class ProducerSpec:
 class SubscriberSpec:
     name: str                  # its host
     topic: str
-    sub_name: str
+    sub_name: str | None       # None: ephemeral
     behaviour: str
     live: bool
     read_old: bool = False
@@ -58,11 +59,12 @@ class SubscriberSpec:
     max_in_flight: int | None = None
     prefetch: int | None = None
     churn: float = 0.0         # mean seconds between disconnects/unsubscribes (0: never)
+    on_reset: str = "earliest"
 
     @property
     def subscriber(self) -> str:
         """The id the history uses for it (the tap's ``host/name``)."""
-        return f"{self.name}/{self.sub_name}"
+        return f"{self.name}/{self.sub_name if self.sub_name is not None else '~'}"
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ class Actors:
     async def subscriber(self, spec: SubscriberSpec) -> None:
         rng = self.rng(spec.name)
         host = self.world.client_host(spec.name)
-        while True:
+        while not self._leaving(spec):
             with trio.CancelScope() as connection:
                 try:
                     async with self._client(host) as client:
@@ -182,13 +184,13 @@ class Actors:
 
     async def _subscribe_loop(self, client: Client, spec: SubscriberSpec, rng: random.Random,
                               connection: trio.CancelScope) -> None:
-        while True:
+        while not self._leaving(spec):
             churn = self._next_churn(spec, rng)
             try:
                 async with client.subscribe(
                         spec.topic, name=spec.sub_name, read_old=spec.read_old,
                         from_offset=spec.from_offset, max_in_flight=spec.max_in_flight,
-                        prefetch=spec.prefetch) as sub:
+                        prefetch=spec.prefetch, on_reset=spec.on_reset) as sub:
                     ended = await self._consume(sub, spec, rng, churn)
                     if ended is not None:
                         raise ended
@@ -206,7 +208,9 @@ class Actors:
         """Take messages until ``churn``; returns the error that ended the subscription."""
         async with trio.open_nursery() as acks:
             try:
-                with trio.move_on_at(churn):
+                with trio.move_on_at(churn) as scope:
+                    if not spec.live:
+                        acks.start_soon(_cancel_when, self.healed, scope)
                     async for msg in sub:
                         self.world.record(h.Consumed(
                             trio.current_time(), spec.subscriber, msg.topic, msg.generation,
@@ -217,6 +221,11 @@ class Actors:
             finally:
                 acks.cancel_scope.cancel()
         return None
+
+    def _leaving(self, spec: SubscriberSpec) -> bool:
+        """Subscribers that are not live leave at the heal (so their subscriptions, which
+        hold unacked messages, are cleaned up and topics drain)."""
+        return not spec.live and self.healed.is_set()
 
     def _next_churn(self, spec: SubscriberSpec, rng: random.Random) -> float:
         if not spec.churn or self.healed.is_set():
@@ -235,6 +244,11 @@ class Actors:
             await msg.ack()
         else:
             await msg.ack()
+
+
+async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
 
 
 async def _ack_later(msg: Any, delay: float) -> None:

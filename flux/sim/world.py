@@ -190,6 +190,7 @@ class SimLauncher(TaskLauncher):
             raise
         finally:
             world.network.crash(host)  # a dead process's sockets close with it
+            world.record(h.ShardStopped(trio.current_time(), index, generation))
             if world.shards.get(index, (None, None))[1] is shard:
                 del world.shards[index]
 

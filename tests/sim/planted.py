@@ -34,17 +34,21 @@ def _with_config(core: ShardCore, **subscriber: Any) -> contextlib.AbstractConte
 
 def skip_dedup() -> contextlib.AbstractContextManager[Any]:
     """G3: every publish is stored again, retries included."""
-    return _wrap(DedupWindow, "lookup", lambda f: lambda self, message_id, now: None)
+    return _wrap(DedupWindow, "finder", lambda f: lambda self: lambda message_id: None)
 
 
 def duplicate_wrong_offset() -> contextlib.AbstractContextManager[Any]:
     """G3: a duplicate's ack carries the wrong offset."""
     def make(f: Any) -> Any:
-        def lookup(self: DedupWindow, message_id: str, now: float) -> int | None:
-            found = f(self, message_id, now)
-            return None if found is None else found + 1
-        return lookup
-    return _wrap(DedupWindow, "lookup", make)
+        def finder(self: DedupWindow) -> Callable[[str], int | None]:
+            get = f(self)
+
+            def shifted(message_id: str) -> int | None:
+                found = get(message_id)
+                return None if found is None else found + 1
+            return shifted
+        return finder
+    return _wrap(DedupWindow, "finder", make)
 
 
 def delete_on_ttl_alone() -> contextlib.AbstractContextManager[Any]:
@@ -55,12 +59,12 @@ def delete_on_ttl_alone() -> contextlib.AbstractContextManager[Any]:
 def cursor_before_ack() -> contextlib.AbstractContextManager[Any]:
     """G1/G2: the cursor moves past a message when it is first pushed, not when acked."""
     def make(f: Any) -> Any:
-        def add_deadline(self: Subscription, at: float, offset: int, pushes: int) -> None:
-            f(self, at, offset, pushes)
-            if pushes == 1 and offset >= self.cursor:
-                self.cursor = offset + 1
-        return add_deadline
-    return _wrap(Subscription, "add_deadline", make)
+        def add_deadlines(self: Subscription, at: float, offsets: list[int], pushes: int) -> None:
+            f(self, at, offsets, pushes)
+            if pushes == 1 and offsets and offsets[-1] >= self.cursor:
+                self.cursor = offsets[-1] + 1
+        return add_deadlines
+    return _wrap(Subscription, "add_deadlines", make)
 
 
 def ack_ignored() -> contextlib.AbstractContextManager[Any]:
@@ -173,3 +177,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "delete-inactive-at-once": delete_inactive_at_once,
     "reuse-generation": reuse_generation,
 }
+
+# The scenario that exercises each bug's code path most (default otherwise).
+SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
+            "keep-inactive-forever": "cleanup", "delete-inactive-at-once": "cleanup"}

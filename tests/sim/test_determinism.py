@@ -97,6 +97,21 @@ def test_sim_clock_reports_a_deadlock_instead_of_hanging() -> None:
     assert reported == [1.5]
 
 
+def test_wall_watchdog_stops_a_run_that_never_lets_time_advance() -> None:
+    async def main() -> bool:
+        with trio.CancelScope() as scope:
+            dog = determinism.WallWatchdog(0.2, scope.cancel)
+            dog.start()
+            try:
+                while True:  # a busy loop: simulated time stands still
+                    await trio.sleep(0)
+            finally:
+                dog.stop()
+        return dog.expired
+
+    assert trio.run(main, clock=SimClock()) is True
+
+
 def _digest(seed: int, scenario: str, hashseed: str) -> str:
     code = f"from flux.sim.runner import run; r = run({seed}, {scenario!r}); print(r.digest, r.ok)"
     env = {**os.environ, "PYTHONHASHSEED": hashseed, "PYTHONPATH": str(ROOT)}

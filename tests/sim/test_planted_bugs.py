@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from flux.sim.runner import run
-from sim.planted import PLANTED
+from sim.planted import PLANTED, SCENARIO
 
-MAX_SEEDS = 12
+MAX_SEEDS = 20
 
 
 @pytest.mark.sim
@@ -15,7 +15,7 @@ MAX_SEEDS = 12
 def test_planted_bug_is_caught(bug: str) -> None:
     with PLANTED[bug]():
         for seed in range(MAX_SEEDS):
-            result = run(seed, "default")
+            result = run(seed, SCENARIO.get(bug, "default"))
             if not result.ok:
                 assert result.rules and "crash" not in result.rules, result.problems()[:3]
                 return

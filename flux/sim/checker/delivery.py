@@ -22,6 +22,36 @@ class _State:
     ack_sent: dict[int, float] = field(default_factory=dict)  # offset -> first ack sent
 
 
+class _Confirmed:
+    """Acks the shard confirmed to any session of one subscription, with when and where.
+
+    Replies on one connection arrive in the order the shard sent them; across two
+    connections only events further apart than the latency bound are ordered.
+    """
+
+    def __init__(self, latency: float) -> None:
+        self.latency = latency
+        self.cursors: list[tuple[float, int, int]] = []      # (t, session, cursor)
+        self.offsets: dict[int, list[tuple[float, int]]] = {}  # offset -> [(t, session)]
+
+    def _before(self, t: float, session: int, at: float, where: int) -> bool:
+        return where == session or at < t - self.latency
+
+    def cursor(self, session: int, t: float) -> int:
+        """The highest cursor surely confirmed before ``t`` as seen from ``session``."""
+        best = -1
+        for at, where, cursor in self.cursors:
+            if cursor > best and self._before(t, session, at, where):
+                best = cursor
+        return best
+
+    def acked(self, offset: int, session: int, t: float) -> bool:
+        if offset < self.cursor(session, t):
+            return True
+        return any(self._before(t, session, at, where)
+                   for at, where in self.offsets.get(offset, ()))
+
+
 def check(index: Index, report: Report) -> None:
     duplicates = 0
     for inc in index.incarnations:
@@ -31,8 +61,7 @@ def check(index: Index, report: Report) -> None:
 
 def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
     states: dict[int, _State] = {}
-    confirmed: set[int] = set()
-    cursor = -1
+    confirmed = _Confirmed(index.params.latency)
     redeliveries = 0
     for e in inc.events:
         if isinstance(e, h.Subscribed):
@@ -43,11 +72,12 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
                            f"{e.subscriber} asked for max_in_flight={e.asked_max_in_flight}"
                            f" (cap {index.params.max_in_flight}); the shard granted"
                            f" {e.max_in_flight}")
-            if cursor >= 0 and e.cursor < cursor and e.generation == inc.generation:
+            before = confirmed.cursor(e.session, e.t)
+            if e.cursor < before:
                 report.add("G6", "cursor-moved-back", e.t,
                            f"{e.subscriber} resumed {inc.topic}/{inc.name} at cursor {e.cursor},"
-                           f" below the confirmed cursor {cursor}")
-            cursor = max(cursor, e.cursor)
+                           f" below the confirmed cursor {before}")
+            confirmed.cursors.append((e.t, e.session, e.cursor))
             continue
         assert isinstance(e, (h.Delivered, h.AckSent, h.AckConfirmed, h.AckRefused,
                               h.TopicWasReset, h.SessionEnded))
@@ -56,18 +86,20 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
         if isinstance(e, h.Delivered):
             if e.attempt > 1:
                 redeliveries += 1
-            _delivered(index, inc, session, st, e, confirmed, cursor, report)
+            _delivered(index, inc, session, st, e, confirmed, report)
         elif isinstance(e, h.AckSent):
             covered = set(e.offsets) | {o for o in st.delivered if o <= e.through}
             for o in covered:
                 st.unacked.pop(o, None)
                 st.ack_sent.setdefault(o, e.t)
         elif isinstance(e, h.AckConfirmed):
-            confirmed |= set(e.offsets) | {o for o in st.delivered if o <= e.through}
-            if e.cursor < cursor:
+            for o in set(e.offsets) | {o for o in st.delivered if o <= e.through}:
+                confirmed.offsets.setdefault(o, []).append((e.t, e.session))
+            before = confirmed.cursor(e.session, e.t)
+            if e.cursor < before:
                 report.add("G6", "cursor-moved-back", e.t,
-                           f"{e.subscriber}: ACKED cursor {e.cursor} below earlier cursor {cursor}")
-            cursor = max(cursor, e.cursor)
+                           f"{e.subscriber}: ACKED cursor {e.cursor} below earlier cursor {before}")
+            confirmed.cursors.append((e.t, e.session, e.cursor))
         elif isinstance(e, h.AckRefused) and e.error == "NotDelivered" \
                 and e.offset in st.delivered and session.end is None:
                 report.add("G1", "ack-refused", e.t,
@@ -79,7 +111,7 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
 
 
 def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: h.Delivered,
-               confirmed: set[int], cursor: int, report: Report) -> None:
+               confirmed: _Confirmed, report: Report) -> None:
     p = index.params
     where = f"{e.subscriber} session {e.session}: {e.topic}@{e.offset}"
     if e.generation != session.sub.generation:
@@ -89,7 +121,7 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
         return
     if inc.known_start and e.offset < inc.start:
         report.add("G6", "below-start", e.t, f"{where} is below the subscription's start {inc.start}")
-    if e.offset < cursor or e.offset in confirmed:
+    if confirmed.acked(e.offset, e.session, e.t):
         report.add("G1", "redelivered-acked", e.t,
                    f"{where} attempt {e.attempt} after the shard confirmed its ack")
     if e.attempt == 1:
@@ -147,7 +179,7 @@ def _check_schedule(index: Index, session: Session, st: _State, report: Report) 
                            f"{where} attempt {attempt} at {t:.3f}, due at {due:.3f}")
         last = max(attempt for _, attempt in pushes)
         if last >= 1 + p.retry_count:
-            exhausted = exhausted or acked_at is None or acked_at > t1 + p.retry_count * period
+            exhausted = True  # pushed 1 + retry_count times: the shard may deactivate
             due = t1 + p.retry_count * period + p.timeout
             what = "deactivated (SubscriptionInactive)"
         else:

@@ -88,6 +88,7 @@ class Incarnation:
     sessions: list[Session] = field(default_factory=list)
     events: list[h.Event] = field(default_factory=list)   # every session's, in order
     deleted_at: float | None = None
+    died_with_shard: bool = False     # deleted because its shard incarnation ended (G7)
 
     @property
     def key(self) -> tuple[str, int, str | None]:
@@ -130,6 +131,10 @@ class Index:
                 inc = self._current.pop((event.topic, event.generation, event.name), None)
                 if inc is not None:
                     inc.deleted_at = event.t
+            elif isinstance(event, h.ShardStopped):
+                for key in [k for k in self._current if k[1] == event.generation]:
+                    inc = self._current.pop(key)
+                    inc.deleted_at, inc.died_with_shard = event.t, True
             elif isinstance(event, h.FaultInjected):
                 self._fault(event, open_faults)
             elif isinstance(event, h.Phase) and event.name == "heal":

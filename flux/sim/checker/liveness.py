@@ -81,3 +81,28 @@ def check(index: Index, report: Report) -> None:
             undelivered += never
     report.count("lost_explained_by_crash", explained)
     report.count("undelivered_in_final_generation", undelivered)
+    report.count("missed_explained_by_crash",
+                 _missed_by_crash(index, acked, received, latest_generation, shard_of))
+
+
+def _missed_by_crash(index: Index, acked: dict[tuple[str, int], dict[int, str]],
+                     received: dict[tuple[str, str, int], set[int]],
+                     latest_generation: dict[int, int], shard_of: dict[int, int]) -> int:
+    """Acked messages a live subscriber never got, of generations that ended (G7):
+    from its subscription's start in that generation, or all if it had none there."""
+    starts: dict[tuple[str, str, int], int] = {}
+    for session in index.sessions.values():
+        key = (session.sub.subscriber, session.sub.topic, session.sub.generation)
+        starts[key] = min(starts.get(key, session.incarnation.start), session.incarnation.start)
+    missed = 0
+    for spec in index.history.meta.get("liveness", []):
+        subscriber, topic = spec["subscriber"], spec["topic"]
+        for (acked_topic, generation), offsets in acked.items():
+            shard = shard_of.get(generation)
+            if acked_topic != topic or shard is None or latest_generation[shard] == generation:
+                continue
+            key = (subscriber, topic, generation)
+            got = received.get(key, set())
+            start = starts.get(key, 0)
+            missed += sum(1 for o in offsets if o >= start and o not in got)
+    return missed

@@ -107,7 +107,7 @@ def _check_subscription_lifetimes(index: Index, report: Report) -> None:
             gone = inc.deleted_at
             if gone is None and successor is not None:
                 gone = successor.created_at  # deleted at the latest when re-created
-            if gone is not None and gone < earliest - 1e-9:
+            if gone is not None and gone < earliest - 1e-9 and not inc.died_with_shard:
                 report.add("G6", "deleted-too-early", gone,
                            f"subscription {inc.topic}/{inc.name} deleted at {gone:.3f}, but it was"
                            f" attached at {evidence:.3f} (inactive_time={p.inactive_time:g}s)")

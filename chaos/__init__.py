@@ -1,0 +1,7 @@
+"""Chaos runs (``python -m chaos``, ``make chaos``): real Flux processes under injected faults.
+
+The runner (:mod:`chaos.runner`) starts ``flux serve`` behind a fault proxy
+(:mod:`chaos.proxy`), client processes (:mod:`chaos.worker`) that record what they
+saw, and a seeded fault schedule (:mod:`chaos.schedule`, :mod:`chaos.faults`); the
+histories are checked by the simulator's checker (:mod:`chaos.accounting`).
+"""

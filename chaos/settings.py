@@ -1,0 +1,89 @@
+"""What a chaos run does: seed, length, fault count and mix, workload, broker config.
+
+:class:`ChaosSettings` has the defaults of ``make chaos``; :func:`from_env` applies
+the ``CHAOS_*`` environment variables, and the command line (:mod:`chaos.__main__`)
+applies its flags over those.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chaos.schedule import DEFAULT_MIX, parse_mix
+
+# Small timeouts so that faults make acks time out and retries fire within seconds;
+# heartbeat 2 s: the router replaces a shard silent for 6 s (a long pause), shorter
+# pauses are survived.
+BROKER_SETTINGS: tuple[str, ...] = (
+    "subscriber.timeout=1",
+    "subscriber.retry_interval=0.2",
+    "subscriber.retry_count=5",
+    "subscriber.heartbeat=2",
+    "subscriber.inactive_time=60",
+    "subscriber.cleanup_time=5",
+    "message.ttl=30",
+    "message.cleanup_time=2",
+    "message.dedup_window=120",
+    "router.adopt_window=3",
+    "shard.orphan_timeout=20",
+)
+SHARDS = 3
+
+
+@dataclass
+class ChaosSettings:
+    seed: int = 1
+    duration: float = 200.0          # seconds of the fault phase
+    faults: int = 220                # faults planned over it
+    mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
+    warmup: float = 3.0
+    liveness: float = 15.0           # seconds after the heal for everything to arrive
+    producers: int = 3
+    subscribers: int = 3
+    topics: int = 4
+    rate: float = 12.0               # messages per second per producer and topic
+    flavours: tuple[str, ...] = ("trio", "asyncio")
+    request_timeout: float = 1.0
+    retry_deadline: float = 8.0
+    slow_ack: float = 0.02           # share of messages the first subscriber acks late
+    withhold: float = 0.001          # share the second one leaves unacked until inactive (G4)
+    latency_bound: float = 0.3       # one-way delay (and jitter) the checker tolerates
+    out: Path = Path("chaos-results")
+    plant: str | None = None         # a planted broker bug (chaos/planted), to prove the checker
+    png: bool = True
+    broker_settings: tuple[str, ...] = BROKER_SETTINGS
+    extra_settings: tuple[str, ...] = ()
+
+    @property
+    def settings(self) -> list[str]:
+        """``--set`` items for ``flux serve`` (defaults, then the user's)."""
+        return [*self.broker_settings, *self.extra_settings]
+
+    def replace(self, **changes: object) -> ChaosSettings:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def from_env(env: dict[str, str] | None = None) -> ChaosSettings:
+    """Defaults, with ``CHAOS_SEED``, ``CHAOS_DURATION``, ``CHAOS_FAULTS``, ``CHAOS_MIX``
+    (``kind=weight,...``), ``CHAOS_RATE``, ``CHAOS_LIVENESS`` and ``CHAOS_OUT`` applied.
+    Raises ValueError for a bad value (naming the variable)."""
+    env = dict(os.environ) if env is None else env
+    s = ChaosSettings()
+    readers = {
+        "CHAOS_SEED": ("seed", int), "CHAOS_DURATION": ("duration", float),
+        "CHAOS_FAULTS": ("faults", int), "CHAOS_MIX": ("mix", parse_mix),
+        "CHAOS_RATE": ("rate", float), "CHAOS_LIVENESS": ("liveness", float),
+        "CHAOS_OUT": ("out", Path),
+    }
+    for var, (attr, parse) in readers.items():
+        raw = env.get(var)
+        if raw is None or raw == "":
+            continue
+        try:
+            setattr(s, attr, parse(raw))  # type: ignore[operator]
+        except ValueError as exc:
+            raise ValueError(f"{var}={raw!r}: {exc}") from None
+    return s

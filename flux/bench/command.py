@@ -1,0 +1,110 @@
+"""``flux bench``: Flux's benchmarks, optionally beside NATS and Redis in the same run.
+
+A thin layer over :mod:`flux.bench.runner` (the workloads) and
+:mod:`flux.bench.report` (table, JSON, plots), with a progress bar. It needs the
+``bench`` extra (matplotlib; for the peers nats-py and redis, and Debian's
+nats-server and redis-server): what is missing it installs with pip and apt-get.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+PEERS = {"nats": ["nats", "jetstream"], "redis": ["redis"], "all": ["nats", "jetstream", "redis"],
+         "none": []}
+
+
+@click.command()
+@click.option("--vs", "vs", type=click.Choice(sorted(PEERS)), default="none", show_default=True,
+              help="Peers to run beside Flux: NATS core and JetStream, Redis Streams, or all.")
+@click.option("--quick", is_flag=True, help="A short smoke run: few messages, one repeat.")
+@click.option("--count", type=int, default=None,
+              help="100-byte messages per throughput run  [default: 400000; quick: 5000]")
+@click.option("--repeat", type=int, default=None, help="Runs per figure (median)  [default: 3]")
+@click.option("--sizes", default="100,4096", show_default=True, help="Payload sizes in bytes.")
+@click.option("--rate", type=float, default=5000.0, show_default=True,
+              help="Offered rate of the latency runs (msg/s).")
+@click.option("--no-flux", is_flag=True, help="Run only the peers.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-results",
+              show_default=True, help="Where the JSON and PNG files go.")
+def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: str, rate: float,
+          no_flux: bool, out_dir: str) -> None:
+    """Measure throughput, latency, CPU and memory per message, side by side.
+
+    \b
+    Figures: publish throughput; end-to-end throughput with push delivery and
+    a per-message ack; server CPU per message; latency percentiles at a fixed
+    offered rate; memory per held message; Flux throughput against shard
+    count. Producers and consumers run in their own processes. Every system's
+    configuration is pinned and printed. Results: OUT/bench.json and PNG plots.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flux.bench import report
+    from flux.bench.runner import Plan, Runner
+    from flux.bench.systems import BenchError, ensure_python_packages
+
+    systems = ([] if no_flux else ["flux"]) + PEERS[vs]
+    if not systems:
+        raise click.UsageError("nothing to run: --no-flux needs --vs")
+    try:
+        size_list = tuple(int(s) for s in sizes.split(",") if s.strip())
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of byte counts", param_hint="--sizes") from None
+    if quick:
+        plan = Plan(systems, count=count or 5000, sizes=size_list, rate=rate,
+                    latency_seconds=0.5, memory_count=5000, repeat=repeat or 1)
+    else:
+        plan = Plan(systems, count=count or 400_000, sizes=size_list, rate=rate,
+                    repeat=repeat or 3)
+    needed = ["matplotlib"] + (["nats-py", "redis"] if any(s != "flux" for s in systems) else [])
+    try:
+        ensure_python_packages(needed)
+    except BenchError as exc:
+        raise click.ClickException(str(exc)) from None
+
+    console = Console()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    columns = (TextColumn("{task.description:<58}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("starting", total=plan.steps())
+        first = [True]
+
+        def advance(description: str) -> None:
+            if not first[0]:
+                progress.advance(task)
+            first[0] = False
+            progress.update(task, description=description)
+
+        runner = Runner(plan, advance)
+        try:
+            runner.run()
+        except BenchError as exc:
+            raise click.ClickException(str(exc)) from None
+        progress.update(task, completed=plan.steps(), description="done")
+    wall = time.perf_counter() - started
+
+    console.print("[bold]Pinned configuration[/]")
+    for system, config in runner.configs.items():
+        version = runner.versions.get(system, "")
+        console.print(f"  {system} {version}: " + ", ".join(f"{k}={v}" for k, v in config.items()))
+    report.print_table(console, plan, runner.figures)
+    for system, figures in runner.figures.items():
+        for error in dict.fromkeys(figures.errors):
+            console.print(f"[red]{system}: {error}[/]")
+        load = max(figures.background, default=0.0)
+        if load > 0.25:
+            console.print(f"[yellow]{system}: other processes used up to {load:.1f} cores during"
+                          " its runs; its figures are lower than on a quiet machine[/]")
+    report.write_json(out / "bench.json", plan, runner.figures, runner.configs, runner.versions,
+                      runner.runs, wall)
+    plots = report.write_plots(out, plan, runner.figures)
+    console.print(f"results: {out / 'bench.json'}" + "".join(f", {p}" for p in plots)
+                  + f" ({wall:.0f} s)")

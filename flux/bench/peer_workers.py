@@ -1,0 +1,282 @@
+"""Peer producers and consumers for the bench (asyncio): NATS core and JetStream through
+nats-py, Redis Streams through redis-py. Optional: needs the ``bench`` extra.
+
+Each does what the Flux worker does, the way a user of that system would:
+NATS core publishes and subscribes (no acks exist); JetStream publishes
+asynchronously with a ``Nats-Msg-Id`` (dedup) and acks each pushed message
+explicitly; Redis pipelines XADD and reads with XREADGROUP, acking each batch
+with one XACK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from typing import Any
+
+from flux.bench.worker import Result, Spec, latency_of, payload, ready_then_go, stamped, summarise
+
+STREAM = "BENCH"   # the JetStream stream every run uses (subjects bench.>)
+GROUP = "bench"    # the Redis consumer group
+
+
+def run(spec: Spec) -> Result:
+    fn = {("nats", "producer"): _nats_produce, ("nats", "consumer"): _nats_consume,
+          ("jetstream", "producer"): _js_produce, ("jetstream", "consumer"): _js_consume,
+          ("redis", "producer"): _redis_produce, ("redis", "consumer"): _redis_consume,
+          }[(spec.system, spec.role)]
+    result: Result = asyncio.run(fn(spec))
+    return result
+
+
+def _ids(n: int) -> list[str]:
+    digits = os.urandom(16 * n).hex()
+    return [digits[i:i + 32] for i in range(0, len(digits), 32)]
+
+
+async def _paced(spec: Spec, send: Any) -> None:
+    """Call ``send(payloads)`` with the messages due at ``spec.rate`` per second."""
+    interval = 1.0 / spec.rate
+    start = time.perf_counter()
+    sent = 0
+    while sent < spec.count:
+        due = min(spec.count, int((time.perf_counter() - start) / interval) + 1)
+        if due > sent:
+            await send([stamped(spec.size) for _ in range(due - sent)])
+            sent = due
+        await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
+
+
+class _Counter:
+    """Counts received messages (and latencies) until ``spec.count``."""
+
+    def __init__(self, spec: Spec, result: Result) -> None:
+        self.spec, self.result = spec, result
+        self.n = 0
+        self.latencies: list[float] = []
+        self.done = asyncio.Event()
+        self.measure = spec.mode == "latency"
+
+    def seen(self, data: bytes) -> None:
+        if self.measure:
+            self.latencies.append(latency_of(data, time.perf_counter_ns()))
+        self.n += 1
+        if self.n == 1:
+            self.result.first = time.perf_counter()
+        if self.n >= self.spec.count:
+            self.result.last = time.perf_counter()
+            self.done.set()
+
+    async def wait(self) -> None:
+        last = -1
+        while not self.done.is_set():
+            if self.n == last:
+                self.result.error = (f"received {self.n} of {self.spec.count} messages,"
+                                     f" then nothing for {self.spec.idle_timeout}s")
+                self.result.last = time.perf_counter()
+                break
+            last = self.n
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.done.wait(), self.spec.idle_timeout)
+        self.result.count = self.n
+        self.result.latency_us = summarise(self.latencies)
+
+
+# -- NATS core -------------------------------------------------------------------------------
+
+
+async def _nats_produce(spec: Spec) -> Result:
+    import nats
+
+    result = Result("producer")
+    nc = await nats.connect(spec.address, pending_size=8 << 20)
+    try:
+        result.start = ready_then_go()
+        if spec.mode == "latency":
+            async def send(bodies: list[bytes]) -> None:
+                for body in bodies:
+                    await nc.publish(spec.topic, body)
+            await _paced(spec, send)
+        else:
+            body = payload(spec.size)
+            publish = nc.publish
+            for i in range(spec.count):
+                await publish(spec.topic, body)
+                if not i % spec.batch:
+                    await asyncio.sleep(0)  # let the flusher write
+        await nc.flush()
+        result.last = time.perf_counter()
+        result.count = spec.count
+    finally:
+        await nc.close()
+    return result
+
+
+async def _nats_consume(spec: Spec) -> Result:
+    import nats
+
+    result = Result("consumer")
+    nc = await nats.connect(spec.address)
+    counter = _Counter(spec, result)
+
+    async def on_msg(msg: Any) -> None:
+        counter.seen(msg.data)
+
+    try:
+        await nc.subscribe(spec.topic, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        await nc.flush()
+        result.start = ready_then_go()
+        await counter.wait()
+    finally:
+        await nc.close()
+    return result
+
+
+# -- JetStream -------------------------------------------------------------------------------
+
+
+async def ensure_stream(address: str, duplicate_window: float) -> None:
+    """(Re)create the memory stream ``BENCH`` on subjects ``bench.>``."""
+    import nats
+    from nats.js.api import StorageType, StreamConfig
+
+    nc = await nats.connect(address)
+    try:
+        js = nc.jetstream()
+        with contextlib.suppress(Exception):  # not there yet
+            await js.delete_stream(STREAM)
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["bench.>"],
+                                         storage=StorageType.MEMORY,
+                                         duplicate_window=duplicate_window))
+    finally:
+        await nc.close()
+
+
+async def _js_produce(spec: Spec) -> Result:
+    import nats
+
+    result = Result("producer")
+    nc = await nats.connect(spec.address, pending_size=8 << 20)
+    js = nc.jetstream(publish_async_max_pending=spec.window * spec.batch)
+    try:
+        await js.publish(spec.topic, b"warm-up")
+        result.start = ready_then_go()
+        futures: list[Any] = []
+
+        async def send(bodies: list[bytes]) -> None:
+            for body, message_id in zip(bodies, _ids(len(bodies)), strict=True):
+                futures.append(await js.publish_async(
+                    spec.topic, body, headers={"Nats-Msg-Id": message_id}))
+
+        if spec.mode == "latency":
+            await _paced(spec, send)
+        else:
+            body = payload(spec.size)
+            left = spec.count
+            while left:
+                n = min(spec.batch, left)
+                await send([body] * n)
+                left -= n
+        await asyncio.gather(*futures)
+        result.last = time.perf_counter()
+        result.count = spec.count
+    finally:
+        await nc.close()
+    return result
+
+
+async def _js_consume(spec: Spec) -> Result:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    result = Result("consumer")
+    nc = await nats.connect(spec.address)
+    js = nc.jetstream()
+    counter = _Counter(spec, result)
+
+    async def on_msg(msg: Any) -> None:
+        counter.seen(msg.data)
+        await msg.ack()
+
+    try:
+        await js.subscribe(spec.topic, cb=on_msg, manual_ack=True,
+                           config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT,
+                                                 max_ack_pending=spec.prefetch,
+                                                 deliver_policy=DeliverPolicy.NEW),
+                           pending_msgs_limit=-1, pending_bytes_limit=-1)
+        await nc.flush()
+        result.start = ready_then_go()
+        await counter.wait()
+    finally:
+        await nc.close()
+    return result
+
+
+# -- Redis Streams ---------------------------------------------------------------------------
+
+
+async def _redis_produce(spec: Spec) -> Result:
+    import redis.asyncio as aioredis
+
+    result = Result("producer")
+    client = aioredis.from_url(spec.address)
+    try:
+        await client.ping()
+        result.start = ready_then_go()
+
+        async def send(bodies: list[bytes]) -> None:
+            pipe = client.pipeline(transaction=False)
+            for body, message_id in zip(bodies, _ids(len(bodies)), strict=True):
+                pipe.xadd(spec.topic, {b"i": message_id, b"d": body})
+            await pipe.execute()
+
+        if spec.mode == "latency":
+            await _paced(spec, send)
+        else:
+            body = payload(spec.size)
+            left = [spec.count]
+
+            async def pipeliner() -> None:
+                while left[0] > 0:
+                    n = min(spec.batch, left[0])
+                    left[0] -= n
+                    await send([body] * n)
+
+            await asyncio.gather(*(pipeliner() for _ in range(spec.window)))
+        result.last = time.perf_counter()
+        result.count = spec.count
+    finally:
+        await client.aclose()
+    return result
+
+
+async def _redis_consume(spec: Spec) -> Result:
+    import redis.asyncio as aioredis
+
+    result = Result("consumer")
+    client = aioredis.from_url(spec.address)
+    counter = _Counter(spec, result)
+    try:
+        await client.xgroup_create(spec.topic, GROUP, id="$", mkstream=True)
+        result.start = ready_then_go()
+
+        async def reader() -> None:
+            while not counter.done.is_set():
+                reply: Any = await client.xreadgroup(GROUP, "c1", {spec.topic: ">"},
+                                                     count=spec.batch, block=1000)
+                for _, entries in reply or ():
+                    ids = []
+                    for entry_id, fields in entries:
+                        counter.seen(fields[b"d"])
+                        ids.append(entry_id)
+                    if ids:
+                        await client.xack(spec.topic, GROUP, *ids)
+
+        task = asyncio.create_task(reader())
+        await counter.wait()
+        task.cancel()
+    finally:
+        await client.aclose()
+    return result

@@ -1,0 +1,52 @@
+"""A tiny run of the bench code (``flux bench``): it runs end to end and writes its JSON.
+
+Never asserts a speed: only that each figure was measured and reported.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from flux.bench.measure import percentile
+from flux.bench.runner import Plan, _topics_per_shard
+from flux.cli import main
+from flux.hashing import shard_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_percentile_is_the_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([7.0], 99.9) == 7.0
+
+
+def test_scaling_topics_land_on_distinct_shards() -> None:
+    topics = _topics_per_shard(2, "bench.x")
+    assert [shard_for(t, 2) for t in topics] == [0, 1]
+
+
+def test_plan_counts_every_step_it_reports() -> None:
+    plan = Plan(["flux", "nats"], sizes=(100,), repeat=2, shard_counts=(1, 2))
+    assert plan.steps() == (2 * 1 * 2 + 2) * 2 + 2
+
+
+def test_quick_bench_of_flux_writes_its_figures(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--count", "2000", "--sizes", "100",
+                                       "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "bench.json").read_text())
+    figures = data["figures"]
+    for label in ("publish 100 B", "end to end 100 B", "server CPU 100 B",
+                  "latency p99 @ 5,000/s", "memory per held message", "2 shards, 2 pairs"):
+        assert figures[label]["values"]["flux"] is not None, label
+    assert data["config"]["flux"]["message.ttl"] == 1
+    assert (out / "bench-throughput.png").exists()
+    assert "Flux" in result.output

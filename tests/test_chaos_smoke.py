@@ -1,0 +1,128 @@
+"""Chaos: the fault proxy and schedule on their own, and a short real chaos run.
+
+The smoke run is ``python -m chaos`` itself (a few faults on real processes, checked
+by the shared checker); ``make chaos`` runs the long default schedule.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # chaos/ is a tool beside the package, not installed
+    sys.path.insert(0, str(ROOT))
+
+from chaos.proxy import ShardProxy  # noqa: E402
+from chaos.schedule import KINDS, draw_schedule, parse_mix  # noqa: E402
+
+SMOKE_TIMEOUT = 150
+
+
+def test_schedule_is_drawn_from_the_seed_and_spreads_every_fault() -> None:
+    mix = parse_mix(",".join(f"{k}=1" for k in KINDS))
+    one = draw_schedule(random.Random(7), mix, 60, 60.0, 3)
+    two = draw_schedule(random.Random(7), mix, 60, 60.0, 3)
+    assert one == two
+    assert len(one) == 60
+    assert {f.kind for f in one} == set(KINDS)
+    assert all(0 <= f.at < 60.0 for f in one)
+    # a target is never given a second fault while its first one lasts
+    for a in one:
+        for b in one:
+            same = a.target == b.target and (a.kind in ("latency", "stall", "reset", "blackhole")) \
+                == (b.kind in ("latency", "stall", "reset", "blackhole"))
+            if a is not b and same and a.at < b.at:
+                assert b.at >= a.at + a.duration
+
+
+def test_mix_refuses_unknown_kinds_and_all_zero() -> None:
+    with pytest.raises(ValueError, match="unknown fault kind"):
+        parse_mix("meteor=1")
+    with pytest.raises(ValueError, match="weight 0"):
+        parse_mix("reset=0")
+    assert parse_mix("reset=2")["reset"] == 2.0 and parse_mix("reset=2")["stall"] == 0.0
+
+
+async def _echo(stream: trio.SocketStream) -> None:
+    async with stream:
+        try:
+            while data := await stream.receive_some(65536):
+                await stream.send_all(data)
+        except trio.BrokenResourceError:  # the proxy resets connections on purpose
+            pass
+
+
+async def _roundtrip(stream: trio.SocketStream, data: bytes) -> bytes:
+    await stream.send_all(data)
+    got = b""
+    while len(got) < len(data):
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+async def test_proxy_forwards_stalls_and_resets() -> None:
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0,
+                                                              host="127.0.0.1"))
+            target = listeners[0].socket.getsockname()[1]
+            probe = trio.socket.socket()
+            await probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+            probe.close()
+            proxy = ShardProxy(0, port, target)
+            await nursery.start(proxy.run)
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            assert await _roundtrip(stream, b"hello") == b"hello"
+
+            proxy.stall()
+            await stream.send_all(b"held")
+            with trio.move_on_after(0.3) as waited:
+                await stream.receive_some(100)
+            assert waited.cancelled_caught  # nothing passes while stalled
+            proxy.unstall()
+            assert await stream.receive_some(100) == b"held"  # ... and nothing was lost
+
+            assert proxy.reset() == 1
+            with pytest.raises(trio.BrokenResourceError):
+                for _ in range(50):
+                    if not await stream.receive_some(100):
+                        raise trio.BrokenResourceError("closed")
+
+            fresh = await trio.open_tcp_stream("127.0.0.1", port)
+            proxy.blackhole()
+            await fresh.send_all(b"dropped")
+            await trio.sleep(0.2)
+            assert proxy.unblackhole() == 1  # the broken connection is reset
+            assert proxy.stats.dropped >= len(b"dropped")
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.integration
+def test_short_chaos_run_passes_the_checker(tmp_path: Path) -> None:
+    """A few faults of every process kind on real processes: no violation, a full report."""
+    args = [sys.executable, "-m", "chaos", "--seed", "3", "--duration", "12", "--faults", "8",
+            "--liveness", "6", "--rate", "6", "--no-png", "--out", str(tmp_path),
+            "--mix", "shard-kill=1,shard-pause=1,router-kill=1,reset=1,stall=1,blackhole=1,latency=1"]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=SMOKE_TIMEOUT)
+    output = done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, output
+    [report_path] = tmp_path.glob("*/report.json")
+    report = json.loads(report_path.read_text())
+    assert report["ok"], output
+    assert report["faults"]["injected"] >= 6, report["faults"]
+    messages = report["messages"]
+    assert messages["acked"] > 100, messages
+    assert messages["lost_unexplained"] == 0
+    assert {w["flavour"] for w in report["workers"]} >= {"trio"}

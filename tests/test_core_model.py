@@ -1,0 +1,346 @@
+"""The model ShardCore is checked against (G1-G6), driven by tests/test_core_stateful.py.
+
+:class:`ShardState` holds the plain model (messages, dedup window, subscriptions,
+attachments, connections) next to a real ShardCore, feeds it frames at explicit
+times, and checks every frame the core sends as it arrives: which offset each
+first delivery must be, the exact G4 push schedule, exhaustion, takeover, session
+closes, cleanup passes and subscription deletion. No tests live here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import event as _hypothesis_event
+from hypothesis.errors import InvalidArgument
+from test_core_support import make_config
+
+from flux import errors
+from flux import protocol as P
+from flux.shard.core import ShardCore
+
+GEN = 77
+TOPIC = "model.topic"
+
+PRESETS: list[dict[str, Any]] = [
+    {   # pushes every 4 s, passes on 2 s / 4 s grids: many coincident timers
+        "message.ttl": 6.0, "message.cleanup_time": 2.0, "message.dedup_window": 9.0,
+        "subscriber.retry_count": 2, "subscriber.retry_interval": 1.0,
+        "subscriber.timeout": 3.0, "subscriber.cleanup_time": 4.0,
+        "subscriber.inactive_time": 7.0, "subscriber.heartbeat": 5.0,
+        "subscriber.max_in_flight": 3,
+    },
+    {   # strict mode cap, no retry interval, ttl 0, immediate deletion of inactive subs
+        "message.ttl": 0.0, "message.cleanup_time": 1.0, "message.dedup_window": 3.0,
+        "subscriber.retry_count": 1, "subscriber.retry_interval": 0.0,
+        "subscriber.timeout": 2.0, "subscriber.cleanup_time": 3.0,
+        "subscriber.inactive_time": 0.0, "subscriber.heartbeat": 4.0,
+        "subscriber.max_in_flight": 1,
+    },
+    {   # retry_interval longer than timeout
+        "message.ttl": 4.0, "message.cleanup_time": 3.0, "message.dedup_window": 20.0,
+        "subscriber.retry_count": 3, "subscriber.retry_interval": 5.0,
+        "subscriber.timeout": 1.0, "subscriber.cleanup_time": 5.0,
+        "subscriber.inactive_time": 2.0, "subscriber.heartbeat": 6.0,
+        "subscriber.max_in_flight": 4,
+    },
+]
+
+
+def event(note: str) -> None:
+    """Count a notable situation in Hypothesis's statistics (a no-op in the random walks)."""
+    with contextlib.suppress(InvalidArgument):
+        _hypothesis_event(note)
+
+
+@dataclass(eq=False)
+class MSub:
+    key: str
+    ephemeral: bool
+    start: int
+    acked: set[int] = field(default_factory=set)
+    att: Att | None = None
+    inactive_since: float | None = None
+    deleted: bool = False
+    pull: bool = False
+    committed: int = 0         # pull: the committed cursor
+    last_activity: float = 0.0  # pull: last SUBSCRIBE, FETCH or COMMIT
+
+    def cursor(self) -> int:
+        if self.pull:
+            return self.committed
+        c = self.start
+        while c in self.acked:
+            c += 1
+        return c
+
+    def holds(self, offset: int) -> bool:
+        """Whether this subscription still needs ``offset`` (G5)."""
+        return offset >= self.cursor() if self.pull else \
+            offset >= self.start and offset not in self.acked
+
+
+@dataclass(eq=False)
+class Att:
+    conn: int
+    sid: int
+    sub: MSub
+    credit: int
+    mif: int
+    pushes: dict[int, tuple[int, float]] = field(default_factory=dict)  # unacked: attempt, at
+    delivered: set[int] = field(default_factory=set)
+    last_first: int = -1
+    live: bool = True
+    takeover_expected: bool = False
+
+
+class ShardState:
+    """A ShardCore and the model it must agree with; the state machine adds the rules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core: ShardCore | None = None
+
+    def start(self, preset: int) -> None:
+        cfg = make_config(PRESETS[preset])
+        self.cfg = cfg
+        self.T = cfg.subscriber.timeout
+        self.R = cfg.subscriber.retry_interval
+        self.max_pushes = 1 + cfg.subscriber.retry_count
+        self.core = ShardCore(cfg, generation=GEN, now=0.0)
+        self.now = 0.0
+        self.rid = 0
+        self.conns: dict[int, float] = {}         # open connection -> time of its last frame
+        self.atts: dict[tuple[int, int], Att] = {}  # live attachments
+        self.subs: dict[str, MSub] = {}           # existing (not deleted) subscriptions
+        self.messages: list[tuple[str, bytes, float]] = []
+        self.dedup: dict[str, tuple[int, float]] = {}
+        self.ids: list[str] = []
+        self.oldest = 0
+        self.open_connection()
+        self.open_connection()
+
+    def open_connection(self) -> None:
+        assert self.core is not None
+        if len(self.conns) < 3:
+            self.conns[self.core.connect(self.now)] = self.now
+
+    # -- driving the core ---------------------------------------------------------------
+
+    def _next_rid(self) -> int:
+        self.rid += 1
+        return self.rid
+
+    def _send(self, conn: int, frame: list[Any]) -> list[list[Any]]:
+        """Send a frame; returns the frames for ``conn`` that are not DELIVER/SUB_ENDED
+        (those are checked against the model as they arrive)."""
+        assert self.core is not None
+        self.conns[conn] = self.now
+        self.core.receive(conn, frame, self.now)
+        return self._drain(conn, handle_first=None)
+
+    def _drain(self, conn: int | None, handle_first: Any) -> list[list[Any]]:
+        assert self.core is not None
+        replies: list[list[Any]] = []
+        outputs = self.core.take_output()
+        if handle_first is not None:
+            handle_first(outputs)
+        for c, frames, close in outputs:
+            assert c in self.conns, f"output for a closed connection {c}"
+            for f in frames:
+                P.encode(f)
+                if f[0] == P.DELIVER:
+                    self._on_deliver(c, f)
+                elif f[0] == P.SUB_ENDED:
+                    self._on_sub_ended(c, f)
+                elif c == conn:
+                    replies.append(f)
+                else:
+                    assert f[0] == P.ERROR and f[1] == 0 and close, (c, f)
+            if close:
+                self._on_closed(c)
+        return replies
+
+    # -- what the core sends ------------------------------------------------------------
+
+    def _candidates(self, att: Att) -> list[int]:
+        """Offsets this attachment may still get as a first delivery, in order."""
+        sub = att.sub
+        return [o for o in range(max(sub.cursor(), att.last_first + 1), len(self.messages))
+                if o not in sub.acked and o not in att.delivered]
+
+    def _on_deliver(self, conn: int, frame: list[Any]) -> None:
+        _, sid, generation, items = frame
+        assert generation == GEN
+        att = self.atts.get((conn, sid))
+        assert att is not None and att.live, f"DELIVER to a detached sid {sid} on {conn}"
+        repushed = [item[0] for item in items if item[4] > 1]
+        assert repushed == sorted(repushed), "G1: redeliveries due together in offset order"
+        for offset, mid, payload, ts, attempt in items:
+            assert offset >= att.sub.start, "G2: delivered before the subscription's start"
+            assert offset not in att.sub.acked and offset >= att.sub.cursor(), \
+                "G1: delivered an offset the subscription acked"
+            assert (mid, payload, ts) == self.messages[offset]
+            if attempt == 1:
+                assert offset == self._candidates(att)[0], "G1/G2: first deliveries in order"
+                assert att.credit > 0 and len(att.pushes) < att.mif
+                att.credit -= 1
+                att.pushes[offset] = (1, self.now)
+                att.delivered.add(offset)
+                att.last_first = offset
+            else:
+                prev, at = att.pushes[offset]
+                assert attempt == prev + 1 <= self.max_pushes, "G4: attempt numbers"
+                assert self.now == at + self.T + self.R, "G4: re-push off schedule"
+                att.pushes[offset] = (attempt, self.now)
+
+    def _end(self, att: Att) -> None:
+        att.live = False
+        del self.atts[(att.conn, att.sid)]
+        sub = att.sub
+        if sub.att is att:
+            sub.att = None
+            sub.inactive_since = self.now
+            if sub.ephemeral:
+                sub.deleted = True
+                del self.subs[sub.key]
+
+    def _on_sub_ended(self, conn: int, frame: list[Any]) -> None:
+        _, sid, code, message = frame
+        assert isinstance(message, str) and message
+        att = self.atts.get((conn, sid))
+        assert att is not None and att.live, f"SUB_ENDED for a detached sid {sid}"
+        event(f"SUB_ENDED {code}")
+        if code == errors.SubscriptionTakenOver.code:
+            assert att.takeover_expected
+        else:
+            assert code == errors.SubscriptionInactive.code
+            due = [at + self.T for a, at in att.pushes.values() if a == self.max_pushes]
+            assert self.now in due, "G4: inactive only when the last push times out"
+        self._end(att)
+
+    def _on_closed(self, conn: int) -> None:
+        del self.conns[conn]
+        for att in [a for a in self.atts.values() if a.conn == conn]:
+            self._end(att)
+
+    # -- picking what a rule acts on ----------------------------------------------------
+
+    def _pick_conn(self, i: int) -> int:
+        if not self.conns:  # a client whose connection closed reconnects
+            self.open_connection()
+        conns = sorted(self.conns)
+        return conns[i % len(conns)]
+
+    def _pick_att(self, i: int) -> Att | None:
+        atts = [self.atts[k] for k in sorted(self.atts)]
+        return atts[i % len(atts)] if atts else None
+
+    # -- pull path ----------------------------------------------------------------------
+
+    def _touch_pull(self, name: str) -> MSub | None:
+        sub = self.subs.get(name)
+        if sub is not None:
+            sub.last_activity = self.now
+            sub.inactive_since = None
+        return sub
+
+    # -- time ---------------------------------------------------------------------------
+
+    def _advance_to(self, target: float) -> None:
+        assert self.core is not None
+        while True:
+            at = self.core.next_deadline()
+            assert at > self.now, f"next_deadline {at} is not after now {self.now}"
+            if at > target:
+                break
+            self.now = at
+            self.core.tick(at)
+            self._drain(None, handle_first=None)
+            self._after_tick()
+        if target > self.now:  # a tick between deadlines does nothing observable
+            self.now = target
+            self.core.tick(target)
+            assert self._drain(None, handle_first=None) == []
+            self._after_tick()
+
+    # -- what must have happened by a tick ----------------------------------------------
+
+    def _is_pass(self, interval: float) -> bool:
+        return self.now > 0 and math.fmod(self.now, interval) == 0
+
+    def _after_tick(self) -> None:
+        assert self.core is not None
+        limit = 2 * self.cfg.subscriber.heartbeat
+        for conn, last in self.conns.items():
+            assert last + limit > self.now, f"G6: connection {conn} silent for {limit}s is open"
+        for att in self.atts.values():
+            for offset, (attempt, at) in att.pushes.items():
+                due = at + self.T + (self.R if attempt < self.max_pushes else 0)
+                assert due > self.now, f"G4: offset {offset} attempt {attempt} overdue"
+        topic = self.core.topics.get(TOPIC)
+        log_oldest = topic.log.oldest if topic is not None else 0
+        if self._is_pass(self.cfg.message.cleanup_time):
+            # G5: the pass trims exactly the expired messages below every existing cursor
+            below = min([s.cursor() for s in self.subs.values()] + [len(self.messages)])
+            cutoff = self.now - self.cfg.message.ttl
+            expected = self.oldest
+            while expected < below and self.messages[expected][2] <= cutoff:
+                expected += 1
+            assert log_oldest == expected, ("G5 cleanup", log_oldest, expected)
+        assert log_oldest == self.oldest or self._is_pass(self.cfg.message.cleanup_time)
+        if log_oldest > self.oldest:
+            event("messages trimmed")
+        for offset in range(self.oldest, log_oldest):
+            assert self.messages[offset][2] + self.cfg.message.ttl <= self.now, "G2: ttl"
+            for sub in self.subs.values():
+                assert not sub.holds(offset), "G5: trimmed a message a subscription needs"
+        self.oldest = log_oldest
+        if self._is_pass(self.cfg.subscriber.cleanup_time):
+            idle = 2 * self.cfg.subscriber.heartbeat
+            for sub in self.subs.values():
+                if sub.pull and sub.inactive_since is None and \
+                        self.now - sub.last_activity >= idle:
+                    event("pull subscription inactive")
+                    sub.inactive_since = sub.last_activity + idle
+            for sub in list(self.subs.values()):
+                since = sub.inactive_since
+                if since is not None and self.now - since >= self.cfg.subscriber.inactive_time:
+                    event("subscription deleted by cleanup")
+                    sub.deleted = True
+                    del self.subs[sub.key]
+
+    # -- invariants ---------------------------------------------------------------------
+
+    def check_subscriptions(self) -> None:
+        if self.core is None:
+            return
+        topic = self.core.topics.get(TOPIC)
+        core_subs = topic.subs if topic is not None else {}
+        assert sorted(core_subs) == sorted(self.subs), "G6: which subscriptions exist"
+        for key, sub in self.subs.items():
+            real = core_subs[key]
+            assert real.cursor == sub.cursor(), (key, real.cursor, sub.cursor())
+            assert real.mode == ("pull" if sub.pull else "push")
+            if sub.pull:
+                assert real.active == (sub.inactive_since is None), key
+                continue
+            assert real.active == (sub.att is not None), key
+            if sub.att is not None:
+                assert real.session == (sub.att.conn, sub.att.sid)
+                assert sorted(real.in_flight) == sorted(sub.att.pushes)
+                assert {o: a for o, (a, _) in sub.att.pushes.items()} == real.in_flight
+
+    def check_every_deliverable_message_is_pushed(self) -> None:
+        """G2: an attachment with room and credit has no message waiting for it."""
+        for att in self.atts.values():
+            if att.credit > 0 and len(att.pushes) < att.mif:
+                assert self._candidates(att) == [], "G2: a message was not pushed"
+
+    def check_sessions(self) -> None:
+        if self.core is not None:
+            assert sorted(self.core.sessions) == sorted(self.conns)
+
