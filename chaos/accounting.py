@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,9 +80,41 @@ def check(history: h.History) -> checker.Report:
     return checker.check(history)
 
 
-def failed(report: checker.Report) -> bool:
-    """The run fails on any violation the checker reports (the fatal ones included)."""
-    return not report.ok
+def failed(report: checker.Report, crashes: list[str]) -> bool:
+    """The run fails on any violation the checker reports, and on any process (broker or
+    client) that died of its own accord."""
+    return not report.ok or bool(crashes)
+
+
+_EXITED = re.compile(r"shard (\d+) \(pid (\d+)\) exited with status (-?\d+)")
+_ERROR = re.compile(r"^[\s|]*([A-Za-z_.]*(?:Error|Exception|Exit)\b.*)$")
+
+
+def broker_crashes(log: Path) -> list[str]:
+    """Broker processes that died of their own accord, from the broker's log.
+
+    The history cannot show them: a shard that crashes comes back with a new
+    generation, which the checker blames on whatever fault touched that shard
+    (in a chaos run one nearly always did). A shard killed by the runner or by the
+    router exits by SIGKILL (status -9, or -1 once adopted); a status of 1 or more,
+    or a traceback, is a crash.
+    """
+    crashes: list[str] = []
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return crashes
+    for i, line in enumerate(lines):
+        exited = _EXITED.search(line)
+        if exited and int(exited.group(3)) > 0:
+            crashes.append(f"shard {exited.group(1)} (pid {exited.group(2)}) exited with"
+                           f" status {exited.group(3)}")
+        elif "Traceback (most recent call last)" in line and not line.lstrip(" |+").startswith(
+                "Exception Group"):
+            error = next((m.group(1) for m in map(_ERROR.match, lines[i + 1:i + 80]) if m),
+                         "an exception")
+            crashes.append(f"traceback in the broker log (line {i + 1}): {error}")
+    return crashes
 
 
 @dataclass

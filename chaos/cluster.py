@@ -103,6 +103,7 @@ class RouterRun:
     process: trio.Process
     lines: list[str] = field(default_factory=list)
     shard_pids: dict[int, int] = field(default_factory=dict)
+    stopping: bool = False      # killed or stopped by the runner: its exit is expected
 
 
 class Cluster:
@@ -129,6 +130,7 @@ class Cluster:
         self.router: RouterRun | None = None
         self.pids: dict[int, set[int]] = {i: set() for i in range(len(shard_ports))}
         self.routers_started = 0
+        self.crashes: list[str] = []   # routers that exited when nobody stopped them
         self._log: IO[bytes] | None = None
 
     @property
@@ -160,6 +162,7 @@ class Cluster:
         self.routers_started += 1
         assert process.stdout is not None
         nursery.start_soon(read_lines, process.stdout, run.lines)
+        nursery.start_soon(self._watch, run)
         with trio.move_on_after(START_TIMEOUT):
             while True:
                 banner = self._parse_banner(run)
@@ -170,6 +173,11 @@ class Cluster:
                 await trio.sleep(0.02)
         raise RuntimeError(f"flux serve did not start (status {process.poll()}); see "
                            f"{self.workdir / 'broker.log'}; stdout: {run.lines}")
+
+    async def _watch(self, run: RouterRun) -> None:
+        status = await run.process.wait()
+        if not run.stopping:
+            self.crashes.append(f"router pid {run.process.pid} exited with status {status}")
 
     def _parse_banner(self, run: RouterRun) -> bool:
         if not run.lines or not ROUTER_LINE.match(run.lines[0]):
@@ -185,6 +193,7 @@ class Cluster:
 
     def kill_router(self) -> None:
         if self.router is not None:
+            self.router.stopping = True
             with contextlib.suppress(ProcessLookupError):
                 self.router.process.kill()
 
@@ -266,6 +275,7 @@ class Cluster:
         left; returns the pids that had to be killed."""
         router = self.router
         if router is not None and router.process.returncode is None:
+            router.stopping = True
             await self.stats()
             with contextlib.suppress(ProcessLookupError):
                 router.process.send_signal(signal.SIGTERM)

@@ -24,6 +24,7 @@ from flux.router.launcher import is_shard_process, pid_alive
 from flux.sim import history as h
 
 REGISTER_WAIT = 40.0     # seconds a killed shard may take to come back registered
+TARGET_WAIT = 5.0        # seconds a process fault waits for its shard to be running
 POLL = 0.05
 
 
@@ -88,10 +89,21 @@ class FaultExecutor:
 
     # -- processes ---------------------------------------------------------------------
 
+    async def _target_pid(self, index: int) -> int | None:
+        """The running, unpaused process of shard ``index``; waits a little for one (a
+        shard being restarted), None if there is none by then."""
+        with trio.move_on_after(TARGET_WAIT):
+            while True:
+                pid = await self.cluster.shard_pid(index)
+                if pid is not None and pid not in self._paused:
+                    return pid
+                await trio.sleep(POLL * 4)
+        return None
+
     async def _shard_kill(self, record: FaultRecord) -> None:
         index = record.planned.target
-        pid = await self.cluster.shard_pid(index)
-        if pid is None or pid in self._paused:
+        pid = await self._target_pid(index)
+        if pid is None:
             record.skipped = "no running shard process"
             return
         old, _ = await self.cluster.shard_generation(index)
@@ -115,8 +127,8 @@ class FaultExecutor:
 
     async def _shard_pause(self, record: FaultRecord) -> None:
         index = record.planned.target
-        pid = await self.cluster.shard_pid(index)
-        if pid is None or pid in self._paused:
+        pid = await self._target_pid(index)
+        if pid is None:
             record.skipped = "no running shard process"
             return
         old, _ = await self.cluster.shard_generation(index)

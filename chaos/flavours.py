@@ -52,11 +52,13 @@ class _TapProtocol(asyncio.Protocol):
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        self._tap.closed()
+        self._tap.closed("lost")   # the other side closed it
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._tap.closed()
+        # after an EOF the tap has already ended; otherwise an error means the connection
+        # broke, and no error means this client closed (or aborted) it
+        self._tap.closed("lost" if exc is not None else "closed")
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:

@@ -51,6 +51,7 @@ def as_json(out: RunOutput, t: Tally, report: checker.Report, wall: float, ok: b
                     "violations": [str(v) for v in sorted(report.violations)[:500]]},
         "throughput": t.throughput, "proxies": out.proxy_stats, "notes": out.notes,
         "killed_at_stop": out.killed_at_stop, "history": history_path,
+        "crashes": out.crashes,
     }
 
 
@@ -98,6 +99,10 @@ def show(console: Console, data: dict[str, Any]) -> None:
         console.print(f"[bold red]checker: {len(violations)} violation(s);"
                       f" rules {', '.join(data['checker']['rules'])}")
         for line in violations[:MAX_VIOLATIONS_SHOWN]:
+            console.print(f"  {line}", markup=False, highlight=False)
+    if data["crashes"]:
+        console.print(f"[bold red]processes that crashed: {len(data['crashes'])}")
+        for line in data["crashes"][:MAX_VIOLATIONS_SHOWN]:
             console.print(f"  {line}", markup=False, highlight=False)
     fatal = [r for r in data["checker"]["rules"] if r in FATAL_RULES]
     if fatal:

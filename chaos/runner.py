@@ -51,6 +51,7 @@ class RunOutput:
     routers_started: int = 0
     killed_at_stop: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    crashes: list[str] = field(default_factory=list)   # processes that died on their own
     proxy_stats: list[dict[str, int]] = field(default_factory=list)
 
 
@@ -114,6 +115,8 @@ class _Workers:
         self.log = log
         self.processes: list[trio.Process] = []
         self.lines: list[list[str]] = []
+        self.stopping = False
+        self.crashes: list[str] = []   # workers that exited before they were stopped
 
     async def start(self, nursery: trio.Nursery) -> None:
         for spec in self.specs:
@@ -123,8 +126,15 @@ class _Workers:
             lines: list[str] = []
             assert process.stdout is not None
             nursery.start_soon(read_lines, process.stdout, lines)
+            nursery.start_soon(self._watch, spec, process)
             self.processes.append(process)
             self.lines.append(lines)
+
+    async def _watch(self, spec: WorkerSpec, process: trio.Process) -> None:
+        status = await process.wait()
+        if not self.stopping:
+            self.crashes.append(f"client {spec.name} ({spec.flavour}) exited with status"
+                                f" {status} before the end (see workers.log)")
 
     async def wait_ready(self) -> None:
         with trio.move_on_after(READY_TIMEOUT):
@@ -142,6 +152,7 @@ class _Workers:
                 process.send_signal(signum)
 
     async def stop(self) -> None:
+        self.stopping = True
         self.signal(signal.SIGTERM)
         with trio.move_on_after(WORKER_STOP_TIMEOUT):
             for process in self.processes:
@@ -169,6 +180,7 @@ async def run(s: ChaosSettings, workdir: Path, say: Any = print) -> RunOutput:
                       proxy_ports=proxy_ports, settings=s.settings, plant=s.plant)
     proxies = [ShardProxy(i, proxy_ports[i], shard_ports[i]) for i in range(SHARDS)]
     executor: FaultExecutor | None = None
+    worker_crashes: list[str] = []
 
     def phase(name: str) -> None:
         t = monotonic()
@@ -186,6 +198,7 @@ async def run(s: ChaosSettings, workdir: Path, say: Any = print) -> RunOutput:
                 await cluster.start_router(nursery)
                 say(f"chaos: broker on {url}, shards {shard_ports} behind proxies {proxy_ports}")
                 workers = _Workers(group, specs, worker_log)
+                worker_crashes = workers.crashes
                 await workers.start(nursery)
                 await workers.wait_ready()
                 await trio.sleep(s.warmup)
@@ -211,6 +224,7 @@ async def run(s: ChaosSettings, workdir: Path, say: Any = print) -> RunOutput:
         with trio.CancelScope(shield=True):
             await group.reap()
     out.routers_started = cluster.routers_started
+    out.crashes = cluster.crashes + worker_crashes
     out.proxy_stats = [vars(p.stats) for p in proxies]
     return out
 

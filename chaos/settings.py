@@ -44,7 +44,7 @@ class ChaosSettings:
     producers: int = 3
     subscribers: int = 3
     topics: int = 4
-    rate: float = 12.0               # messages per second per producer and topic
+    rate: float = 16.0               # messages per second per producer and topic
     flavours: tuple[str, ...] = ("trio", "asyncio")
     request_timeout: float = 1.0
     retry_deadline: float = 8.0

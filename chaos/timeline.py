@@ -32,7 +32,7 @@ def draw(data: dict[str, Any], path: Path) -> bool:
     top.plot(range(len(acked)), acked, label="publishes acked / s", linewidth=0.9)
     top.plot(range(len(delivered)), delivered, label="deliveries / s", linewidth=0.9, alpha=0.8)
     top.set_ylabel("messages / s")
-    top.legend(loc="upper right")
+    top.legend(loc="lower left")
     top.set_title(f"chaos seed {data['seed']}: {data['faults']['injected']} faults, "
                   f"{data['messages']['published']} messages, "
                   f"{'PASS' if data['ok'] else 'FAIL'}")

@@ -98,6 +98,8 @@ class Worker:
         self.healed = anyio.Event()
         self.published = 0
         self.consumed = 0
+        self.next_id: dict[str, int] = dict.fromkeys(spec.topics, 0)  # kept across reconnects
+        self.canaries: set[str] = set()   # topics whose canary was acked
 
     @asynccontextmanager
     async def client(self) -> AsyncIterator[Any]:
@@ -155,18 +157,20 @@ class Worker:
 
     async def _produce(self, client: Any, topic: str) -> None:
         spec, rng = self.spec, self.rng
-        n = 0
         mean_batch = (1 + spec.batch) / 2
         while not self.healed.is_set():
             with anyio.move_on_after(rng.expovariate(spec.rate / mean_batch)):
                 await self.healed.wait()
             if self.healed.is_set():
                 break
+            n = self.next_id[topic]
             size = rng.randint(1, spec.batch)
             ids = [f"{spec.name}.{topic}.{n + i}" for i in range(size)]
+            self.next_id[topic] = n + size   # even if it fails: a new id is a new message
             await self._publish(client, topic, ids)
-            n += size
-        await self._publish(client, topic, [spec.canary_id(topic)], forever=True)
+        if topic not in self.canaries:
+            await self._publish(client, topic, [spec.canary_id(topic)], forever=True)
+            self.canaries.add(topic)
 
     async def _publish(self, client: Any, topic: str, ids: list[str], forever: bool = False) -> None:
         """Publish until acked, retrying with the same ids; give up before dedup_window."""

@@ -202,7 +202,8 @@ class ShardModel(ShardState, RuleBasedStateMachine):
         offsets = [pool[p % len(pool)] for p in picks[1:]] if pool else []
         if extra is not None:
             offsets.append(extra if extra >= 0 else len(self.messages) + 1)
-        upto = max(offsets) if through and offsets else -1
+        # a cumulative ack names an offset of its own, often one not acked individually
+        upto = pool[picks[0] % len(pool)] if through and pool else -1
         rid = self._next_rid()
         generation = GEN + 1 if bad_generation == 0 else GEN
         if generation != GEN:

@@ -29,13 +29,21 @@ def plant(name: str) -> None:
         def forget(self: DedupWindow, message_id: str, *_: Any) -> int | None:
             return None
 
-        # every way the shard reads the window (lookup(id, now), or get(id))
-        for attr in ("lookup", "get"):
-            if hasattr(DedupWindow, attr):
-                setattr(DedupWindow, attr, forget)
+        def finder(self: DedupWindow) -> Any:
+            return lambda message_id: None
+
+        # every way the shard reads the window: lookup(id, now), get(id), finder()(id)
+        readers = {"lookup": forget, "get": forget, "finder": finder}
+        found = [attr for attr in readers if hasattr(DedupWindow, attr)]
+        if not found:
+            raise RuntimeError("DedupWindow has none of lookup, get, finder: update the plant")
+        for attr in found:
+            setattr(DedupWindow, attr, readers[attr])
     elif name == "cursor-before-ack":
         # the shard records first pushes with add_deadlines(at, offsets, 1) (add_deadline
         # with one offset in older versions): move the cursor there
+        if not hasattr(Subscription, "add_deadlines") and not hasattr(Subscription, "add_deadline"):
+            raise RuntimeError("Subscription has no add_deadline(s): update the plant")
         batch = hasattr(Subscription, "add_deadlines")
         attr = "add_deadlines" if batch else "add_deadline"
         original: Any = getattr(Subscription, attr)

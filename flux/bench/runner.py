@@ -9,6 +9,7 @@ Figures are medians over ``repeat`` runs. Reporting is :mod:`flux.bench.report`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -81,25 +82,35 @@ class Runner:
         self._topics = itertools.count()
 
     def run(self) -> None:
+        """Every system's brokers run at once and the workloads take turns, system by
+        system, so the ratios compare runs made under the same background load."""
         plan = self.plan
+        with contextlib.ExitStack() as stack:
+            brokers: dict[str, systems.Broker] = {}
+            if "flux" in plan.systems:
+                brokers["flux"] = stack.enter_context(systems.start_flux(1))
+                self._remember(brokers["flux"], "flux", client=systems.FLUX_CLIENT)
+            if "nats" in plan.systems or "jetstream" in plan.systems:
+                nats = stack.enter_context(systems.start_nats())
+                for system in ("nats", "jetstream"):
+                    if system in plan.systems:
+                        brokers[system] = nats
+                        self._remember(nats, system)
+            if "redis" in plan.systems:
+                brokers["redis"] = stack.enter_context(systems.start_redis())
+                self._remember(brokers["redis"], "redis")
+            self._throughput(brokers)
+            for system, broker in brokers.items():
+                self._latency(system, broker)
+            for system, broker in brokers.items():
+                if system != "flux":
+                    self.advance(f"{LABELS[system]}: memory per held message")
+                    self.figures[system].memory = self._peer_memory(system, broker)
         if "flux" in plan.systems:
-            with systems.start_flux(1) as broker:
-                self._remember(broker, "flux", client=systems.FLUX_CLIENT)
-                self._suite("flux", broker)
             self._flux_memory()
             for shards in plan.shard_counts:
                 if shards > 1:
                     self._flux_scaling(shards)
-        nats = [s for s in ("nats", "jetstream") if s in plan.systems]
-        if nats:
-            with systems.start_nats() as broker:
-                for system in nats:
-                    self._remember(broker, system)
-                    self._suite(system, broker)
-        if "redis" in plan.systems:
-            with systems.start_redis() as broker:
-                self._remember(broker, "redis")
-                self._suite("redis", broker)
 
     def _remember(self, broker: systems.Broker, system: str,
                   client: dict[str, Any] | None = None) -> None:
@@ -108,40 +119,45 @@ class Runner:
 
     # -- workloads -----------------------------------------------------------------------
 
-    def _suite(self, system: str, broker: systems.Broker) -> None:
-        plan, fig = self.plan, self.figures[system]
-        for size in plan.sizes:
-            n = plan.count_for(system, size)
-            pubs, e2es, cpus = [], [], []
-            for r in range(plan.repeat):
-                self.advance(f"{LABELS[system]}: publish {n:,} x {size} B ({r + 1}/{plan.repeat})")
-                out = self._measure(system, broker, [self._producer(system, broker, size, n)])
-                if out is not None:
-                    pubs.append(out["rate"])
-                self.advance(f"{LABELS[system]}: end to end {n:,} x {size} B"
-                             f" ({r + 1}/{plan.repeat})")
-                out = self._measure(system, broker, [self._producer(system, broker, size, n)],
-                                    consumer=True)
-                if out is not None:
-                    e2es.append(out["rate"])
-                    if out["server_cpu_us"] is not None:
-                        cpus.append(out["server_cpu_us"])
-            if pubs:
-                fig.publish[size] = median(pubs)
-            if e2es:
-                fig.e2e[size] = median(e2es)
-            if cpus:
-                fig.cpu[size] = median(cpus)
+    def _throughput(self, brokers: dict[str, systems.Broker]) -> None:
+        plan = self.plan
+        pubs: dict[tuple[str, int], list[float]] = {}
+        e2es: dict[tuple[str, int], list[float]] = {}
+        cpus: dict[tuple[str, int], list[float]] = {}
+        for r in range(plan.repeat):
+            for size in plan.sizes:
+                for system, broker in brokers.items():
+                    n = plan.count_for(system, size)
+                    key = (system, size)
+                    self.advance(f"{LABELS[system]}: publish {n:,} x {size} B"
+                                 f" ({r + 1}/{plan.repeat})")
+                    out = self._measure(system, broker, [self._producer(system, broker, size, n)])
+                    if out is not None:
+                        pubs.setdefault(key, []).append(out["rate"])
+                    self.advance(f"{LABELS[system]}: end to end {n:,} x {size} B"
+                                 f" ({r + 1}/{plan.repeat})")
+                    out = self._measure(system, broker, [self._producer(system, broker, size, n)],
+                                        consumer=True)
+                    if out is not None:
+                        e2es.setdefault(key, []).append(out["rate"])
+                        if out["server_cpu_us"] is not None:
+                            cpus.setdefault(key, []).append(out["server_cpu_us"])
+        for (system, size), values in pubs.items():
+            self.figures[system].publish[size] = median(values)
+        for (system, size), values in e2es.items():
+            self.figures[system].e2e[size] = median(values)
+        for (system, size), values in cpus.items():
+            self.figures[system].cpu[size] = median(values)
+
+    def _latency(self, system: str, broker: systems.Broker) -> None:
+        plan = self.plan
         self.advance(f"{LABELS[system]}: latency at {plan.rate:,.0f} msg/s")
         n = max(100, int(plan.rate * plan.latency_seconds))
         spec = self._producer(system, broker, 100, n)
         spec.mode, spec.rate = "latency", plan.rate
         out = self._measure(system, broker, [spec], consumer=True)
         if out is not None:
-            fig.latency = out["latency_us"]
-        if system != "flux":
-            self.advance(f"{LABELS[system]}: memory per held message")
-            fig.memory = self._peer_memory(system, broker)
+            self.figures[system].latency = out["latency_us"]
 
     def _producer(self, system: str, broker: systems.Broker, size: int, n: int,
                   topic: str | None = None) -> Spec:
@@ -151,7 +167,9 @@ class Runner:
                     options={"retry_deadline": systems.FLUX_CLIENT["retry_deadline"]})
 
     def _topic(self, system: str) -> str:
-        return f"bench.{system}.{os.getpid()}.{next(self._topics)}"
+        # JetStream's stream takes "js.>" only, so NATS core subjects are never stored
+        prefix = "js" if system == "jetstream" else "bench"
+        return f"{prefix}.{system}.{os.getpid()}.{next(self._topics)}"
 
     def _measure(self, system: str, broker: systems.Broker, producers: list[Spec],
                  consumer: bool = False) -> dict[str, Any] | None:
@@ -249,7 +267,12 @@ class Runner:
         after = rss_bytes(pid)
         if before is None or after is None or results[0].get("error"):
             return None
-        return (after - before) / spec.count - (spec.size + ID_BYTES)
+        overhead = (after - before) / spec.count - (spec.size + ID_BYTES)
+        if overhead < 0:  # the broker gave memory back meanwhile (a garbage collector)
+            self.figures[system].errors.append(
+                "memory: resident size grew less than the payloads and ids; no figure")
+            return None
+        return overhead
 
 
 def _topics_per_shard(shards: int, base: str) -> list[str]:

@@ -192,8 +192,10 @@ class Client:
         return waiter.result()
 
     def _ack(self, state: SubState, msg: Message) -> None:
-        self._core.ack(state, msg, self._now())
-        self._pump()
+        # the core needs the time only for the first held ack
+        held = state.ack_first_at
+        if self._core.ack(state, msg, self._now() if held is None else held):
+            self._pump()
 
     async def _start(self) -> None:
         self._shell.start()

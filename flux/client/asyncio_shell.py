@@ -52,7 +52,11 @@ class _Connection(asyncio.Protocol):
             with contextlib.suppress(OSError, AttributeError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         shell = self.shell
-        shell.core.connected(self.id, shell.now())
+        try:
+            shell.core.connected(self.id, shell.now())
+        except Exception as exc:  # a bug: stop the client rather than hang its callers
+            shell._crash(exc)
+            return
         shell.pump()
 
     def data_received(self, data: bytes) -> None:
@@ -66,8 +70,12 @@ class _Connection(asyncio.Protocol):
             return
         now = shell.now()
         receive = shell.core.receive
-        for frame in frames:
-            receive(self.id, frame, now)
+        try:
+            for frame in frames:
+                receive(self.id, frame, now)
+        except Exception as exc:
+            shell._crash(exc)
+            return
         shell.pump()
 
     def eof_received(self) -> bool:
@@ -103,7 +111,11 @@ class _Connection(asyncio.Protocol):
         if transport is None or self.paused or transport.is_closing():
             return
         shell = self.shell
-        frames = shell.core.take_output(self.id, shell.now())
+        try:
+            frames = shell.core.take_output(self.id, shell.now())
+        except Exception as exc:
+            shell._crash(exc)
+            return
         if frames:
             transport.write(protocol.encode_many(frames))
             shell.pump()

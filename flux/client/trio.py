@@ -190,7 +190,10 @@ class Client:
         return waiter.result()
 
     def _ack(self, state: SubState, msg: Message) -> None:
-        if self._core.ack(state, msg, self._host.now()):
+        # the core reads the clock only for the first held ack (reading it costs more
+        # than the rest of an ack)
+        held = state.ack_first_at
+        if self._core.ack(state, msg, self._host.now() if held is None else held):
             self._pump()
 
     async def _start(self) -> None:

@@ -112,21 +112,24 @@ class TrioShell:
     async def _run_conn(self, io: _ConnIO) -> None:
         host, port = io.address
         stream: trio.abc.Stream | None = None
-        with io.scope:
-            try:
-                stream = await self.host.connect(host, port)
-            except _IO_ERRORS as exc:
-                io.reason = errors.ConnectionLost(f"cannot connect to {host}:{port}: {exc}")
-            else:
-                self.core.connected(io.id, self.host.now())
-                self.pump()
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write_loop, io, stream, nursery.cancel_scope)
-                    await self._read_loop(io, stream)
-                    nursery.cancel_scope.cancel()
+        try:
+            with io.scope:
+                try:
+                    stream = await self.host.connect(host, port)
+                except _IO_ERRORS as exc:
+                    io.reason = errors.ConnectionLost(f"cannot connect to {host}:{port}: {exc}")
+                else:
+                    self.core.connected(io.id, self.host.now())
+                    self.pump()
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._write_loop, io, stream, nursery.cancel_scope)
+                        await self._read_loop(io, stream)
+                        nursery.cancel_scope.cancel()
+        finally:  # also when the whole client is cancelled (close): never leak the socket
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
         self._io.pop(io.id, None)
         if stream is not None:
-            await trio.aclose_forcefully(stream)
             self.core.connection_lost(io.id, self.host.now(), io.reason)
         else:
             self.core.connect_failed(io.id, self.host.now(), io.reason)

@@ -218,10 +218,14 @@ class ShardCore:
         new_payloads: list[bytes] = []
         fresh: dict[str, int] = {}
         for item in items:
-            if type(item) is not list or len(item) != 3:
+            if type(item) is not list:
                 add(_err(errors.InvalidRequest, "a publish item is [topic, id, payload]"))
                 continue
-            item_topic, message_id, payload = item
+            try:
+                item_topic, message_id, payload = item
+            except ValueError:
+                add(_err(errors.InvalidRequest, "a publish item is [topic, id, payload]"))
+                continue
             if item_topic != name or topic is None:
                 if topic is not None:
                     counts[name] = count
@@ -251,7 +255,8 @@ class ShardCore:
                 add(_err(errors.InvalidRequest,
                          f"payload must be binary, not {type(payload).__name__}"))
                 continue
-            if len(payload) + len(message_id) > max_message:
+            size = len(payload) + len(message_id)
+            if size > max_message:
                 # stored, it could never be delivered or fetched in one frame (G8)
                 add(_err(errors.MessageTooLarge,
                          f"a {len(payload)}-byte payload cannot be delivered in one frame;"
@@ -269,7 +274,7 @@ class ShardCore:
                 duplicates += 1
                 add([P.OK, original, True])
                 continue
-            size = len(payload) + 2 * len(message_id)
+            size += len(message_id)  # the dedup window holds the id too
             if held + size > max_bytes:
                 add(_err(errors.TopicFull, f"topic {name!r} holds {held} bytes;"
                                            f" topic.max_bytes={max_bytes}"))
@@ -597,23 +602,29 @@ class ShardCore:
             ids, payloads, times = log.span(start, stop)
             items = [[o, i, p, epoch + t, 1]
                      for o, i, p, t in zip(offsets, ids, payloads, times, strict=True)]
+            size: int | None = sum(map(len, ids)) + sum(map(len, payloads))
         else:
             items = []
             for o in offsets:
                 entry = log.get(o)
                 assert entry is not None  # held: at or above the cursor
                 items.append([o, entry.id, entry.payload, epoch + entry.stored_at, 1])
+            size = None
         sub.in_flight.update(dict.fromkeys(offsets, 1))
         sub.add_deadlines(now + self.config.subscriber.timeout, offsets, 1)
         sub.credit -= len(items)
         self.counters["delivered"] += len(items)
-        self._deliver(session, sub.session[1], items)
+        self._deliver(session, sub.session[1], items, size)
         self._schedule(sub)
 
-    def _deliver(self, session: Session, sid: int, items: list[list[Any]]) -> None:
-        """Queue DELIVER frames for ``items``, split so no frame nears max_frame_bytes."""
+    def _deliver(self, session: Session, sid: int, items: list[list[Any]],
+                 size: int | None = None) -> None:
+        """Queue DELIVER frames for ``items`` (``size``: their ids and payloads, if known),
+        split so no frame nears max_frame_bytes."""
         budget = self.config.max_frame_bytes // 2
-        if len(items) * 40 + sum(len(item[2]) + len(item[1]) for item in items) <= budget:
+        if size is None:
+            size = sum(len(item[2]) + len(item[1]) for item in items)
+        if len(items) * 40 + size <= budget:
             session.out.append([P.DELIVER, sid, self.generation, items])
             return
         start = size = 0

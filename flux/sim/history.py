@@ -105,6 +105,9 @@ class Subscribed(Event):
     asked_max_in_flight: int | None  # the window the SUBSCRIBE asked for
     requested: float            # when the SUBSCRIBE was sent
     known_generation: int | None  # the generation the SUBSCRIBE carried
+    read_old: bool = False      # the start options the SUBSCRIBE carried
+    from_offset: int | None = None
+    on_reset: str = "earliest"
 
 
 @_event
@@ -192,7 +195,8 @@ class TopicWasReset(Event):
 @_event
 @dataclass(frozen=True, slots=True)
 class SessionEnded(Event):
-    """A session stopped receiving. ``reason``: inactive, taken_over, unsubscribed, lost."""
+    """A session stopped receiving. ``reason``: inactive, taken_over, unsubscribed,
+    lost (the connection broke or the broker closed it), closed (the client closed it)."""
 
     kind: ClassVar[str] = "session_ended"
     subscriber: str

@@ -212,7 +212,8 @@ class WireTap:
                                body["generation"], bool(body["created"]), body["start_offset"],
                                body["cursor"], bool(body.get("reset", False)),
                                body.get("max_in_flight", 0), opts.get("max_in_flight"), sent,
-                               opts.get("generation")))
+                               opts.get("generation"), bool(opts.get("read_old", False)),
+                               opts.get("from_offset"), opts.get("on_reset", "earliest")))
 
     def _error(self, frame: list[Any], now: float) -> None:
         pending = self.pending.pop(frame[1], None)
@@ -226,14 +227,15 @@ class WireTap:
             s = pending[1]
             self._add(h.AckRefused(now, s.subscriber, s.id, s.topic, s.generation, -1, name))
 
-    def closed(self) -> None:
-        """The connection is gone: its sessions end, its requests get no answer."""
+    def closed(self, reason: str = "lost") -> None:
+        """The connection is gone (``lost``: EOF or reset from the other side; ``closed``:
+        this client closed it): its sessions end, its requests get no answer."""
         if self.ended:
             return
         self.ended = True
         now = self.rec.clock()
         for s in self.sessions.values():
-            self._add(h.SessionEnded(now, s.subscriber, s.id, s.topic, "lost"))
+            self._add(h.SessionEnded(now, s.subscriber, s.id, s.topic, reason))
         self.sessions.clear()
         self.pending.clear()
 
@@ -250,8 +252,11 @@ class TapStream(trio.abc.HalfCloseableStream):
         self.tap.outgoing(bytes(data))
         try:
             await self.inner.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.tap.closed()
+        except trio.BrokenResourceError:
+            self.tap.closed("lost")
+            raise
+        except trio.ClosedResourceError:
+            self.tap.closed("closed")
             raise
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -263,21 +268,24 @@ class TapStream(trio.abc.HalfCloseableStream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         try:
             data: bytes = await self.inner.receive_some(max_bytes)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.tap.closed()
+        except trio.BrokenResourceError:
+            self.tap.closed("lost")
+            raise
+        except trio.ClosedResourceError:
+            self.tap.closed("closed")
             raise
         if data:
             self.tap.incoming(data)
         else:
-            self.tap.closed()
+            self.tap.closed("lost")
         return data
 
     async def aclose(self) -> None:
-        self.tap.closed()
+        self.tap.closed("closed")
         await self.inner.aclose()
 
     def close_now(self) -> None:
-        self.tap.closed()
+        self.tap.closed("closed")
         self.inner.close_now()
 
 

@@ -67,8 +67,10 @@ async def test_concurrent_publishes_coalesce_into_batched_frames(
     sizes = [len(frame[2]) for frame in sent]
     assert sorted(offsets) == list(range(1, count + 1))
     assert sum(sizes) == count and max(sizes) <= 256
-    # busy: publishes made while a frame is being written share the next ones
-    assert len(sizes) <= count // 4, sizes
+    # busy: publishes made while a frame is being written share the next ones. Tasks
+    # publish all at once; the blocking client's threads (40 at a time here) each
+    # wait for their ack and reach its loop spread out, so only some of theirs meet
+    assert len(sizes) <= (5 if flavour.name != "sync" else count - 20), (len(sizes), sizes)
 
 
 async def test_linger_gathers_spaced_publishes_into_one_frame(

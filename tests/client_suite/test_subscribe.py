@@ -165,23 +165,30 @@ async def test_a_second_session_with_the_name_takes_over(
     assert msg.payload == b"to the new owner"
 
 
-async def test_slow_consumer_makes_nobody_buffer_more_than_prefetch(
+async def test_slow_consumer_makes_nobody_buffer_without_bound(
         flavour: Flavour, suite_broker: Any, topic: str) -> None:
-    prefetch, count = 100, 10_000
+    # the client holds at most ``prefetch`` undelivered messages (it grants credit only
+    # as the user consumes); the shard pushes at most ``max_in_flight`` unacked ones
+    prefetch, max_in_flight, count = 100, 150, 10_000
     with anyio.fail_after(TIMEOUT):
         async with flavour.connect(suite_broker.url) as client, \
-                client.subscribe(topic, name="slow", prefetch=prefetch) as sub:
+                client.subscribe(topic, name="slow", prefetch=prefetch,
+                                 max_in_flight=max_in_flight) as sub:
             acks = await client.publish_many(topic, [b"%d" % i for i in range(count)])
             assert acks[-1].offset == count - 1  # the producer is never held up
             while len(sub._state.buffer) < prefetch:
                 await anyio.sleep(0.05)
             await anyio.sleep(0.3)  # time for more to come, if the credit let them
             assert len(sub._state.buffer) == prefetch
-            assert (await subscription_stats(client, topic, "slow"))["in_flight"] <= prefetch
-            got = await take(sub, 250)
-            await anyio.sleep(0.2)
+            assert (await subscription_stats(client, topic, "slow"))["in_flight"] == prefetch
+            got = await take(sub, 120, ack=False)  # consumed, not acked: the shard holds on
+            await anyio.sleep(0.3)
+            assert len(sub._state.buffer) == max_in_flight - 120
+            assert (await subscription_stats(client, topic, "slow"))["in_flight"] == max_in_flight
+            for msg in got:
+                await msg.ack()
+            got += await take(sub, 130)
             assert len(sub._state.buffer) <= prefetch
-            assert (await subscription_stats(client, topic, "slow"))["in_flight"] <= prefetch
     assert [m.offset for m in got] == list(range(250))
 
 

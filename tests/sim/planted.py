@@ -77,7 +77,19 @@ def ack_ignored() -> contextlib.AbstractContextManager[Any]:
                 self.in_flight[offset] = pushes
             return done
         return ack
-    return _wrap(Subscription, "ack", make)
+
+    def make_through(f: Any) -> Any:
+        def ack_through(self: Subscription, through: int) -> int:
+            kept = {o: p for o, p in self.in_flight.items() if o <= through}
+            done: int = f(self, through)
+            self.in_flight.update(kept)
+            return done
+        return ack_through
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(_wrap(Subscription, "ack", make))
+    stack.enter_context(_wrap(Subscription, "ack_through", make_through))
+    return stack
 
 
 def redeliver_whole_window() -> contextlib.AbstractContextManager[Any]:
@@ -162,6 +174,29 @@ def reuse_generation() -> contextlib.AbstractContextManager[Any]:
     return _wrap(ShardCore, "__init__", make)
 
 
+def impatient_heartbeat() -> contextlib.AbstractContextManager[Any]:
+    """G6: sessions silent for 0.4 heartbeat periods are dropped (clients ping every 0.5)."""
+    def make(f: Any) -> Any:
+        def check_sessions(self: ShardCore, now: float) -> None:
+            with _with_config(self, heartbeat=self.config.subscriber.heartbeat / 5):
+                f(self, now)
+        return check_sessions
+    return _wrap(ShardCore, "_check_sessions", make)
+
+
+def start_at_oldest() -> contextlib.AbstractContextManager[Any]:
+    """G6: a new subscription without start options starts at the oldest held message."""
+    original = ShardCore._handlers[protocol.SUBSCRIBE]
+
+    def subscribe(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
+        opts = frame[3] if len(frame) > 3 and isinstance(frame[3], dict) else None
+        if opts is not None and opts.get("from_offset") is None:
+            frame = [*frame[:3], {**opts, "read_old": True}, *frame[4:]]
+        original(self, session, frame, now)
+    # frames are dispatched through this table, built when the class was
+    return mock.patch.dict(ShardCore._handlers, {protocol.SUBSCRIBE: subscribe})
+
+
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
     "duplicate-wrong-offset": duplicate_wrong_offset,
@@ -176,6 +211,8 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "keep-inactive-forever": keep_inactive_forever,
     "delete-inactive-at-once": delete_inactive_at_once,
     "reuse-generation": reuse_generation,
+    "impatient-heartbeat": impatient_heartbeat,
+    "start-at-oldest": start_at_oldest,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise).

@@ -23,7 +23,8 @@ class Story:
 
     def __init__(self, *, oracle: bool = False, liveness: bool = True) -> None:
         self.h = h.History(meta={"config": CONFIG, "epoch": EPOCH, "latency_bound": 0.01,
-                                 "oracle": oracle, "liveness": [], "canaries": []})
+                                 "oracle": oracle, "close_reasons": True, "liveness": [],
+                                 "canaries": []})
         if liveness:
             self.h.meta["liveness"] = [{"subscriber": "c1/n", "topic": "t"}]
         self.stored: dict[tuple[int, int], float] = {}
@@ -238,3 +239,33 @@ def test_digest_changes_with_any_event() -> None:
     b = clean().publish(0.3, "c", 2).end().h
     assert a.digest() != b.digest()
     assert a.digest() == clean().end().h.digest()
+
+
+def test_new_subscription_starting_before_the_next_offset_breaks_g6() -> None:
+    s = Story(liveness=False).hello(0.0).publish(0.1, "a", 0).publish(0.2, "b", 1)
+    s.subscribe(0.5, start=1)   # default start, but offset 1 was acked before it subscribed
+    assert "G6/start-not-next" in s.end().rules()
+
+
+def test_read_old_must_start_at_a_message_still_within_its_ttl() -> None:
+    s = Story(liveness=False).hello(0.0).publish(0.1, "a", 0).publish(0.2, "b", 1)
+    s.add(h.Subscribed(0.5, "c1/n", 1, "c1", 0, "t", "n", G, True, 2, 2, False, 100, None,
+                       0.498, None, True))   # read_old, yet starts past both young messages
+    assert "G5/start-past-held" in s.end().rules()
+
+
+def test_reset_subscription_restarts_at_zero_of_the_new_generation() -> None:
+    s = Story(liveness=False).hello(0.0, G2).publish(0.1, "a", 0, generation=G2)
+    s.add(h.Subscribed(0.5, "c1/n", 1, "c1", 0, "t", "n", G2, True, 1, 1, True, 100, None,
+                       0.498, G))
+    assert "G7/reset-start" in s.end().rules()
+
+
+def test_broker_closing_a_healthy_session_breaks_g6() -> None:
+    s = clean().add(h.SessionEnded(0.5, "c1/n", 1, "t", "lost"))
+    s.subscribe(0.6, 2, created=False, cursor=2)
+    assert "G6/dropped-without-cause" in s.end().rules()
+    calm = clean().add(h.FaultInjected(0.45, "reset", "c1<->shard-0", "instant"))
+    calm.add(h.SessionEnded(0.5, "c1/n", 1, "t", "lost")).subscribe(0.6, 2, created=False,
+                                                                    cursor=2)
+    assert "G6/dropped-without-cause" not in calm.end().rules()

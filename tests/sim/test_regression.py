@@ -11,7 +11,7 @@ from flux.sim.faults import decode_plan
 from flux.sim.runner import describe, run
 from flux.sim.scenarios import SCENARIOS
 
-SEEDS_PER_SCENARIO = 12
+SEEDS_PER_SCENARIO = 16
 
 # Seeds that found real bugs: (scenario, seed, plan or None for the seed's own).
 FOUND = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
 import trio
 
 from flux import config as config_mod
@@ -111,9 +110,6 @@ def test_a_paused_shard_freezes_while_the_world_goes_on() -> None:
     assert elapsed >= 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="client bug: Client close cancels its connection tasks"
-                   " before they close their streams (flux/client/trio_shell.py _run_conn);"
-                   " sockets stay open until garbage collection")
 def test_a_closed_client_closes_its_connections() -> None:
     async def body(world: World) -> int:
         host = world.client_host("c1")

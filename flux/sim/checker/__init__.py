@@ -62,13 +62,14 @@ class Report:
 
 def check(history: History) -> Report:
     """Check ``history`` against G1-G7 and liveness; the report lists every violation."""
-    from flux.sim.checker import delivery, liveness, publish, retention
+    from flux.sim.checker import delivery, liveness, publish, retention, starts
 
     report = Report()
     index = Index(history)
     publish.check(index, report)
     delivery.check(index, report)
     retention.check(index, report)
+    starts.check(index, report)
     liveness.check(index, report)
     # the same fact can break a rule more than once (e.g. one message, many sessions)
     report.violations = sorted(set(report.violations))

@@ -107,6 +107,7 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
                            " session, and the shard refused it as not delivered")
     for session in inc.sessions:
         _check_schedule(index, session, states[session.sub.session], report)
+        _check_dropped(index, session, report)
     return redeliveries
 
 
@@ -193,3 +194,19 @@ def _check_schedule(index: Index, session: Session, st: _State, report: Report) 
         report.add("G4", "spurious-inactive", session.end.t,
                    f"{session.sub.subscriber} session {session.sub.session} was made inactive"
                    " though no message used all its pushes")
+
+
+def _check_dropped(index: Index, session: Session, report: Report) -> None:
+    """A healthy session (client pinging, no fault near it) is never cut by the broker."""
+    end = session.end
+    if end is None or end.reason != "lost" or not index.history.meta.get("close_reasons"):
+        return  # (a recorder that does not tell "lost" from "closed" sets no close_reasons)
+    p = index.params
+    stopped = index.stopped.get(session.sub.generation)
+    if stopped is not None and stopped <= end.t + p.latency:
+        return  # its shard died or drained (G7)
+    since = end.t - 2 * p.heartbeat - 2 * p.latency
+    if index.quiet((session.sub.client, session.host), since, end.t):
+        report.add("G6", "dropped-without-cause", end.t,
+                   f"{session.sub.subscriber} session {session.sub.session}: the broker closed"
+                   " its connection though no fault touched it")

@@ -114,6 +114,7 @@ class Index:
         self._current: dict[tuple[str, int, str], Incarnation] = {}
         self.disturbances: list[Disturbance] = []
         self.heal_at = math.inf
+        self.stopped: dict[int, float] = {}   # generation -> when its shard stopped
         self.end_at = history.events[-1].t if history.events else 0.0
         open_faults: dict[tuple[str, str], float] = {}
         for event in history:
@@ -132,6 +133,7 @@ class Index:
                 if inc is not None:
                     inc.deleted_at = event.t
             elif isinstance(event, h.ShardStopped):
+                self.stopped.setdefault(event.generation, event.t)
                 for key in [k for k in self._current if k[1] == event.generation]:
                     inc = self._current.pop(key)
                     inc.deleted_at, inc.died_with_shard = event.t, True
