@@ -143,18 +143,16 @@ def _run(fn: Any) -> None:
         raise click.ClickException(f"cannot reach the broker: {exc}") from None
 
 
-def _add_optional_commands() -> None:
-    try:
-        from flux.sim.command import sim
-    except ImportError:
-        return
-    main.add_command(sim)
+def _register_tool_commands() -> None:
+    # imported here, not at the top: they pull in the simulator and the bench harness
     from flux.bench.command import bench
+    from flux.sim.command import sim
 
+    main.add_command(sim)
     main.add_command(bench)
 
 
-_add_optional_commands()
+_register_tool_commands()
 
 if __name__ == "__main__":
     main()

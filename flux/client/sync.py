@@ -15,7 +15,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Coroutine, Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from flux import errors
 from flux.client import asyncio as aio
@@ -186,9 +186,9 @@ class Client:
         InvalidTopic, InvalidRequest, OffsetOutOfRange, RetryDeadlineExceeded,
         ClientClosed.
         """
-        return Subscription(self, self._client.subscribe(
+        return Subscription(self, cast(aio.Subscription, self._client.subscribe(
             topic, name, read_old=read_old, from_offset=from_offset, max_in_flight=max_in_flight,
-            prefetch=prefetch, on_reset=on_reset))
+            prefetch=prefetch, on_reset=on_reset)))
 
     def subscribe_pull(self, topic: str, name: str, *, read_old: bool = False,
                        from_offset: int | None = None, generation: int | None = None,

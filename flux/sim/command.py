@@ -79,7 +79,13 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _outcomes(jobs: list[tuple[int, str, str | None, bool]], workers: int) -> Iterator[Outcome]:
+def _outcomes(jobs: list[tuple[int, str, str | None, bool]], workers: int,
+              spark: str | None = None) -> Iterator[Outcome]:
+    if spark is not None:
+        from flux.spark.sweep import run_on_spark
+
+        yield from run_on_spark(jobs, master=spark)
+        return
     if workers <= 1 or len(jobs) == 1:
         for job in jobs:
             yield run_one(job)
@@ -104,8 +110,12 @@ def _outcomes(jobs: list[tuple[int, str, str | None, bool]], workers: int) -> It
               help="With --seed: write the history as JSON lines into this directory.")
 @click.option("--shrink/--no-shrink", default=True, show_default=True,
               help="Shrink failing fault plans before printing them.")
+@click.option("--spark", "spark_master", is_flag=False, flag_value="local[*]", default=None,
+              metavar="[MASTER]",
+              help="Run the seeds on Spark: local[*], or a cluster URL (needs the spark extra).")
 def sim(seed_range: str | None, seed: int | None, scenario: str, workers: int | None,
-        plan: str | None, trace: bool, save: str | None, shrink: bool) -> None:
+        plan: str | None, trace: bool, save: str | None, shrink: bool,
+        spark_master: str | None) -> None:
     """Run the deterministic simulator: the real router, shards and clients under a fake
     clock and network with injected faults, checked against G1-G7.
 
@@ -120,7 +130,7 @@ def sim(seed_range: str | None, seed: int | None, scenario: str, workers: int | 
     seeds = parse_seeds(seed_range or "0:100")
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     jobs = [(s, sc, plan, shrink) for sc in scenarios for s in seeds]
-    sys.exit(_sweep(jobs, workers or os.cpu_count() or 1))
+    sys.exit(_sweep(jobs, workers or os.cpu_count() or 1, spark_master))
 
 
 def _single(seed: int, scenario: str, plan_text: str | None, trace: bool,
@@ -154,7 +164,8 @@ def _single(seed: int, scenario: str, plan_text: str | None, trace: bool,
     return 0 if result.ok else 1
 
 
-def _sweep(jobs: list[tuple[int, str, str | None, bool]], workers: int) -> int:
+def _sweep(jobs: list[tuple[int, str, str | None, bool]], workers: int,
+           spark: str | None = None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -166,7 +177,7 @@ def _sweep(jobs: list[tuple[int, str, str | None, bool]], workers: int) -> int:
                TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("seeds", total=len(jobs), failed=0)
-        for outcome in _outcomes(jobs, workers):
+        for outcome in _outcomes(jobs, workers, spark):
             sim_total += outcome.sim_time
             wall_total += outcome.wall_time
             cpu_total += outcome.cpu_time
