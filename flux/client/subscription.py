@@ -23,7 +23,7 @@ Status = Literal["waiting", "subscribing", "active", "ended", "closed"]
 # messages to go through, for at most ACK_DELAY seconds and ACK_BATCH acks, so a
 # slow consumer never holds acks long enough to cause redeliveries.
 ACK_DELAY = 0.005
-ACK_BATCH = 128
+ACK_BATCH = 256
 
 
 class AckSession:

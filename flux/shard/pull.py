@@ -1,0 +1,81 @@
+"""The pull path: FETCH a range of held messages and COMMIT a pull cursor.
+
+What the Spark source and replay tools use; pull subscriptions get no pushes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flux import errors
+from flux.shard.state import (
+    FETCH_MAX_MESSAGES,
+    P,
+    Session,
+    ShardState,
+    Topic,
+    _map,
+    _opt_int,
+)
+from flux.shard.subscription import Subscription
+
+
+class Pull(ShardState):
+    """The FETCH and COMMIT handlers."""
+
+    def _pull_sub(self, topic: Topic | None, name: Any, now: float) -> Subscription:
+        sub = topic.subs.get(name) if topic is not None and isinstance(name, str) else None
+        if sub is None:
+            raise errors.UnknownSubscription(
+                f"no pull subscription {name!r}; SUBSCRIBE with mode 'pull' first")
+        if sub.mode != "pull":
+            raise errors.InvalidRequest(f"subscription {name!r} is a push subscription")
+        sub.active = True
+        sub.last_activity = now
+        return sub
+
+    def _check_generation(self, generation: Any, topic: str) -> None:
+        if generation is not None and generation != self.generation:
+            raise errors.TopicReset(
+                f"topic {topic!r} was reset: generation {generation} -> {self.generation}",
+                old=generation if type(generation) is int else None, new=self.generation)
+
+    def _fetch(self, session: Session, frame: list[Any], now: float) -> None:
+        rid, opts = frame[1], _map(frame, 2)
+        name = self._check_owned(opts.get("topic"))
+        self._check_generation(opts.get("generation"), name)
+        offset = _opt_int(opts, "offset") or 0
+        max_messages = _opt_int(opts, "max_messages")  # 0: only "oldest" and "next"
+        max_messages = min(1000 if max_messages is None else max_messages, FETCH_MAX_MESSAGES)
+        max_bytes = min(_opt_int(opts, "max_bytes") or (1 << 20),
+                        self.config.max_frame_bytes // 2)
+        if offset < 0 or max_messages < 0 or max_bytes < 0:
+            raise errors.InvalidRequest("offset, max_messages and max_bytes must be >= 0")
+        topic = self.topics.get(name)
+        if opts.get("name") is not None:
+            self._pull_sub(topic, opts.get("name"), now)
+        messages: list[list[Any]] = []
+        oldest = next_offset = 0
+        if topic is not None:
+            log = topic.log
+            oldest, next_offset = log.oldest, log.next_offset
+            if max_messages:
+                for off, entry in log.read(offset, max_messages, max_bytes):
+                    messages.append([off, entry.id, entry.payload, self.epoch + entry.stored_at])
+        session.out.append([P.FETCHED, rid, {
+            "generation": self.generation, "oldest": oldest, "next": next_offset,
+            "messages": messages}])
+
+    def _commit(self, session: Session, frame: list[Any], now: float) -> None:
+        rid, opts = frame[1], _map(frame, 2)
+        name = self._check_owned(opts.get("topic"))
+        self._check_generation(opts.get("generation"), name)
+        offset = _opt_int(opts, "offset")
+        topic = self.topics.get(name)
+        sub = self._pull_sub(topic, opts.get("name"), now)
+        assert topic is not None
+        if offset is None or offset < 0 or offset > topic.log.next_offset:
+            raise errors.OffsetOutOfRange(
+                f"commit offset {offset} is outside 0..{topic.log.next_offset}")
+        sub.commit(offset)
+        session.out.append([P.COMMITTED, rid, {"cursor": sub.cursor}])

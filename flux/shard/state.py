@@ -1,0 +1,165 @@
+"""The shard core's state and the helpers every part of it shares.
+
+:class:`ShardState` holds one shard incarnation's topics, sessions and timers
+and the few operations several parts need (ownership, attachments, events).
+The frame handlers and timers live in the mixins that ``ShardCore`` combines.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flux import errors, protocol
+from flux.config import Config
+from flux.hashing import shard_for
+from flux.shard.subscription import Subscription
+from flux.shard.topic import DedupWindow, TopicLog
+
+P = protocol
+MAX_CREDIT = 1 << 30
+# room a DELIVER or FETCHED frame needs around one message's payload and id (the id's
+# length is counted in characters: up to 96 more bytes for a 128-byte id)
+MESSAGE_FRAME_SLACK = 256
+FETCH_MAX_MESSAGES = 10_000
+
+
+@dataclass(eq=False)
+class Topic:
+    """A topic's log, dedup window and subscriptions (by name, in creation order)."""
+
+    name: str
+    log: TopicLog
+    dedup: DedupWindow
+    subs: dict[str, Subscription] = field(default_factory=dict)
+
+    @property
+    def held_bytes(self) -> int:
+        return self.log.held_bytes + self.dedup.held_bytes
+
+
+@dataclass(eq=False)
+class Session:
+    """One client connection to this shard."""
+
+    conn: int
+    opened_at: float
+    last_seen: float
+    hello: bool = False
+    subs: dict[int, Subscription] = field(default_factory=dict)  # client sid -> subscription
+    out: list[list[Any]] = field(default_factory=list)
+    close: bool = False
+
+
+def _err(code_cls: type[errors.FluxError], message: str) -> list[Any]:
+    return [code_cls.code, message, None]
+
+
+class ShardState:
+    """All state of one shard incarnation (one generation)."""
+
+    def __init__(self, config: Config, *, index: int = 0, shard_count: int = 1,
+                 generation: int = 1, now: float = 0.0, epoch: float = 0.0,
+                 check_ownership: bool = True) -> None:
+        self.config = config
+        self.index = index
+        self.shard_count = shard_count
+        self.generation = generation
+        self.epoch = epoch  # wall time = epoch + now (message timestamps only)
+        self.check_ownership = check_ownership
+        self.topics: dict[str, Topic] = {}
+        self.sessions: dict[int, Session] = {}
+        self._conn_ids = itertools.count(1)
+        self._timer_seq = itertools.count()
+        self._timers: list[tuple[float, int, Subscription]] = []
+        self._dirty: dict[int, Subscription] = {}
+        self._owned: dict[str, bool] = {}
+        self._started = now
+        self._next_message_cleanup = now + config.message.cleanup_time
+        self._next_subscriber_cleanup = now + config.subscriber.cleanup_time
+        self._next_session_check = now + 2 * config.subscriber.heartbeat
+        self.draining = False
+        # optional observer of internal events, e.g. ("deleted", topic, offset, count)
+        self.on_event: Callable[[tuple[Any, ...]], None] | None = None
+        self.counters = {"published": 0, "duplicates": 0, "delivered": 0, "redelivered": 0,
+                         "acked": 0, "trimmed": 0}
+
+    def _end_session_attachments(self, session: Session, now: float) -> None:
+        for sub in list(session.subs.values()):
+            if sub.session is not None and sub.session[0] == session.conn:
+                self._end_attachment(sub, now)
+
+    def _check_owned(self, topic: Any) -> str:
+        owned = self._owned.get(topic) if isinstance(topic, str) else None
+        if owned is None:
+            P.check_topic(topic)
+            owned = (not self.check_ownership
+                     or shard_for(topic, self.shard_count) == self.index)
+            if len(self._owned) > 100_000:
+                self._owned.clear()
+            self._owned[topic] = owned
+        if not owned:
+            raise errors.WrongShard(
+                f"topic {topic!r} belongs to shard {shard_for(topic, self.shard_count)},"
+                f" not {self.index}; refresh the shard map")
+        return str(topic)
+
+    def _topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = Topic(name, TopicLog(), DedupWindow(self.config.message.dedup_window))
+            self.topics[name] = topic
+        return topic
+
+    def _end_attachment(self, sub: Subscription, now: float) -> None:
+        sub.detach(now)
+        if sub.ephemeral:
+            self._delete_subscription(sub)
+
+    def _delete_subscription(self, sub: Subscription) -> None:
+        topic = self.topics.get(sub.topic)
+        if topic is not None and topic.subs.get(sub.name) is sub:
+            del topic.subs[sub.name]
+        sub.deleted = True
+        sub.detach(sub.inactive_since)
+        self._emit("deleted_subscription", sub.topic, sub.name)
+
+    def _emit(self, *event: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+def _nothing(message_id: str) -> int | None:
+    return None
+
+
+def _next_pass(previous: float, interval: float, now: float) -> float:
+    nxt = previous + interval
+    if nxt <= now:
+        nxt = previous + interval * (int((now - previous) / interval) + 1)
+    return nxt
+
+
+def _map(frame: list[Any], i: int) -> dict[str, Any]:
+    body = frame[i]
+    if not isinstance(body, dict):
+        raise errors.InvalidRequest(f"field {i} of the frame must be a map")
+    return body
+
+
+def _opt_int(opts: dict[str, Any], key: str) -> int | None:
+    value = opts.get(key)
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise errors.InvalidRequest(f"{key} must be an integer, not {type(value).__name__}")
+    return value
+
+
+def _bool(opts: dict[str, Any], key: str, default: bool) -> bool:
+    value = opts.get(key, default)
+    if not isinstance(value, bool):
+        raise errors.InvalidRequest(f"{key} must be true or false")
+    return value

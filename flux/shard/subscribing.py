@@ -1,0 +1,177 @@
+"""Push subscriptions: SUBSCRIBE, UNSUBSCRIBE, CREDIT and ACK (G1, G4, G6).
+
+Creating, attaching, taking over and detaching subscriptions, and applying
+acks to their cursors; pushing itself lives in ``flux.shard.delivery``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flux import errors
+from flux.shard.state import (
+    MAX_CREDIT,
+    P,
+    Session,
+    ShardState,
+    Topic,
+    _bool,
+    _map,
+    _opt_int,
+)
+from flux.shard.subscription import Subscription
+from flux.shard.topic import DedupWindow, TopicLog
+
+
+class Subscribing(ShardState):
+    """The push-subscription and ack handlers."""
+
+    def _subscribe(self, session: Session, frame: list[Any], now: float) -> None:
+        rid, sid, opts = frame[1], frame[2], _map(frame, 3)
+        if type(sid) is not int:
+            raise errors.InvalidRequest("SUBSCRIBE sid must be an integer")
+        name = self._check_owned(opts.get("topic"))
+        sub_name = opts.get("name")
+        mode = opts.get("mode", "push")
+        if mode not in ("push", "pull"):
+            raise errors.InvalidRequest(f"mode must be 'push' or 'pull', not {mode!r}")
+        if sub_name is not None and (not isinstance(sub_name, str) or not sub_name
+                                     or len(sub_name.encode()) > 255 or sub_name[0] == "~"):
+            raise errors.InvalidRequest(
+                "subscription name must be 1-255 bytes and not start with '~'")
+        if sub_name is None and mode == "pull":
+            raise errors.InvalidRequest("a pull subscription needs a name")
+        read_old = _bool(opts, "read_old", False)
+        from_offset = _opt_int(opts, "from_offset")
+        known_generation = _opt_int(opts, "generation")
+        on_reset = opts.get("on_reset", "earliest")
+        if on_reset not in ("earliest", "raise"):
+            raise errors.InvalidRequest(f"on_reset must be 'earliest' or 'raise', not {on_reset!r}")
+        cap = self.config.subscriber.max_in_flight
+        max_in_flight = _opt_int(opts, "max_in_flight")
+        if max_in_flight is None:
+            max_in_flight = cap
+        if max_in_flight < 1:
+            raise errors.InvalidRequest("max_in_flight must be at least 1")
+        max_in_flight = min(max_in_flight, cap)
+        credit = _opt_int(opts, "credit")
+        if credit is not None and credit < 0:
+            raise errors.InvalidRequest("credit must be >= 0")
+        credit = max_in_flight if credit is None else min(credit, MAX_CREDIT)
+        if mode == "push" and sid in session.subs and not session.subs[sid].deleted \
+                and session.subs[sid].session == (session.conn, sid):
+            raise errors.InvalidRequest(f"sid {sid} is already in use on this connection")
+
+        reset = known_generation is not None and known_generation != self.generation
+        if reset and on_reset == "raise":
+            raise errors.TopicReset(
+                f"topic {name!r} was reset: generation {known_generation} -> {self.generation}",
+                old=known_generation, new=self.generation)
+        # a refused SUBSCRIBE must not leave a new, empty topic behind (G8): register the
+        # topic only once the subscription is made
+        topic = self.topics.get(name) or Topic(name, TopicLog(),
+                                               DedupWindow(self.config.message.dedup_window))
+        log = topic.log
+        key = sub_name if sub_name is not None else f"~{session.conn}.{sid}"
+        sub = topic.subs.get(key)
+        created = sub is None
+        clamped = False
+        if sub is None:
+            if reset:
+                start = 0
+            elif from_offset is not None:
+                if from_offset < 0:
+                    raise errors.InvalidRequest("from_offset must be >= 0")
+                if from_offset > log.next_offset:
+                    raise errors.OffsetOutOfRange(
+                        f"from_offset {from_offset} is past the next offset {log.next_offset}")
+                start = from_offset
+            elif read_old:
+                start = log.oldest
+            else:
+                start = log.next_offset
+            if start < log.oldest:
+                start, clamped = log.oldest, True
+            sub = Subscription(topic=name, name=key, ephemeral=sub_name is None, mode=mode,
+                               cursor=start, start_offset=start, created_at=now)
+            topic.subs[key] = sub
+            self.topics[name] = topic
+            self._emit("created", name, key, start)
+        elif sub.mode != mode:
+            raise errors.InvalidRequest(
+                f"subscription {sub_name!r} is a {sub.mode} subscription, not {mode}")
+
+        if mode == "pull":
+            sub.active = True
+            sub.last_activity = now
+        else:
+            old = sub.session
+            if old is not None and old != (session.conn, sid):
+                old_session = self.sessions.get(old[0])
+                if old_session is not None:
+                    old_session.out.append([P.SUB_ENDED, old[1], errors.SubscriptionTakenOver.code,
+                                            f"subscription {key!r} was taken over by another"
+                                            " session"])
+                self._emit("taken_over", name, key, old)
+            sub.attach((session.conn, sid), credit, max_in_flight, now)
+            session.subs[sid] = sub
+            self._dirty[id(sub)] = sub
+        session.out.append([P.SUBSCRIBED, rid, sid, {
+            "created": created, "start_offset": sub.start_offset, "cursor": sub.cursor,
+            "generation": self.generation, "clamped": clamped, "reset": reset,
+            "next_offset": log.next_offset, "max_in_flight": sub.max_in_flight,
+        }])
+
+    def _unsubscribe(self, session: Session, frame: list[Any], now: float) -> None:
+        rid, sid = frame[1], frame[2]
+        sub = session.subs.pop(sid, None) if type(sid) is int else None
+        if sub is not None and sub.session == (session.conn, sid):
+            self._end_attachment(sub, now)
+        session.out.append([P.UNSUBSCRIBED, rid, sid])
+
+    def _credit(self, session: Session, frame: list[Any], now: float) -> None:
+        sid, n = frame[1], frame[2]
+        if type(n) is not int or n < 0:
+            raise errors.InvalidRequest("CREDIT n must be a non-negative integer")
+        sub = session.subs.get(sid)
+        if sub is not None and sub.session == (session.conn, sid):
+            sub.credit = min(sub.credit + n, MAX_CREDIT)
+            self._dirty[id(sub)] = sub
+
+    def _attached(self, session: Session, sid: Any) -> Subscription:
+        sub = session.subs.get(sid) if type(sid) is int else None
+        if sub is None or sub.deleted:
+            raise errors.UnknownSubscription(f"no subscription with sid {sid} on this connection")
+        if sub.session != (session.conn, sid):
+            if sub.session is None:
+                raise errors.SubscriptionInactive(
+                    f"subscription {sub.name!r} is inactive; subscribe again to resume")
+            raise errors.SubscriptionTakenOver(
+                f"subscription {sub.name!r} was taken over by another session")
+        return sub
+
+    def _ack(self, session: Session, frame: list[Any], now: float) -> None:
+        rid, sid, generation, offsets, through = frame[1], frame[2], frame[3], frame[4], frame[5]
+        sub = self._attached(session, sid)
+        if generation != self.generation:
+            raise errors.TopicReset(
+                f"ack for generation {generation}, shard is at {self.generation}",
+                old=generation if type(generation) is int else None, new=self.generation)
+        if not isinstance(offsets, list) or type(through) is not int:
+            raise errors.InvalidRequest("ACK offsets must be an array and through an integer")
+        refused: list[list[Any]] = []
+        acked = 0
+        for offset in offsets:
+            if type(offset) is not int:
+                refused.append([offset, errors.InvalidRequest.code, "offset must be an integer"])
+            elif sub.ack(offset):
+                acked += 1
+            elif not sub.was_delivered(offset):
+                refused.append([offset, errors.NotDelivered.code,
+                                f"offset {offset} was not delivered to this session"])
+        if through >= 0:
+            acked += sub.ack_through(through)
+        if acked:
+            self.counters["acked"] += acked
+            self._dirty[id(sub)] = sub
+        session.out.append([P.ACKED, rid, sid, sub.cursor, refused])
