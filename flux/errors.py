@@ -192,6 +192,13 @@ class ClientClosed(LocalError):
     code = 120
 
 
+class DataLoss(LocalError):
+    """Messages a reader should get are gone: their shard restarted (a new
+    generation) or cleanup deleted them (the Spark source's ``failOnDataLoss``)."""
+
+    code = 130
+
+
 def _all_remote() -> dict[int, type[RemoteError]]:
     out: dict[int, type[RemoteError]] = {}
     stack: list[type[RemoteError]] = [RemoteError]

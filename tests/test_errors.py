@@ -36,6 +36,7 @@ LOCAL_CODES: dict[int, tuple[type[errors.LocalError], bool]] = {
     102: (errors.RetryDeadlineExceeded, False),
     110: (errors.ConfigError, False),
     120: (errors.ClientClosed, False),
+    130: (errors.DataLoss, False),
 }
 
 

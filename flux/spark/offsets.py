@@ -22,9 +22,7 @@ LATEST = "latest"
 _KAFKA_SPELLING = {-2: EARLIEST, -1: LATEST}
 
 
-class DataLoss(errors.LocalError):
-    """Messages a query should read are gone: their shard restarted (a new
-    generation) or cleanup deleted them. Raised only with ``failOnDataLoss=true``."""
+DataLoss = errors.DataLoss  # where the Spark source raises it from
 
 
 @dataclass(frozen=True)
