@@ -34,16 +34,17 @@ class Pull(ShardState):
         sub.last_activity = now
         return sub
 
-    def _check_generation(self, generation: Any, topic: str) -> None:
+    def _check_generation(self, opts: dict[str, Any], topic: str) -> None:
+        generation = _opt_int(opts, "generation")  # a non-integer is InvalidRequest (G8)
         if generation is not None and generation != self.generation:
             raise errors.TopicReset(
                 f"topic {topic!r} was reset: generation {generation} -> {self.generation}",
-                old=generation if type(generation) is int else None, new=self.generation)
+                old=generation, new=self.generation)
 
     def _fetch(self, session: Session, frame: list[Any], now: float) -> None:
         rid, opts = frame[1], _map(frame, 2)
         name = self._check_owned(opts.get("topic"))
-        self._check_generation(opts.get("generation"), name)
+        self._check_generation(opts, name)
         offset = _opt_int(opts, "offset") or 0
         max_messages = _opt_int(opts, "max_messages")  # 0: only "oldest" and "next"
         max_messages = min(1000 if max_messages is None else max_messages, FETCH_MAX_MESSAGES)
@@ -69,7 +70,7 @@ class Pull(ShardState):
     def _commit(self, session: Session, frame: list[Any], now: float) -> None:
         rid, opts = frame[1], _map(frame, 2)
         name = self._check_owned(opts.get("topic"))
-        self._check_generation(opts.get("generation"), name)
+        self._check_generation(opts, name)
         offset = _opt_int(opts, "offset")
         topic = self.topics.get(name)
         sub = self._pull_sub(topic, opts.get("name"), now)

@@ -133,7 +133,7 @@ class Subscribing(ShardState):
         sid, n = frame[1], frame[2]
         if type(n) is not int or n < 0:
             raise errors.InvalidRequest("CREDIT n must be a non-negative integer")
-        sub = session.subs.get(sid)
+        sub = session.subs.get(sid) if type(sid) is int else None
         if sub is not None and sub.session == (session.conn, sid):
             sub.credit = min(sub.credit + n, MAX_CREDIT)
             self._dirty[id(sub)] = sub
