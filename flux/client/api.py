@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 from flux import errors
 from flux.client.core import ClientCore
 from flux.client.subscription import SubState
 from flux.client.types import FetchResult, Message, PublishAck, SubscribeInfo, Waiter
+
+
+class Shell(Protocol):
+    """What a flavour's I/O shell offers the shared API."""
+
+    def start(self) -> None: ...
+
+    def pump(self) -> None: ...
+
+    async def wait_all(self, waiters: list[Any]) -> None: ...
 
 
 class ClientBase:
@@ -25,6 +35,19 @@ class ClientBase:
     _pump: Callable[[], None]
     _wait_all: Callable[[list[Any]], Awaitable[None]]
     _subscription_class: ClassVar[type[SubscriptionBase]]
+
+    def _use_shell(self, shell: Shell) -> None:
+        self._pump = shell.pump
+        self._wait_all = shell.wait_all
+
+    async def _start(self) -> None:
+        """Start the shell and wait for the router's shard map."""
+        self._shell_start()
+        await self._wait_all([self._core.ready])
+        self._core.ready.result()
+
+    def _shell_start(self) -> None:
+        raise NotImplementedError
 
     def _now(self) -> float:
         raise NotImplementedError

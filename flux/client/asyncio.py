@@ -57,8 +57,7 @@ class Client(ClientBase):
                                 request_timeout=request_timeout, retry_deadline=retry_deadline,
                                 linger=linger)
         self._shell = AsyncioShell(self._core, self._loop)
-        self._pump = self._shell.pump
-        self._wait_all = self._shell.wait_all
+        self._use_shell(self._shell)
 
     def __repr__(self) -> str:
         return f"<flux asyncio Client {self._core!r}>"
@@ -66,10 +65,8 @@ class Client(ClientBase):
     def _now(self) -> float:
         return self._loop.time()
 
-    async def _start(self) -> None:
+    def _shell_start(self) -> None:
         self._shell.start()
-        await self._wait_all([self._core.ready])
-        self._core.ready.result()
 
     async def _aclose(self, raise_crash: bool = True) -> None:
         await self._shell.aclose()

@@ -67,8 +67,7 @@ class Client(ClientBase):
                                 request_timeout=request_timeout, retry_deadline=retry_deadline,
                                 linger=linger)
         self._shell = TrioShell(self._core, host, nursery)
-        self._pump = self._shell.pump
-        self._wait_all = self._shell.wait_all
+        self._use_shell(self._shell)
 
     def __repr__(self) -> str:
         return f"<flux Client {self._core!r}>"
@@ -76,10 +75,8 @@ class Client(ClientBase):
     def _now(self) -> float:
         return self._host.now()
 
-    async def _start(self) -> None:
+    def _shell_start(self) -> None:
         self._shell.start()
-        await self._wait_all([self._core.ready])
-        self._core.ready.result()
 
     def _shutdown(self) -> None:
         self._shell.close()
