@@ -16,7 +16,7 @@ import msgpack
 
 from flux import errors
 
-VERSION: Final = 1
+VERSION: Final = 2
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 HEADER = struct.Struct(">I")
 
@@ -28,15 +28,15 @@ ERROR: Final = 3          # [ERROR, rid, code, message, details]
 PING: Final = 4           # [PING, rid]
 PONG: Final = 5           # [PONG, rid]
 # publishing
-PUBLISH: Final = 10       # [PUBLISH, rid, [[topic, id, payload], ...]]
-PUBLISHED: Final = 11     # [PUBLISHED, rid, generation, [[status, a, b], ...]]
+PUBLISH: Final = 10       # [PUBLISH, rid, [[topic, [id, ...], [payload, ...]], ...]] (groups)
+PUBLISHED: Final = 11     # [PUBLISHED, rid, generation, [[offsets, duplicates, refused], ...]]
 # push subscriptions
 SUBSCRIBE: Final = 20     # [SUBSCRIBE, rid, sid, {options}]
 SUBSCRIBED: Final = 21    # [SUBSCRIBED, rid, sid, {reply}]
 UNSUBSCRIBE: Final = 22   # [UNSUBSCRIBE, rid, sid]
 UNSUBSCRIBED: Final = 23  # [UNSUBSCRIBED, rid, sid]
 CREDIT: Final = 24        # [CREDIT, sid, n]
-DELIVER: Final = 30       # [DELIVER, sid, generation, [[offset, id, payload, timestamp, attempt], ...]]
+DELIVER: Final = 30       # [DELIVER, sid, generation, attempt, offsets, ids, payloads, timestamps]
 SUB_ENDED: Final = 31     # [SUB_ENDED, sid, code, message]
 ACK: Final = 40           # [ACK, rid, sid, generation, [offset, ...], through]
 ACKED: Final = 41         # [ACKED, rid, sid, cursor, [[offset, code, message], ...]]
@@ -58,8 +58,8 @@ KIND_NAMES: Final = {
     and k not in {"VERSION", "DEFAULT_MAX_FRAME_BYTES"}
 }
 
-# publish result status (first element of each PUBLISHED item); errors use their code
-OK: Final = 0
+# the offset PUBLISHED gives a refused item (its error is in the group's ``refused``)
+REFUSED: Final = -1
 
 MAX_TOPIC_BYTES: Final = 255
 MAX_ID_BYTES: Final = 128

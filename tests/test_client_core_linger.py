@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_client_core_support import GEN, open_shard, out, ready_core, reopen_shard
+from test_client_core_support import ids_of, open_shard, out, published, ready_core, reopen_shard
 
 from flux import protocol as P
 
@@ -20,7 +20,7 @@ def test_without_linger_a_lone_publish_goes_out_at_once() -> None:
     core.publish("t", b"x", "a", 0.0)
     conn = open_shard(core)
     [frame] = out(core, conn)
-    assert frame[0] == P.PUBLISH and len(frame[2]) == 1
+    assert frame[0] == P.PUBLISH and ids_of(frame) == ["a"]
 
 
 def test_partial_batch_waits_for_linger_then_goes_in_one_frame() -> None:
@@ -34,7 +34,7 @@ def test_partial_batch_waits_for_linger_then_goes_in_one_frame() -> None:
     core.tick(0.5)
     assert conn.id in core.take_writable()
     [frame] = out(core, conn, 0.5)
-    assert [item[1] for item in frame[2]] == ["a", "b"]
+    assert frame[2] == [["t", ["a", "b"], [b"a", b"b"]]]
     assert core.next_deadline() > 0.5  # nothing left due: the shell's timer does not spin
 
 
@@ -43,7 +43,7 @@ def test_a_full_batch_does_not_linger() -> None:
     for i in range(300):
         core.publish("t", b"x", f"id{i}", 0.0)
     conn = open_shard(core)
-    assert [len(f[2]) for f in out(core, conn, 0.0)] == [256]
+    assert [len(ids_of(f)) for f in out(core, conn, 0.0)] == [256]
     assert core.next_deadline() == 1.0  # the 44 left wait for more, at most until then
 
 
@@ -57,8 +57,8 @@ def test_a_due_linger_timer_with_a_full_window_is_not_rearmed_until_a_reply() ->
     core.tick(0.5)
     assert out(core, conn, 0.5) == [] and core.next_deadline() > 0.5
     first = frames[0]
-    core.receive(conn.id, [P.PUBLISHED, first[1], GEN, [[0, i, False] for i in range(256)]], 0.6)
-    assert [len(f[2]) for f in out(core, conn, 0.6)] == [256]
+    published(core, conn, first, list(range(256)), now=0.6)
+    assert [len(ids_of(f)) for f in out(core, conn, 0.6)] == [256]
 
 
 def test_a_retried_publish_does_not_linger_again() -> None:

@@ -83,7 +83,8 @@ def test_refused_ack_surfaces_from_the_iterator() -> None:
     msg = core.next_message(sub)
     assert msg is not None
     core.ack(sub, msg, 0.0)
-    [ack] = [f for f in out(core, conn) if f[0] == P.ACK]
+    core.tick(0.005)  # held acks go out within ACK_DELAY
+    [ack] = [f for f in out(core, conn, 0.005) if f[0] == P.ACK]
     assert ack[2:] == [sid, GEN, [0], -1]
     core.receive(conn.id, [P.ACKED, ack[1], sid, 0,
                            [[0, errors.NotDelivered.code, "not delivered"]]], 0.0)
@@ -92,7 +93,7 @@ def test_refused_ack_surfaces_from_the_iterator() -> None:
     assert core.next_message(sub) is None  # not sticky: the subscription goes on
 
 
-def test_acks_wait_briefly_while_the_consumer_has_buffered_messages() -> None:
+def test_acks_wait_briefly_to_share_a_frame() -> None:
     core = ready_core()
     core.subscribe("t", "warm", now=0.0)
     conn = open_shard(core)
@@ -114,9 +115,26 @@ def test_acks_wait_briefly_while_the_consumer_has_buffered_messages() -> None:
         assert [f for f in out(core, conn, 2.0) if f[0] == P.ACK] == []
     last = core.next_message(sub)
     assert last is not None and not sub.buffer
-    core.ack(sub, last, 2.0)  # the buffer is empty: the consumer is about to wait, flush now
-    [ack] = [f for f in out(core, conn, 2.0) if f[0] == P.ACK]
+    core.ack(sub, last, 2.0)  # the buffer is empty: still held (more may come to share it)
+    assert [f for f in out(core, conn, 2.0) if f[0] == P.ACK] == []
+    assert core.next_deadline() == pytest.approx(2.005)
+    core.tick(2.005)
+    [ack] = [f for f in out(core, conn, 2.005) if f[0] == P.ACK]
     assert ack[4:] == [[], 9]
+
+
+def test_a_full_batch_of_acks_goes_at_once() -> None:
+    core = ready_core()
+    core.subscribe("t", "warm", now=0.0)
+    conn = open_shard(core)
+    out(core, conn)
+    sub, sid = subscribed(core, conn, prefetch=8)   # a batch is prefetch // 4 acks
+    deliver(core, conn, sid, *[(o, 1) for o in range(3)])
+    for _ in range(2):
+        msg = core.next_message(sub)
+        assert msg is not None
+        assert core.ack(sub, msg, 1.0)
+    assert [f[4:] for f in out(core, conn, 1.0) if f[0] == P.ACK] == [[[], 1]]
 
 
 @pytest.mark.parametrize(("code", "exc"), [(61, errors.SubscriptionInactive),
@@ -159,9 +177,10 @@ def test_resubscribe_after_a_lost_connection_carries_generation_and_resume_point
     assert sub.ack_on_arrival == {3}
     deliver(core, conn2, again[2], (2, 1), (3, 1), (4, 1))
     assert [m.offset for m in iter(lambda: core.next_message(sub), None)] == [2, 4]
-    frames = out(core, conn2, now)
+    core.tick(now + 0.005)
+    frames = out(core, conn2, now + 0.005)
     assert [f[4:] for f in frames if f[0] == P.ACK] == [[[3], -1]]
-    assert [f[2] for f in frames if f[0] == P.CREDIT] == [3]
+    assert sub.credit_owed == 3  # credit goes back in quarters of prefetch
 
 
 def test_new_generation_forgets_acks_of_the_old_one() -> None:
@@ -211,7 +230,8 @@ def test_cumulative_ack_never_covers_an_offset_the_user_did_not_ack(
     covered: set[int] = set()
 
     def flush() -> None:
-        for frame in out(core, conn):
+        core.tick(1.0)  # held acks are due
+        for frame in out(core, conn, 1.0):
             if frame[0] == P.ACK:
                 explicit, through = frame[4], frame[5]
                 assert set(explicit) <= acked
@@ -226,3 +246,21 @@ def test_cumulative_ack_never_covers_an_offset_the_user_did_not_ack(
             flush()
     flush()
     assert covered == acked
+
+
+@pytest.mark.parametrize("frame", [
+    [P.DELIVER, 0, GEN, 1, [0, 1], ["a"], [b"a", b"b"], [1.0, 1.0]],   # unequal lengths
+    [P.DELIVER, 0, GEN, 1, [0], ["a"], [b"a"]],                        # an array missing
+    [P.DELIVER, 0, GEN, "1", [0], ["a"], [b"a"], [1.0]],               # attempt not an int
+    [P.DELIVER, 0, GEN, 1, 0, "a", b"a", 1.0],                         # not arrays
+])
+def test_a_malformed_deliver_closes_the_connection(frame: list[object]) -> None:
+    core = ready_core()
+    core.subscribe("t", "warm", now=0.0)
+    conn = open_shard(core)
+    out(core, conn)
+    sub, sid = subscribed(core, conn)
+    frame[1] = sid
+    core.receive(conn.id, frame, 0.0)
+    assert core.take_closes() == [conn.id]
+    assert sub.status == "waiting" and not sub.buffer

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_core_support import GEN, Shard
 
 from flux import errors
 from flux import protocol as P
+from flux.shard.subscription import Subscription
 
 QUIET = {"message.cleanup_time": 1000.0, "subscriber.cleanup_time": 1000.0}
 
@@ -222,7 +225,7 @@ def test_an_ack_opens_the_window_for_the_next_first_delivery() -> None:
     client.publish("a", "b")
     client.take()
     reply = client.send([P.ACK, 500, 1, GEN, [0], -1])
-    assert reply == [[P.ACKED, 500, 1, 1, []], [P.DELIVER, 1, GEN, [[1, "b", b"b", 0.0, 1]]]]
+    assert reply == [[P.ACKED, 500, 1, 1, []], [P.DELIVER, 1, GEN, 1, [1], ["b"], [b"b"], [0.0]]]
 
 
 def test_offset_acked_before_a_reattach_is_not_pushed_when_the_cursor_jumps_over_it() -> None:
@@ -241,3 +244,33 @@ def test_offset_acked_before_a_reattach_is_not_pushed_when_the_cursor_jumps_over
     assert client.deliveries(2) == [(2, 1)]
     assert client.ack(2, 2) == (3, [])
     assert client.deliveries(2) == []
+
+
+@settings(max_examples=300)
+@given(cursor=st.integers(0, 5), acked=st.sets(st.integers(0, 12), max_size=3),
+       # mostly no gap: a run of offsets from the cursor, the case done in bulk
+       pushed=st.lists(st.tuples(st.integers(0, 5).map(lambda g: max(0, g - 3)),
+                                 st.integers(1, 3)), max_size=8),
+       through=st.integers(-1, 16))
+def test_ack_through_in_bulk_is_acking_each_offset_in_turn(
+        cursor: int, acked: set[int], pushed: list[tuple[int, int]], through: int) -> None:
+    """Acks: the bulk cases of ack_through (everything or a prefix from the cursor) end
+    in the same cursor, acked set and in-flight pushes as acking offset by offset."""
+    in_flight: dict[int, int] = {}
+    offset = cursor
+    for gap, pushes in pushed:  # increasing offsets above the cursor, not acked ones
+        offset += gap
+        while offset in acked:
+            offset += 1
+        in_flight[offset] = pushes
+        offset += 1
+    subs = [Subscription(topic="t", name="s", ephemeral=False, mode="push", cursor=cursor,
+                         start_offset=0, created_at=0.0,
+                         acked={o for o in acked if o > cursor}, in_flight=dict(in_flight))
+            for _ in range(2)]
+    count = subs[0].ack_through(through)
+    expected = sum(subs[1].ack(o) for o in list(in_flight) if o <= through)
+    assert count == expected
+    assert (subs[0].cursor, subs[0].acked, subs[0].in_flight) == \
+        (subs[1].cursor, subs[1].acked, subs[1].in_flight)
+    assert list(subs[0].in_flight) == sorted(subs[0].in_flight)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_core_support import GEN, TOPIC, Shard
+from test_core_support import GEN, OK, TOPIC, Shard, item_rows
 
 from flux import errors
 from flux import protocol as P
@@ -116,13 +116,16 @@ def test_bad_sid_in_subscribe_is_invalid_request() -> None:
 BAD_FRAMES: list[tuple[list[Any], type[errors.FluxError]]] = [
     ([999, 40], errors.InvalidRequest),                       # unknown kind
     ([P.PONG, 40], errors.InvalidRequest),                    # a server->client kind
-    ([P.DELIVER, 40, GEN, []], errors.InvalidRequest),
+    ([P.DELIVER, 40, GEN, 1, [], [], [], []], errors.InvalidRequest),
     ([P.HELLO_OK, 40, {}], errors.InvalidRequest),
     ([P.REGISTER, 40, {}], errors.InvalidRequest),            # router control, not for clients
     ([P.PING], errors.InvalidRequest),
     ([P.PUBLISH, 40], errors.InvalidRequest),
     ([P.PUBLISH, 40, {"topic": TOPIC}], errors.InvalidRequest),
     ([P.PUBLISH, 40, None], errors.InvalidRequest),
+    ([P.PUBLISH, 40, [[TOPIC, "c", b""]]], errors.InvalidRequest),         # a v1 item
+    ([P.PUBLISH, 40, [[TOPIC, ["c"], [b""]], [TOPIC, ["d"], []]]], errors.InvalidRequest),
+    ([P.PUBLISH, 40, [[TOPIC, ["c"], [b""]], [TOPIC, ["d"]]]], errors.InvalidRequest),
     ([P.SUBSCRIBE, 40, 3], errors.InvalidRequest),
     ([P.SUBSCRIBE, 40, 3, [TOPIC]], errors.InvalidRequest),
     ([P.UNSUBSCRIBE, 40], errors.InvalidRequest),
@@ -191,9 +194,12 @@ def test_wrong_shard_for_every_request_naming_a_topic() -> None:
     shard = Shard(index=0, shard_count=2)
     mine, theirs = _topic_of_shard(0, 2), _topic_of_shard(1, 2)
     client = shard.connect()
-    reply = client.publish_frame([[theirs, "a", b""], [mine, "a", b""]])
-    assert [r[0] for r in reply[3]] == [errors.WrongShard.code, P.OK]
-    assert "belongs to shard 1" in reply[3][0][1]
+    reply = client.publish_frame([[theirs, ["a", "b"], [b"", b""]], [mine, ["a"], [b""]]])
+    [[offsets, duplicates, refused], ok] = reply[3]
+    assert (offsets, duplicates) == ([P.REFUSED, P.REFUSED], [])
+    assert [r[:2] for r in refused] == [[0, errors.WrongShard.code], [1, errors.WrongShard.code]]
+    assert "belongs to shard 1" in refused[0][2]
+    assert ok == [[0], [], []]
     for frame in ([P.SUBSCRIBE, 7, 1, {"topic": theirs, "name": "s"}],
                   [P.FETCH, 7, {"topic": theirs}],
                   [P.COMMIT, 7, {"topic": theirs, "name": "s", "generation": GEN, "offset": 0}]):
@@ -207,7 +213,7 @@ def test_wrong_shard_check_can_be_disabled() -> None:
     shard = Shard(index=0, shard_count=2)
     shard.core.check_ownership = False
     client = shard.connect()
-    assert client.publish("a", topic=_topic_of_shard(1, 2)) == [[P.OK, 0, False]]
+    assert client.publish("a", topic=_topic_of_shard(1, 2)) == [[OK, 0, False]]
 
 
 # -- fuzz ----------------------------------------------------------------------------------
@@ -235,6 +241,12 @@ _frames = st.one_of(
     st.builds(lambda k, rid, o: [k, rid, o], _kinds, st.integers(0, 5), _options),
     st.builds(lambda rid, items: [P.PUBLISH, rid, items], st.integers(0, 5),
               st.lists(st.lists(_values, max_size=4), max_size=4)),
+    st.builds(lambda rid, groups: [P.PUBLISH, rid, groups], st.integers(0, 5),
+              st.lists(st.builds(lambda t, column: [t, [c[0] for c in column],
+                                                    [c[1] for c in column]],
+                                 st.sampled_from([TOPIC, "other.topic", "bad topic", None]),
+                                 st.lists(st.tuples(_values, _values), max_size=4)),
+                       max_size=3)),
     st.builds(lambda rid, sid, gen, offs, t: [P.ACK, rid, sid, gen, offs, t], st.integers(0, 5),
               st.integers(0, 3), st.sampled_from([GEN, GEN + 1, None]),
               st.lists(_values, max_size=4), _values),
@@ -255,6 +267,8 @@ def test_no_decodable_frame_raises_or_loses_stored_data(frames: list[list[Any]])
         shard.after(1.0)
         for got in client.take():
             assert isinstance(got, list) and type(got[0]) is int
+            if got[0] == P.PUBLISHED:
+                item_rows(decoded[2], got)  # one well-formed result per group
             if got[0] == P.ERROR:
                 assert got[2] in KNOWN_CODES, got
                 assert isinstance(got[3], str) and got[3]

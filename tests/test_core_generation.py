@@ -90,7 +90,7 @@ def test_every_reply_carries_the_generation() -> None:
     shard = Shard(generation=12345)
     client = shard.connect()
     client.subscribe(1, name="s")
-    reply = client.publish_frame([["orders.eu", "a", b""]])
+    reply = client.publish_frame([["orders.eu", ["a"], [b""]]])
     assert reply[2] == 12345
     [deliver] = client.take(P.DELIVER)
     assert deliver[2] == 12345

@@ -173,13 +173,15 @@ class ShardState:
                 if o not in sub.acked and o not in att.delivered]
 
     def _on_deliver(self, conn: int, frame: list[Any]) -> None:
-        _, sid, generation, items = frame
+        _, sid, generation, attempt, offsets, ids, payloads, times = frame
         assert generation == GEN
+        assert type(attempt) is int and attempt >= 1
+        assert len(offsets) == len(ids) == len(payloads) == len(times) > 0
         att = self.atts.get((conn, sid))
         assert att is not None and att.live, f"DELIVER to a detached sid {sid} on {conn}"
-        repushed = [item[0] for item in items if item[4] > 1]
-        assert repushed == sorted(repushed), "G1: redeliveries due together in offset order"
-        for offset, mid, payload, ts, attempt in items:
+        if attempt > 1:
+            assert offsets == sorted(offsets), "G1: redeliveries due together in offset order"
+        for offset, mid, payload, ts in zip(offsets, ids, payloads, times, strict=True):
             assert offset >= att.sub.start, "G2: delivered before the subscription's start"
             assert offset not in att.sub.acked and offset >= att.sub.cursor(), \
                 "G1: delivered an offset the subscription acked"

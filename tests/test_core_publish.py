@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from test_core_support import GEN, TOPIC, Shard
+import copy
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_core_support import GEN, OK, TOPIC, Shard, item_rows
 
 from flux import errors
 from flux import protocol as P
+from flux.shard.core import ShardCore
 
 
 def test_offsets_start_at_zero_and_increase_in_accept_order() -> None:
     """G1: a topic's offsets are 0, 1, 2, ... in the order the shard accepts publishes."""
     shard = Shard()
     client = shard.connect()
-    assert client.publish("a", "b", "c") == [[P.OK, 0, False], [P.OK, 1, False], [P.OK, 2, False]]
-    assert client.publish("d") == [[P.OK, 3, False]]
+    assert client.publish("a", "b", "c") == [[OK, 0, False], [OK, 1, False], [OK, 2, False]]
+    assert client.publish("d") == [[OK, 3, False]]
 
 
 def test_each_topic_has_its_own_offsets() -> None:
@@ -29,8 +37,8 @@ def test_publish_ack_carries_offset_generation_and_duplicate_flag() -> None:
     """G2: the PUBLISHED reply answers the rid with the generation and per-item results."""
     shard = Shard()
     client = shard.connect()
-    reply = client.request([P.PUBLISH, 77, [[TOPIC, "x", b"1"], [TOPIC, "x", b"2"]]])
-    assert reply == [P.PUBLISHED, 77, GEN, [[P.OK, 0, False], [P.OK, 0, True]]]
+    reply = client.request([P.PUBLISH, 77, [[TOPIC, ["x", "x"], [b"1", b"2"]]]])
+    assert reply == [P.PUBLISHED, 77, GEN, [[[0, 0], [1], []]]]
 
 
 def test_offsets_are_never_reused_after_cleanup() -> None:
@@ -59,7 +67,7 @@ def test_duplicate_publish_returns_original_offset() -> None:
     shard = Shard()
     client = shard.connect()
     client.publish("a", "b")
-    assert client.publish("a") == [[P.OK, 0, True]]
+    assert client.publish("a") == [[OK, 0, True]]
     assert shard.topic_stats()["next_offset"] == 2
     assert client.publish_one("c") == 2
 
@@ -69,7 +77,7 @@ def test_duplicate_from_another_connection_is_detected() -> None:
     shard = Shard()
     first, second = shard.connect(), shard.connect()
     first.publish("a", "b")
-    assert second.publish("b") == [[P.OK, 1, True]]
+    assert second.publish("b") == [[OK, 1, True]]
 
 
 def test_same_id_on_another_topic_is_not_a_duplicate() -> None:
@@ -77,7 +85,7 @@ def test_same_id_on_another_topic_is_not_a_duplicate() -> None:
     shard = Shard()
     client = shard.connect()
     client.publish("a", topic="t.one")
-    assert client.publish("a", topic="t.two") == [[P.OK, 0, False]]
+    assert client.publish("a", topic="t.two") == [[OK, 0, False]]
 
 
 def test_duplicate_returns_original_offset_after_the_message_was_cleaned_up() -> None:
@@ -87,7 +95,7 @@ def test_duplicate_returns_original_offset_after_the_message_was_cleaned_up() ->
     client.publish("a", "b")
     shard.advance(30.0)
     assert shard.topic_stats()["held"] == 0
-    assert client.publish("a") == [[P.OK, 0, True]]
+    assert client.publish("a") == [[OK, 0, True]]
 
 
 def test_id_is_stored_anew_after_the_dedup_window() -> None:
@@ -96,10 +104,10 @@ def test_id_is_stored_anew_after_the_dedup_window() -> None:
     client = shard.connect()
     client.publish("a")
     shard.advance(49.0)
-    assert client.publish("a") == [[P.OK, 0, True]]
+    assert client.publish("a") == [[OK, 0, True]]
     shard.advance(50.0)
-    assert client.publish("a") == [[P.OK, 1, False]]
-    assert client.publish("a") == [[P.OK, 1, True]]
+    assert client.publish("a") == [[OK, 1, False]]
+    assert client.publish("a") == [[OK, 1, True]]
 
 
 def test_duplicate_does_not_extend_the_dedup_window() -> None:
@@ -108,9 +116,9 @@ def test_duplicate_does_not_extend_the_dedup_window() -> None:
     client = shard.connect()
     client.publish("a")
     shard.advance(45.0)
-    assert client.publish("a") == [[P.OK, 0, True]]
+    assert client.publish("a") == [[OK, 0, True]]
     shard.advance(51.0)
-    assert client.publish("a") == [[P.OK, 1, False]]
+    assert client.publish("a") == [[OK, 1, False]]
 
 
 def test_new_generation_starts_with_an_empty_dedup_window() -> None:
@@ -119,7 +127,7 @@ def test_new_generation_starts_with_an_empty_dedup_window() -> None:
     old.connect().publish("a", "b")
     new = Shard(generation=GEN + 1)
     client = new.connect()
-    assert client.publish("b") == [[P.OK, 0, False]]
+    assert client.publish("b") == [[OK, 0, False]]
 
 
 def test_publish_that_would_pass_max_bytes_gets_topic_full() -> None:
@@ -128,7 +136,7 @@ def test_publish_that_would_pass_max_bytes_gets_topic_full() -> None:
     shard = Shard({"topic.max_bytes": 48})
     client = shard.connect()
     results = client.publish("id0", "id1", "id2", "id3", payload=b"0123456789")
-    assert results[:3] == [[P.OK, 0, False], [P.OK, 1, False], [P.OK, 2, False]]
+    assert results[:3] == [[OK, 0, False], [OK, 1, False], [OK, 2, False]]
     assert results[3][0] == errors.TopicFull.code
     assert results[3][2] is None
     assert shard.topic_stats()["next_offset"] == 3
@@ -140,7 +148,7 @@ def test_topic_full_is_exact_at_the_limit() -> None:
     shard = Shard({"topic.max_bytes": 16})
     client = shard.connect()
     assert client.publish("abc", payload=b"x" * 11)[0][0] == errors.TopicFull.code
-    assert client.publish("abc", payload=b"x" * 10) == [[P.OK, 0, False]]
+    assert client.publish("abc", payload=b"x" * 10) == [[OK, 0, False]]
 
 
 def test_dedup_check_comes_before_topic_full() -> None:
@@ -149,7 +157,7 @@ def test_dedup_check_comes_before_topic_full() -> None:
     client = shard.connect()
     client.publish("id0", "id1", payload=b"0123456789")
     assert client.publish("id2", payload=b"0123456789")[0][0] == errors.TopicFull.code
-    assert client.publish("id1", payload=b"0123456789") == [[P.OK, 1, True]]
+    assert client.publish("id1", payload=b"0123456789") == [[OK, 1, True]]
 
 
 def test_topic_full_clears_after_cleanup_frees_messages_and_ids() -> None:
@@ -160,7 +168,7 @@ def test_topic_full_clears_after_cleanup_frees_messages_and_ids() -> None:
     assert client.publish("id2", payload=b"0123456789")[0][0] == errors.TopicFull.code
     shard.advance(30.0)  # messages trimmed (ttl 20), ids still remembered (window 50)
     assert shard.topic_stats()["held"] == 0
-    assert client.publish("id2", payload=b"0123456789")[0][0] == P.OK
+    assert client.publish("id2", payload=b"0123456789")[0][0] == OK
 
 
 def test_topic_full_refusal_is_not_remembered_as_accepted() -> None:
@@ -170,7 +178,7 @@ def test_topic_full_refusal_is_not_remembered_as_accepted() -> None:
     client.publish("id0", payload=b"0123456789")
     assert client.publish("id1", payload=b"0123456789")[0][0] == errors.TopicFull.code
     shard.advance(60.0)
-    assert client.publish("id1", payload=b"0123456789") == [[P.OK, 1, False]]
+    assert client.publish("id1", payload=b"0123456789") == [[OK, 1, False]]
 
 
 def test_more_than_buffer_publishes_of_one_topic_in_a_frame_get_busy() -> None:
@@ -178,60 +186,128 @@ def test_more_than_buffer_publishes_of_one_topic_in_a_frame_get_busy() -> None:
     shard = Shard({"topic.buffer": 3})
     client = shard.connect()
     results = client.publish("a", "b", "c", "d", "e")
-    assert results[:3] == [[P.OK, 0, False], [P.OK, 1, False], [P.OK, 2, False]]
+    assert results[:3] == [[OK, 0, False], [OK, 1, False], [OK, 2, False]]
     assert [r[0] for r in results[3:]] == [errors.Busy.code, errors.Busy.code]
     assert shard.topic_stats()["next_offset"] == 3
     # Busy is retryable with the same id: the ids were not accepted
-    assert client.publish("d", "e") == [[P.OK, 3, False], [P.OK, 4, False]]
+    assert client.publish("d", "e") == [[OK, 3, False], [OK, 4, False]]
 
 
 def test_buffer_is_counted_per_topic_within_a_frame() -> None:
     """topic.buffer limits publishes of *one* topic per frame, not of the whole frame."""
     shard = Shard({"topic.buffer": 2})
     client = shard.connect()
-    reply = client.publish_frame([["t.a", "1", b""], ["t.b", "1", b""], ["t.a", "2", b""],
-                                  ["t.b", "2", b""], ["t.a", "3", b""]])
-    assert [r[0] for r in reply[3]] == [P.OK, P.OK, P.OK, P.OK, errors.Busy.code]
+    rows = client.publish_rows([["t.a", "1", b""], ["t.b", "1", b""], ["t.a", "2", b""],
+                                ["t.b", "2", b""], ["t.a", "3", b""]])
+    assert [r[0] for r in rows] == [OK, OK, OK, OK, errors.Busy.code]
 
 
 def test_busy_limit_resets_with_each_frame() -> None:
     shard = Shard({"topic.buffer": 2})
     client = shard.connect()
-    assert [r[0] for r in client.publish("a", "b")] == [P.OK, P.OK]
-    assert [r[0] for r in client.publish("c", "d")] == [P.OK, P.OK]
+    assert [r[0] for r in client.publish("a", "b")] == [OK, OK]
+    assert [r[0] for r in client.publish("c", "d")] == [OK, OK]
 
 
-def test_bad_item_in_a_batch_gets_its_own_error_and_others_are_stored() -> None:
-    """G8: inside a batch each item gets its own result."""
+def test_bad_item_in_a_group_gets_its_own_error_and_others_are_stored() -> None:
+    """G8: inside a group each item gets its own result; the good ones are stored."""
     shard = Shard()
     client = shard.connect()
+    ids: list[object] = ["ok1", "", "ok3", "i" * 129, 5, "ok5", None]
+    payloads: list[object] = [b"x", b"x", "not bytes", b"x", b"x", b"y", b"z"]
+    reply = client.publish_frame([[TOPIC, ids, payloads]])
+    [[offsets, duplicates, refused]] = reply[3]
+    assert offsets == [0, -1, -1, -1, -1, 1, -1]
+    assert duplicates == []
+    assert [(i, code) for i, code, _ in refused] == [
+        (1, errors.InvalidMessageId.code), (2, errors.InvalidRequest.code),
+        (3, errors.InvalidMessageId.code), (4, errors.InvalidMessageId.code),
+        (6, errors.InvalidMessageId.code)]
+    assert all(isinstance(message, str) and message for *_, message in refused)
+    assert [m[:3] for m in client.fetch()[2]["messages"]] == [[0, "ok1", b"x"], [1, "ok5", b"y"]]
+
+
+def test_a_bad_topic_refuses_every_item_of_its_group_only() -> None:
+    """G8: InvalidTopic is per group; the other groups of the frame are stored."""
+    shard = Shard()
+    client = shard.connect()
+    reply = client.publish_frame([["bad topic!", ["a", "b"], [b"", b""]],
+                                  [TOPIC, ["a"], [b""]], [7, ["c"], [b""]]])
+    bad, good, not_a_name = reply[3]
+    assert bad[0] == [-1, -1] and bad[1] == []
+    assert [(i, code) for i, code, _ in bad[2]] == [(0, errors.InvalidTopic.code),
+                                                    (1, errors.InvalidTopic.code)]
+    assert good == [[0], [], []]
+    assert not_a_name[0] == [-1] and not_a_name[2][0][:2] == [0, errors.InvalidTopic.code]
+    assert list(shard.stats()["topics"]) == [TOPIC]
+
+
+@pytest.mark.parametrize("groups", [
+    None, {"topic": TOPIC}, "groups", [[TOPIC, ["a"], [b""]], "not a group"],
+    [[TOPIC, ["a"], [b""]], [TOPIC, ["b"]]], [[TOPIC, ["a"], [b""]], [TOPIC, ["b"], [b""], 1]],
+    [[TOPIC, ["a"], [b""]], [TOPIC, "b", b""]], [[TOPIC, ["a"], [b""]], [TOPIC, ["b"], b""]],
+    [[TOPIC, ["a"], [b""]], [TOPIC, ["b", "c"], [b""]]], [[TOPIC, ["a"], [b"", b""]]],
+    [[TOPIC, ["a"], [b""]], ("t", ["b"], [b""])],
+])
+def test_a_badly_built_group_refuses_the_whole_frame_and_stores_nothing(groups: Any) -> None:
+    """G8: the structure of every group is checked before anything is stored."""
+    shard = Shard()
+    client = shard.connect()
+    reply = client.request([P.PUBLISH, 9, groups])
+    assert reply[:3] == [P.ERROR, 9, errors.InvalidRequest.code]
+    assert shard.stats()["topics"] == {}
+    assert client.publish("a") == [[OK, 0, False]]  # "a" was not remembered either
+
+
+def test_a_topic_in_two_groups_of_a_frame_shares_offsets_dedup_and_buffer() -> None:
+    """G1/G3: groups of one topic are handled in order: offsets continue, an id of an
+    earlier group is a duplicate, and topic.buffer counts the items of every group."""
+    shard = Shard({"topic.buffer": 4})
+    client = shard.connect()
     reply = client.publish_frame([
-        [TOPIC, "ok1", b"x"],
-        [TOPIC, "", b"x"],             # empty id
-        ["bad topic!", "ok2", b"x"],   # invalid topic name
-        [TOPIC, "ok3", "not bytes"],   # payload must be binary
-        [TOPIC, "ok4"],                # too short
-        "not an item",
-        [TOPIC, "i" * 129, b"x"],      # id over 128 bytes
-        [TOPIC, 5, b"x"],              # id not a string
-        [TOPIC, "ok5", b"y"],
+        [TOPIC, ["a", "b"], [b"1", b"2"]],
+        ["t.other", ["a"], [b"3"]],
+        [TOPIC, ["c", "a"], [b"4", b"5"]],
+        [TOPIC, ["d", "e"], [b"6", b"7"]],
     ])
-    codes = [r[0] for r in reply[3]]
-    assert codes == [P.OK, errors.InvalidMessageId.code, errors.InvalidTopic.code,
-                     errors.InvalidRequest.code, errors.InvalidRequest.code,
-                     errors.InvalidRequest.code, errors.InvalidMessageId.code,
-                     errors.InvalidMessageId.code, P.OK]
-    assert reply[3][0] == [P.OK, 0, False]
-    assert reply[3][-1] == [P.OK, 1, False]
-    for r in reply[3][1:-1]:
-        assert isinstance(r[1], str) and r[1] and r[2] is None
+    assert reply[3][:3] == [[[0, 1], [], []], [[0], [], []], [[2, 0], [1], []]]
+    # the duplicate counted toward the buffer: "d" is the fifth item of the topic
+    offsets, duplicates, refused = reply[3][3]
+    assert (offsets, duplicates) == ([-1, -1], [])
+    assert [(i, code) for i, code, _ in refused] == [(0, errors.Busy.code), (1, errors.Busy.code)]
+    assert shard.topic_stats()["next_offset"] == 3
+
+
+def test_an_id_twice_in_one_group_is_stored_once() -> None:
+    """G3: the second copy in the same group is a duplicate of the first."""
+    shard = Shard()
+    client = shard.connect()
+    reply = client.publish_frame([[TOPIC, ["a", "b", "a", "a"], [b"1", b"2", b"3", b"4"]]])
+    assert reply[3] == [[[0, 1, 0, 0], [2, 3], []]]
+    assert shard.topic_stats()["next_offset"] == 2
+
+
+def test_with_no_dedup_window_an_id_twice_in_one_group_is_stored_twice() -> None:
+    """G3: a zero window remembers nothing, not even within a frame."""
+    shard = Shard({"message.dedup_window": 0.0})
+    client = shard.connect()
+    reply = client.publish_frame([[TOPIC, ["a", "a"], [b"1", b"2"]], [TOPIC, ["a"], [b"3"]]])
+    assert reply[3] == [[[0, 1], [], []], [[2], [], []]]
+
+
+def test_an_empty_group_gets_an_empty_result_and_creates_no_topic() -> None:
+    shard = Shard()
+    client = shard.connect()
+    reply = client.publish_frame([[TOPIC, [], []], ["bad topic!", [], []]])
+    assert reply[3] == [[[], [], []], [[], [], []]]
+    assert shard.stats()["topics"] == {}
 
 
 def test_publish_while_draining_is_refused_as_shutting_down() -> None:
     shard = Shard()
     client = shard.connect()
     shard.core.drain()
-    reply = client.publish_frame([[TOPIC, "a", b""]])
+    reply = client.publish_frame([[TOPIC, ["a"], [b""]]])
     assert reply[0] == P.ERROR and reply[2] == errors.ShuttingDown.code
     assert TOPIC not in shard.stats()["topics"]
 
@@ -245,10 +321,10 @@ def test_expired_ids_stop_counting_toward_max_bytes_before_the_next_cleanup_pass
     shard = Shard({"topic.max_bytes": 16})
     client = shard.connect()
     shard.advance(1.0)
-    assert client.publish("abc", payload=b"0123456789") == [[P.OK, 0, False]]
+    assert client.publish("abc", payload=b"0123456789") == [[OK, 0, False]]
     shard.advance(52.0)
     assert shard.topic_stats()["held"] == 0
-    assert client.publish("xyz", payload=b"0123456789") == [[P.OK, 1, False]]
+    assert client.publish("xyz", payload=b"0123456789") == [[OK, 1, False]]
 
 
 def test_message_that_could_not_be_delivered_in_one_frame_is_refused_as_too_large() -> None:
@@ -258,10 +334,10 @@ def test_message_that_could_not_be_delivered_in_one_frame_is_refused_as_too_larg
     shard = Shard({"max_frame_bytes": 1024})
     client = shard.connect()
     client.subscribe(1, name="s")
-    publish = [P.PUBLISH, 5, [["t", "i", b"x" * 1000]]]
+    publish = [P.PUBLISH, 5, [["t", ["i"], [b"x" * 1000]]]]
     assert len(P.encode(publish)) - 4 <= 1024  # the request itself is a legal frame
     reply = client.publish_frame(publish[2])
-    assert reply[3][0][0] == errors.MessageTooLarge.code
+    assert reply[3][0][2][0][:2] == [0, errors.MessageTooLarge.code]
     assert "t" not in shard.stats()["topics"] or shard.stats()["topics"]["t"]["next_offset"] == 0
 
 
@@ -274,7 +350,7 @@ def test_largest_accepted_message_can_be_delivered_and_fetched_in_one_frame() ->
     size = 1024
     while True:  # the largest payload the shard accepts with a 128-byte id
         [[status, *_]] = client.publish(f"{mid[:-4]}{size:04d}", payload=b"x" * size)
-        if status == P.OK:
+        if status == OK:
             break
         assert status == errors.MessageTooLarge.code
         size -= 1
@@ -297,7 +373,69 @@ def test_every_frame_carrying_large_messages_fits_max_frame_bytes() -> None:
     shard.advance(10.0)  # all five are re-pushed at once
     decoder = P.FrameDecoder(1024)
     frames = client.take(P.DELIVER)
-    assert sorted((item[0], item[4]) for f in frames for item in f[3]) == \
+    assert sorted((o, f[3]) for f in frames for o in f[4]) == \
         sorted([(o, a) for o in range(5) for a in (1, 2)])
     for frame in [*frames, client.fetch(offset=0, max_bytes=1 << 20)]:
         assert decoder.feed(P.encode(frame)) == [frame]
+
+
+# -- the fast path and the per-item path agree ----------------------------------------------
+
+# mostly the usual items (short new or repeated ids, binary payloads), some odd ones
+_ODD_IDS: list[Any] = ["é" * 32, "x" * 33, "y" * 128, "z" * 129, "é" * 65, "", 0, None]
+# with max_frame_bytes 1024, 766 bytes is the largest payload a 2-character id may carry
+_ODD_PAYLOADS: list[Any] = [b"r" * 700, b"s" * 766, "text", None]
+_ids = st.tuples(st.integers(0, 9), st.integers(0, 15)).map(
+    lambda t: f"m{t[1]}" if t[0] < 8 else _ODD_IDS[t[1] % len(_ODD_IDS)])
+_payloads = st.tuples(st.integers(0, 9), st.integers(0, 40)).map(
+    lambda t: b"p" * t[1] if t[0] < 8 else _ODD_PAYLOADS[t[1] % len(_ODD_PAYLOADS)])
+_groups = st.lists(
+    st.builds(lambda topic, items: [topic, [i for i, _ in items], [p for _, p in items]],
+              st.sampled_from([TOPIC, TOPIC, "t.two", "bad topic"]),
+              st.lists(st.tuples(_ids, _payloads), max_size=10)),
+    max_size=4)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames=st.lists(st.tuples(_groups, st.sampled_from([0.0, 1.0, 30.0])), min_size=1,
+                       max_size=6),
+       overrides=st.fixed_dictionaries({
+           "topic.buffer": st.sampled_from([3, 8, 1024]),
+           "topic.max_bytes": st.sampled_from([200, 1000, 1 << 20]),
+           "message.dedup_window": st.sampled_from([0.0, 50.0]),
+           "max_frame_bytes": st.sampled_from([1024, 1 << 20])}))
+def test_fast_and_per_item_publish_paths_give_the_same_results(
+        frames: list[tuple[list[list[Any]], float]], overrides: dict[str, Any]) -> None:
+    """G1-G3/G8: every PUBLISHED reply, and what is stored, is the same whether a group
+    takes the bulk fast path or is checked item by item."""
+    shards = [Shard(overrides), Shard(overrides)]
+    clients = [s.connect() for s in shards]
+    replies: list[list[Any]] = [[], []]
+    with mock.patch.object(ShardCore, "_publish_fast", lambda *args: None):
+        for groups, dt in frames:
+            shards[0].after(dt)
+            replies[0].append(clients[0].publish_frame(copy.deepcopy(groups)))
+    for groups, dt in frames:
+        shards[1].after(dt)
+        replies[1].append(clients[1].publish_frame(copy.deepcopy(groups)))
+    assert replies[0] == replies[1]
+    for reply, (groups, _) in zip(replies[1], frames, strict=True):
+        item_rows(groups, reply)  # well-formed: one result per group and item
+    stats = [s.stats() for s in shards]
+    for st_ in stats:
+        st_.pop("uptime")
+    assert stats[0] == stats[1]
+    for topic in (TOPIC, "t.two"):
+        assert clients[0].fetch(topic=topic) == clients[1].fetch(topic=topic)
+
+
+def test_a_plain_group_is_stored_without_the_per_item_path() -> None:
+    """The usual group (new short ids, binary payloads, room) takes the bulk path."""
+    shard = Shard()
+    client = shard.connect()
+    with mock.patch.object(ShardCore, "_publish_slow", side_effect=AssertionError):
+        reply = client.publish_frame([[TOPIC, ["a", "b"], [b"1", b"2"]],
+                                      [TOPIC, ["c"], [b"3"]]])
+    assert reply[3] == [[[0, 1], [], []], [[2], [], []]]
+    assert shard.topic_stats()["held_bytes"] == 3 + 2 * 3
+    assert shard.topic_stats()["dedup_ids"] == 3

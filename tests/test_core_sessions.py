@@ -235,7 +235,7 @@ def test_a_closed_session_ignores_further_frames() -> None:
     shard.advance(10.0)
     assert client.closed
     client.take()
-    shard.core.receive(client.conn, [P.PUBLISH, 9, [[TOPIC, "a", b""]]], shard.now)
+    shard.core.receive(client.conn, [P.PUBLISH, 9, [[TOPIC, ["a"], [b""]]]], shard.now)
     shard.collect()
     assert client.take() == []
     assert shard.topic_stats()["next_offset"] == 0

@@ -38,31 +38,43 @@ class ShardModel(ShardState, RuleBasedStateMachine):
         self.open_connection()
 
     @rule(i=st.integers(0, 9), batch=st.lists(st.tuples(st.booleans(), st.integers(0, 50),
-                                                        st.integers(0, 3)), min_size=1, max_size=4))
-    def publish(self, i: int, batch: list[tuple[bool, int, int]]) -> None:
-        """One PUBLISH frame of new ids and retried ones (possibly the same id twice)."""
+                                                        st.integers(0, 3)), min_size=1, max_size=4),
+          cuts=st.sets(st.integers(1, 3), max_size=2))
+    def publish(self, i: int, batch: list[tuple[bool, int, int]], cuts: set[int]
+                ) -> None:
+        """One PUBLISH frame of new ids and retried ones (possibly the same id twice), the
+        items split into groups of the one topic before the indexes in ``cuts``."""
         conn = self._pick_conn(i)
-        items: list[list[Any]] = []
+        groups: list[list[Any]] = []
         expected: list[list[Any]] = []
-        for new, reuse, size in batch:
+        for k, (new, reuse, size) in enumerate(batch):
+            if k == 0 or k in cuts:
+                groups.append([TOPIC, [], []])
+                expected.append([[], [], []])
             if new or not self.ids:
                 mid = f"id{len(self.ids)}"
                 self.ids.append(mid)
             else:
                 mid = self.ids[reuse % len(self.ids)]
             payload = mid.encode() * size
-            items.append([TOPIC, mid, payload])
+            index = len(groups[-1][1])
+            groups[-1][1].append(mid)
+            groups[-1][2].append(payload)
+            offsets, duplicates, _ = expected[-1]
             known = self.dedup.get(mid)
             if known is not None and self.now < known[1] + self.cfg.message.dedup_window:
-                expected.append([P.OK, known[0], True])
+                offsets.append(known[0])
+                duplicates.append(index)
                 event("publish: duplicate")
             else:
                 # stored: in the model before the DELIVERs of the same batch are checked
-                expected.append([P.OK, len(self.messages), False])
+                offsets.append(len(self.messages))
                 self.dedup[mid] = (len(self.messages), self.now)
                 self.messages.append((mid, payload, self.now))
+        if len(groups) > 1:
+            event("publish: several groups of one topic")
         rid = self._next_rid()
-        [reply] = self._send(conn, [P.PUBLISH, rid, items])
+        [reply] = self._send(conn, [P.PUBLISH, rid, groups])
         assert reply == [P.PUBLISHED, rid, GEN, expected], ("G1/G3", reply, expected)
 
     # the interesting values first: Hypothesis draws early elements more often
@@ -333,7 +345,7 @@ def _walk(seed: int, steps: int) -> None:
             m.connect()
         elif rule_name == "publish":
             m.publish(i, [(r.random() < 0.5, r.randrange(50), r.randrange(4))
-                          for _ in range(r.randint(1, 4))])
+                          for _ in range(r.randint(1, 4))], {r.randint(1, 3), r.randint(1, 6)})
         elif rule_name == "subscribe":
             m.subscribe(i, r.randint(1, 3), r.choice(["s1", "s2", None]), r.random() < 0.5,
                         r.choice([1, 2, 5]), r.choice([None, 0, 1, 3, 100]))

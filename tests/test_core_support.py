@@ -17,6 +17,8 @@ from flux.shard.core import ShardCore
 
 GEN = 0x5EED_F1A7
 TOPIC = "orders.eu"
+# the status of an accepted item in the per-item rows the helpers return (see ``item_rows``)
+OK = 0
 
 # Distinct, small values, so that no two timers coincide by accident.
 BASE: dict[str, Any] = {
@@ -158,22 +160,29 @@ class Client:
     def ping(self) -> list[Any]:
         return self.request([P.PING, self.rid()])
 
-    def publish_frame(self, items: list[list[Any]]) -> list[Any]:
-        return self.request([P.PUBLISH, self.rid(), items])
+    def publish_frame(self, groups: Any) -> list[Any]:
+        """Send one PUBLISH with these groups (``[[topic, ids, payloads], ...]``)."""
+        return self.request([P.PUBLISH, self.rid(), groups])
+
+    def publish_rows(self, rows: list[list[Any]]) -> list[list[Any]]:
+        """Publish ``[topic, id, payload]`` rows in one frame (each run of one topic is a
+        group); returns one row per item (see :func:`item_rows`)."""
+        groups = group_rows(rows)
+        reply = self.publish_frame(groups)
+        assert reply[0] == P.PUBLISHED, reply
+        assert reply[2] == self.shard.generation
+        return item_rows(groups, reply)
 
     def publish(self, *ids: str, topic: str = TOPIC, payload: bytes | None = None
                 ) -> list[list[Any]]:
-        """Publish one message per id in one frame; returns the per-item results."""
-        items = [[topic, i, payload if payload is not None else i.encode()] for i in ids]
-        reply = self.publish_frame(items)
-        assert reply[0] == P.PUBLISHED, reply
-        assert reply[2] == self.shard.generation
-        return list(reply[3])
+        """Publish one message per id in one frame; returns the per-item rows."""
+        return self.publish_rows(
+            [[topic, i, payload if payload is not None else i.encode()] for i in ids])
 
     def publish_one(self, message_id: str, topic: str = TOPIC, payload: bytes | None = None
                     ) -> int:
         [[status, offset, duplicate]] = self.publish(message_id, topic=topic, payload=payload)
-        assert status == P.OK and duplicate is False, (status, offset, duplicate)
+        assert status == OK and duplicate is False, (status, offset, duplicate)
         return int(offset)
 
     def subscribe_frame(self, sid: int, **opts: Any) -> list[Any]:
@@ -226,16 +235,14 @@ class Client:
         return [(o, a) for _, o, a in self.timed_deliveries(sid)]
 
     def timed_deliveries(self, sid: int | None = None) -> list[tuple[float, int, int]]:
-        """Take DELIVER frames; returns (time, offset, attempt) per item."""
+        """Take DELIVER frames; returns (time, offset, attempt) per message."""
         out: list[tuple[float, int, int]] = []
         keep: list[Received] = []
         for r in self.inbox:
             f = r.frame
             if f[0] == P.DELIVER and (sid is None or f[1] == sid):
                 assert f[2] == self.shard.generation
-                for item in f[3]:
-                    assert len(item) == 5
-                    out.append((r.at, item[0], item[4]))
+                out.extend((r.at, o, f[3]) for o, *_ in deliver_messages(f))
             else:
                 keep.append(r)
         self.inbox = keep
@@ -247,3 +254,50 @@ class Client:
 
     def errors(self) -> list[list[Any]]:
         return self.take(P.ERROR)
+
+
+# -- v2 frames ------------------------------------------------------------------------------
+
+
+def group_rows(rows: list[list[Any]]) -> list[list[Any]]:
+    """PUBLISH groups for ``[topic, id, payload]`` rows: one group per run of one topic."""
+    groups: list[list[Any]] = []
+    for topic, message_id, payload in rows:
+        if not groups or groups[-1][0] != topic:
+            groups.append([topic, [], []])
+        groups[-1][1].append(message_id)
+        groups[-1][2].append(payload)
+    return groups
+
+
+def item_rows(groups: list[list[Any]], reply: list[Any]) -> list[list[Any]]:
+    """A PUBLISHED reply as one row per item, in item order: ``[OK, offset, duplicate]``
+    or ``[code, message, None]`` for a refused item. Checks the reply's structure."""
+    results = reply[3]
+    assert len(results) == len(groups), (groups, reply)
+    rows: list[list[Any]] = []
+    for (_, ids, _), result in zip(groups, results, strict=True):
+        offsets, duplicates, refused = result
+        assert len(offsets) == len(ids), (ids, result)
+        assert duplicates == sorted(set(duplicates)), result
+        assert [r[0] for r in refused] == sorted({r[0] for r in refused}), result
+        errs = {i: (code, message) for i, code, message in refused}
+        for i, offset in enumerate(offsets):
+            if i in errs:
+                assert offset == P.REFUSED and i not in duplicates, result
+                code, message = errs[i]
+                assert type(code) is int and isinstance(message, str) and message, result
+                rows.append([code, message, None])
+            else:
+                assert type(offset) is int and offset >= 0, result
+                rows.append([OK, offset, i in duplicates])
+    return rows
+
+
+def deliver_messages(frame: list[Any]) -> list[tuple[int, str, bytes, float]]:
+    """A DELIVER frame's messages as (offset, id, payload, timestamp); checks its shape."""
+    assert frame[0] == P.DELIVER and len(frame) == 8, frame
+    assert type(frame[3]) is int and frame[3] >= 1, frame
+    offsets, ids, payloads, times = frame[4:]
+    assert len(offsets) == len(ids) == len(payloads) == len(times) > 0, frame
+    return list(zip(offsets, ids, payloads, times, strict=True))

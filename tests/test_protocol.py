@@ -64,7 +64,10 @@ router_hello_ok = body(
 shard_hello_ok = body(
     version=k(P.VERSION), role=k("shard"), index=st.integers(0, 63), shard_count=st.integers(1, 64),
     generation=generation, heartbeat=st.floats(0.01, 60), max_frame_bytes=u32)
-publish_result = fixed(k(P.OK), offset, st.booleans()) | fixed(code, text, st.none())
+publish_group = fixed(topic, st.lists(message_id, max_size=4), st.lists(payload, max_size=4))
+publish_result = fixed(st.lists(offset | k(P.REFUSED), max_size=4),
+                       st.lists(st.integers(0, 3), max_size=2),
+                       st.lists(fixed(st.integers(0, 3), code, text), max_size=2))
 subscribe_options = body(
     topic=topic, name=maybe() | token, mode=st.sampled_from(["push", "pull"]), read_old=st.booleans(),
     from_offset=maybe() | offset, max_in_flight=maybe() | st.integers(1, 10_000),
@@ -91,15 +94,16 @@ FRAMES: dict[int, st.SearchStrategy[list[Any]]] = {
     P.ERROR: fixed(k(P.ERROR), rid, code, text, st.dictionaries(text, plain, max_size=3)),
     P.PING: fixed(k(P.PING), rid),
     P.PONG: fixed(k(P.PONG), rid),
-    P.PUBLISH: fixed(k(P.PUBLISH), rid, st.lists(fixed(topic, message_id, payload), max_size=5)),
-    P.PUBLISHED: fixed(k(P.PUBLISHED), rid, generation, st.lists(publish_result, max_size=5)),
+    P.PUBLISH: fixed(k(P.PUBLISH), rid, st.lists(publish_group, max_size=3)),
+    P.PUBLISHED: fixed(k(P.PUBLISHED), rid, generation, st.lists(publish_result, max_size=3)),
     P.SUBSCRIBE: fixed(k(P.SUBSCRIBE), rid, sid, subscribe_options),
     P.SUBSCRIBED: fixed(k(P.SUBSCRIBED), rid, sid, subscribed_reply),
     P.UNSUBSCRIBE: fixed(k(P.UNSUBSCRIBE), rid, sid),
     P.UNSUBSCRIBED: fixed(k(P.UNSUBSCRIBED), rid, sid),
     P.CREDIT: fixed(k(P.CREDIT), sid, st.integers(0, 2**30)),
-    P.DELIVER: fixed(k(P.DELIVER), sid, generation, st.lists(
-        fixed(offset, message_id, payload, timestamp, st.integers(1, 10)), max_size=5)),
+    P.DELIVER: fixed(k(P.DELIVER), sid, generation, st.integers(1, 10), st.lists(offset, max_size=4),
+                     st.lists(message_id, max_size=4), st.lists(payload, max_size=4),
+                     st.lists(timestamp, max_size=4)),
     P.SUB_ENDED: fixed(k(P.SUB_ENDED), sid, st.sampled_from([61, 62]), text),
     P.ACK: fixed(k(P.ACK), rid, sid, generation, st.lists(offset, max_size=5), offset | k(-1)),
     P.ACKED: fixed(k(P.ACKED), rid, sid, offset, st.lists(fixed(offset, code, text), max_size=3)),
@@ -210,11 +214,33 @@ def test_length_prefix_is_4_byte_big_endian_body_size() -> None:
 
 
 def test_strings_encode_as_msgpack_str_and_payloads_as_bin() -> None:
-    wire = P.encode([P.PUBLISH, 1, [["t", "i", b"p"]]])
-    assert wire[4:] == b"\x93\x0a\x01\x91\x93\xa1t\xa1i\xc4\x01p"
+    wire = P.encode([P.PUBLISH, 1, [["t", ["i"], [b"p"]]]])
+    assert wire[4:] == b"\x93\x0a\x01\x91\x93\xa1t\x91\xa1i\x91\xc4\x01p"
     (frame,) = P.FrameDecoder().feed(wire)
-    name, mid, data = frame[2][0]
+    name, [mid], [data] = frame[2][0]
     assert type(name) is str and type(mid) is str and type(data) is bytes
+
+
+def test_protocol_md_example_bytes_are_what_encode_produces() -> None:
+    """The hex dumps of PROTOCOL.md §13 are the real encodings of the frames shown."""
+    text = PROTOCOL_MD.read_text()
+    examples = {
+        "PING [4, 1]": [P.PING, 1],
+        'HELLO [1, 1, {"version": 2, "role": "client"}]':
+            [P.HELLO, 1, {"version": P.VERSION, "role": "client"}],
+        'PUBLISH [10, 2, [["orders.eu", ["order-17"], [b"hi"]]]]':
+            [P.PUBLISH, 2, [["orders.eu", ["order-17"], [b"hi"]]]],
+        "PUBLISHED [11, 2, 0xfedcba9876543210, [[[0], [], []]]]":
+            [P.PUBLISHED, 2, 0xFEDCBA9876543210, [[[0], [], []]]],
+        "ACK [40, 3, 1, 0xfedcba9876543210, [0], -1]":
+            [P.ACK, 3, 1, 0xFEDCBA9876543210, [0], -1],
+    }
+    for title, frame in examples.items():
+        start = text.index(title)
+        end = text.find("\n\n", start)
+        dump = text[start + len(title):end if end != -1 else None].split("\n", 1)[1]
+        hex_bytes = "".join(dump.replace("`", "").split())
+        assert bytes.fromhex(hex_bytes) == P.encode(frame), title
 
 
 def test_maps_with_integer_keys_decode() -> None:

@@ -268,6 +268,8 @@ def test_log_with_batches_matches_a_dict_model(ops: list[tuple[object, ...]]) ->
             ids, payloads, times = log.span(oldest, stop)
             assert list(zip(ids, payloads, times, strict=True)) == \
                 [model[o] for o in range(oldest, stop)]
+            _, _, wall = log.span(oldest, stop, 1000.0)
+            assert wall == [1000.0 + t for t in times]
 
 
 @settings(max_examples=150, deadline=None)
@@ -306,10 +308,31 @@ def test_dedup_window_matches_a_dict_model(ops: list[tuple[str, int, int, bool]]
             if kind == "remember":
                 for i, o in fresh.items():
                     dedup.remember(i, o, now)
-            else:
-                dedup.remember_all(fresh, now)
+            elif fresh:
+                dedup.remember_all(list(fresh), next(iter(fresh.values())), now)
         for i in [f"id{j}" for j in range(7)]:
             assert dedup.get(i) == (model[i][0] if alive(i, expired_up_to) else None), i
+            assert dedup.known_any({i: 0, "never": 0}) == alive(i, expired_up_to), i
         live = [i for i in model if alive(i, expired_up_to)]
         assert len(dedup) == len(live)
         assert dedup.held_bytes == sum(len(i) for i in live)
+
+
+def test_dedup_finds_offsets_across_marks_far_back_and_after_compaction() -> None:
+    """G3: a duplicate's original offset is exact wherever the id sits in the window,
+    also once expired ids were compacted away and for runs that skip offsets."""
+    dedup = DedupWindow(10.0)
+    expected: dict[str, int] = {}
+    offset = 0
+    for batch in range(40):  # 40 runs of 100 ids, one second apart, some offsets skipped
+        ids = [f"m{batch}-{i}" for i in range(100)]
+        dedup.remember_all(ids, offset, float(batch))
+        expected.update((mid, offset + i) for i, mid in enumerate(ids))
+        offset += 100 + batch % 3
+    # remembering at t=39 forgot runs 0-29 (their window ended by then) and compacted them
+    assert dedup.expire(39.0) == 0 and dedup.expire(40.0) == 100
+    for mid, original in expected.items():
+        batch = int(mid[1:].split("-")[0])
+        assert dedup.get(mid) == (original if batch > 30 else None), mid
+    assert len(dedup) == 900
+    assert dedup.held_bytes == sum(len(mid) for mid in expected if int(mid[1:].split("-")[0]) > 30)

@@ -8,7 +8,6 @@ its shell (``_pump``, ``_wait_all``), start and close, and the iterator's
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar, Protocol, Self
 
@@ -65,11 +64,10 @@ class ClientBase:
         Like a deadline, cancelling the call leaves it unknown whether the
         message was stored; publish again with the same id to find out.
         """
-        item = self._core.publish(topic, payload, id, self._now())
+        batch = self._core.publish(topic, payload, id, self._now())
         self._pump()
-        await self._wait_all([item])
-        value: PublishAck = item.result()
-        return value
+        await self._wait_all([batch])
+        return batch.result()[0]
 
     async def publish_many(self, topic: str, payloads: Iterable[bytes],
                            ids: Iterable[str] | None = None) -> list[PublishAck]:
@@ -83,13 +81,10 @@ class ClientBase:
         id_list = list(ids) if ids is not None else None
         if id_list is not None and len(id_list) != len(bodies):
             raise errors.InvalidRequest(f"{len(id_list)} ids for {len(bodies)} payloads")
-        items = self._core.publish_many(topic, bodies, id_list, self._now())
+        batch = self._core.publish_many(topic, bodies, id_list, self._now())
         self._pump()
-        await self._wait_all(items)
-        failed = next((item.error for item in items if item.error is not None), None)
-        if failed is not None:
-            raise failed
-        return [item.result() for item in items]
+        await self._wait_all([batch])
+        return batch.result()
 
     # -- subscribing -------------------------------------------------------------------
 
@@ -166,13 +161,6 @@ class ClientBase:
         await self._wait_all([waiter])
         return waiter.result()
 
-    def _ack(self, state: SubState, msg: Message) -> None:
-        # the core reads the clock only for the first held ack (reading it costs more
-        # than the rest of an ack)
-        held = state.ack_first_at
-        if self._core.ack(state, msg, self._now() if held is None else held):
-            self._pump()
-
 
 class SubscriptionBase:
     """A push subscription: ``async with`` subscribes and unsubscribes; iterate for messages.
@@ -223,7 +211,7 @@ class SubscriptionBase:
         client = self._client
         state = client._core.subscribe(self.topic, self.name, now=client._now(),
                                        **self._options)
-        state.acker = functools.partial(client._ack, state)
+        state.acker = client._core.acker(state, client._now, client._pump)
         self._state = state
         try:
             await client._call(state.ready)

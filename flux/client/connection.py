@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from flux import errors, protocol
 
 if TYPE_CHECKING:
-    from flux.client.requests import Call, PublishItem
+    from flux.client.requests import Call, PublishPart
     from flux.client.subscription import SubState
 
 ConnState = Literal["connecting", "hello", "ready", "closed"]
@@ -96,7 +96,7 @@ class ShardSlot:
         self.retry_at = 0.0          # no new connection before this time
         self.last_error: errors.FluxError | None = None   # why the last connection failed
         self.linger_at = math.inf    # when a lingering partial PUBLISH batch must go out
-        self.publishes: deque[PublishItem] = deque()
+        self.publishes: deque[PublishPart] = deque()
         self.calls: deque[Call] = deque()
         self.subs: dict[int, SubState] = {}   # id(sub) -> subscription homed on this shard
 

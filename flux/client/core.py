@@ -16,11 +16,12 @@ and :mod:`~flux.client.timers` (deadlines).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flux import errors, protocol
 from flux.client.connection import Conn
-from flux.client.requests import Call, PublishItem
+from flux.client.requests import GROUP_OVERHEAD, ITEM_OVERHEAD, Call, PublishBatch, PublishPart
 from flux.client.subscription import SubState
 from flux.client.timers import Timers
 from flux.client.types import Message, Waiter, Wakeable
@@ -70,48 +71,56 @@ class ClientCore(Timers):
         """A generated message id: 128 random bits as 32 hex digits."""
         return f"{self.rng.getrandbits(128):032x}"
 
-    def publish(self, topic: str, payload: bytes, message_id: str | None, now: float) -> PublishItem:
+    def new_ids(self, count: int) -> list[str]:
+        """``count`` generated ids (as :meth:`new_id`), drawn in one call."""
+        # hex digits in groups of 32, cut by C code rather than a Python loop
+        ids: list[str] = self.rng.randbytes(16 * count).hex(" ", 16).split()
+        return ids
+
+    def publish(self, topic: str, payload: bytes, message_id: str | None,
+                now: float) -> PublishBatch:
         """Queue one message. Raises InvalidTopic, InvalidMessageId, InvalidRequest,
-        MessageTooLarge or ClientClosed at once; the item's result is the ack."""
-        self._check_open()
-        P.check_topic(topic)
-        message_id = self.new_id() if message_id is None else P.check_message_id(message_id)
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise errors.InvalidRequest(f"payload must be bytes, not {type(payload).__name__}")
-        item = PublishItem(topic, message_id, bytes(payload), now + self.retry_deadline, now)
-        if item.size > P.DEFAULT_MAX_FRAME_BYTES - 1024:
-            raise errors.MessageTooLarge(f"a {len(item.payload)}-byte payload cannot fit in a frame")
-        self._route(item, now)
-        return item
+        MessageTooLarge or ClientClosed at once; the result is a list of one ack."""
+        return self.publish_many(topic, [payload], None if message_id is None else [message_id],
+                                 now)
 
     def publish_many(self, topic: str, payloads: list[bytes], ids: list[str] | None,
-                     now: float) -> list[PublishItem]:
-        """Queue several messages of one topic, in order (like :meth:`publish`, which
-        raises the same errors, before anything is queued)."""
+                     now: float) -> PublishBatch:
+        """Queue several messages of one topic, in order; the batch's result is their acks.
+
+        Raises InvalidTopic, InvalidMessageId, InvalidRequest, MessageTooLarge or
+        ClientClosed at once, before anything is queued."""
         self._check_open()
         P.check_topic(topic)
+        count = len(payloads)
         if ids is None:
-            # 128 random bits per id, as new_id, drawn in one call
-            digits = self.rng.randbytes(16 * len(payloads)).hex()
-            ids = [digits[i:i + 32] for i in range(0, len(digits), 32)]
+            ids = self.new_ids(count)
+            id_bytes = 32 * count
         else:
+            if len(ids) != count:
+                raise errors.InvalidRequest(f"{len(ids)} ids for {count} payloads")
             for message_id in ids:
                 P.check_message_id(message_id)
-        deadline = now + self.retry_deadline
-        limit = P.DEFAULT_MAX_FRAME_BYTES - 1024
-        items = []
-        for payload, message_id in zip(payloads, ids, strict=True):
-            if type(payload) is not bytes:
+            id_bytes = len("".join(ids).encode())
+        if count and set(map(type, payloads)) != {bytes}:  # set/map: no per-message Python loop
+            payloads = list(payloads)
+            for i, payload in enumerate(payloads):
                 if not isinstance(payload, (bytes, bytearray, memoryview)):
                     raise errors.InvalidRequest(
                         f"payload must be bytes, not {type(payload).__name__}")
-                payload = bytes(payload)
-            item = PublishItem(topic, message_id, payload, deadline, now)
-            if item.size > limit:
-                raise errors.MessageTooLarge(f"a {len(payload)}-byte payload cannot fit in a frame")
-            items.append(item)
-        self._route_publishes(topic, items, now)
-        return items
+                payloads[i] = bytes(payload)
+        limit = P.DEFAULT_MAX_FRAME_BYTES - 1024 - len(topic) - GROUP_OVERHEAD
+        if count and max(map(len, payloads)) + 4 * P.MAX_ID_BYTES + ITEM_OVERHEAD > limit:
+            for payload, message_id in zip(payloads, ids, strict=True):
+                if len(payload) + len(message_id.encode()) + ITEM_OVERHEAD > limit:
+                    raise errors.MessageTooLarge(
+                        f"a {len(payload)}-byte payload cannot fit in a frame")
+        batch = PublishBatch(topic, ids, payloads, now + self.retry_deadline, now, id_bytes)
+        if count:
+            self._route_publishes(topic, PublishPart(batch, 0, count), now)
+        else:
+            batch.finish(0)
+        return batch
 
     def subscribe(self, topic: str, name: str | None, *, read_old: bool = False,
                   from_offset: int | None = None, max_in_flight: int | None = None,
@@ -144,7 +153,7 @@ class ClientCore(Timers):
         try:
             return sub.next_message()
         finally:
-            if sub.credit_owed or (sub.session is not None and sub.session.queued):
+            if sub.credit_owed * 4 >= sub.prefetch:
                 self._dirty(sub)
 
     def ack(self, sub: SubState, msg: Message, now: float) -> bool:
@@ -153,16 +162,63 @@ class ClientCore(Timers):
         Returns whether the shell must act now (an ACK frame is due, or the first
         queued ack needs its hold timer); otherwise acks wait for the next action.
         """
-        if not sub.ack(msg, now):
-            return False
         session = sub.session
-        queued = len(session.queued) if session is not None else 0
-        # ask for the shell once per reason: the first held ack (its timer), a full
-        # batch, or the last buffered message (the consumer is about to wait)
-        if session is None or queued == 1 or queued == sub.ack_batch or not sub.buffer:
+        if msg._session is session and session is not None and sub.status == "active":
+            # the usual case, SubState.ack and AckSession.ack inlined (once per message)
+            offset = msg.offset
+            if offset < session.confirmed or offset in session.acked:
+                return False
+            session.acked.add(offset)
+            queued = session.queued
+            queued.append(offset)
+            if sub.ack_first_at is None:
+                sub.ack_first_at = now
+        elif sub.ack(msg, now) and sub.session is not None:
+            queued = sub.session.queued
+        else:
+            return False
+        # ask for the shell once per reason: a full batch (send it), or the first held
+        # ack (the shell's timer sends it within ACK_DELAY)
+        count = len(queued)
+        if count == sub.ack_batch:
             self._dirty(sub)
             return True
-        return False  # the next pump (at most STREAK messages on) picks the ack up
+        if count == 1:
+            self._held_acks[sub.key] = sub
+            return True
+        return False
+
+    def acker(self, sub: SubState, clock: Callable[[], float],
+              act: Callable[[], None]) -> Callable[[Message], None]:
+        """The function ``msg.ack()`` calls: :meth:`ack`, then ``act()`` (the shell's pump)
+        if the shell must act now; ``clock`` is read only for the first held ack."""
+        dirty, held_acks = self._dirty, self._held_acks
+
+        def ack(msg: Message) -> None:
+            session = sub.session
+            if msg[7] is session and session is not None and sub.status == "active":
+                # the usual case, :meth:`ack` inlined (msg[1] is msg.offset): once per message
+                offset = msg[1]
+                if offset < session.confirmed or offset in session.acked:
+                    return
+                session.acked.add(offset)
+                queued = session.queued
+                queued.append(offset)
+                if sub.ack_first_at is None:
+                    sub.ack_first_at = clock()
+                count = len(queued)
+                if count == sub.ack_batch:
+                    dirty(sub)
+                    act()
+                elif count == 1:  # the shell's timer must know when held acks are due
+                    held_acks[sub.key] = sub
+                    act()
+                return
+            held = sub.ack_first_at
+            if self.ack(sub, msg, clock() if held is None else held):
+                act()
+
+        return ack
 
     def unsubscribe(self, sub: SubState, now: float) -> Waiter:
         """End the subscription: queued acks go first, then UNSUBSCRIBE."""
@@ -235,8 +291,10 @@ class ClientCore(Timers):
             self._to_close.append(conn.id)
         self.conns.clear()
         for slot in self.slots:
-            for waiter in [*slot.publishes, *slot.calls]:
-                self._fail(waiter, exc)
+            for part in slot.publishes:
+                self._fail(part, exc)
+            for call in slot.calls:
+                self._fail(call, exc)
         for _, _, waiter in self._delayed:
             self._fail(waiter, exc)
         for obj in self._unrouted:

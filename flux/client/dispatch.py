@@ -1,10 +1,12 @@
 """Frames in and out of the client core, and what failures do (sans-IO).
 
 Replies are matched to what is pending on their connection; PUBLISHED results
-finish or retry each item; a lost connection requeues or retries what was on
-it. PUBLISH frames are built here, at send time, so publishes queued while the
-connection is busy coalesce (at most ~256 items, under ``max_frame_bytes``);
-with ``linger`` a partial batch may also wait that long for more.
+(per group: offsets, duplicates, refusals) finish batches in bulk and split off
+only the refused items to retry them; a lost connection requeues or retries what
+was on it. PUBLISH frames are built here, at send time, so publishes queued
+while the connection is busy coalesce (at most ~256 items, under
+``max_frame_bytes``; consecutive ones of a topic share a group); with ``linger``
+a partial batch may also wait that long for more.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ from flux import errors, protocol
 from flux.client.connection import Conn, PendingKind, ShardMap, ShardSlot, backoff
 from flux.client.pushes import REFRESH_MAP, Pushes
 from flux.client.requests import (
+    GROUP_OVERHEAD,
     MAX_BATCH,
     PUBLISH_WINDOW,
     Call,
-    PublishItem,
+    PublishBatch,
+    PublishPart,
     deadline_exceeded,
     retryable,
 )
 from flux.client.subscription import SubState
-from flux.client.types import PublishAck, Waiter
 
 P = protocol
 CONNECTION_LEVEL = (errors.ConnectionLost, errors.RequestTimeout)
@@ -165,7 +168,7 @@ class Dispatch(Pushes):
     def _install_map(self, new: ShardMap, now: float) -> None:
         old = self.map
         self.map = new
-        homeless: list[PublishItem | Call | SubState] = list(self._unrouted)
+        homeless: list[PublishPart | Call | SubState] = list(self._unrouted)
         self._unrouted.clear()
         if old is None or old.shard_count != new.shard_count:
             old_slots = self.slots
@@ -184,14 +187,15 @@ class Dispatch(Pushes):
                 if slot.conn is not None:
                     self._close(slot.conn, errors.ConnectionLost("the shard left the map"), now)
         for obj in homeless:
-            if not (isinstance(obj, Waiter) and obj.done):
+            if isinstance(obj, SubState) or not obj.done:
                 self._route(obj, now)
         for slot in self.slots:
             self._ensure_conn(slot, now)
 
     def _publish_frames(self, conn: Conn, frames: list[list[Any]], now: float) -> None:
-        """Coalesce the slot's queued items into PUBLISH frames (at most ~256 items,
-        under the shard's max_frame_bytes), while the in-flight window has room."""
+        """Coalesce the slot's queued parts into PUBLISH frames (at most ~256 items, under
+        the shard's max_frame_bytes), while the in-flight window has room. Consecutive
+        parts of one topic share a group; a part that does not fit is split."""
         slot = self._slot_of(conn)
         if slot is None:
             return
@@ -201,88 +205,169 @@ class Dispatch(Pushes):
             if self.linger and self._lingers(queue, limit, now):
                 slot.linger_at = min(slot.linger_at, queue[0].queued_at + self.linger)
                 break
-            batch: list[PublishItem] = []
             wire: list[list[Any]] = []
+            layout: list[list[PublishPart]] = []   # the parts of each group, in order
+            owned = False   # whether the last group's arrays are this frame's to extend
             size = 64
-            while queue and len(batch) < MAX_BATCH:
-                item = queue[0]
-                if batch and size + item.size > limit:
-                    break
-                queue.popleft()
-                if item.done:
+            count = 0
+            while queue and count < MAX_BATCH:
+                part = queue[0]
+                batch = part.batch
+                if batch.done:
+                    queue.popleft()
                     continue
-                if now > item.deadline:
-                    self._fail(item, deadline_exceeded(item.describe(), item.last_error))
-                elif item.size > limit:
-                    self._fail(item, errors.MessageTooLarge(
-                        f"a {len(item.payload)}-byte payload is over the shard's"
-                        f" max_frame_bytes={conn.max_frame_bytes}"))
+                if now > batch.deadline:
+                    queue.popleft()
+                    self._fail(part, deadline_exceeded(part.describe(), part.last_error))
+                    continue
+                topic = batch.topic
+                merge = bool(wire) and wire[-1][0] == topic
+                budget = limit - size - (0 if merge else len(topic) + GROUP_OVERHEAD)
+                lo, hi = part.lo, part.hi
+                part_size = batch.size(lo, hi)
+                if hi - lo <= MAX_BATCH - count and part_size <= budget:
+                    queue.popleft()
                 else:
-                    item.in_flight = True
-                    item.attempts += 1
-                    batch.append(item)
-                    wire.append([item.topic, item.id, item.payload])
-                    size += item.size
-            if not batch:
+                    take = _fitting(batch, lo, min(hi - lo, MAX_BATCH - count), budget)
+                    if not take:
+                        if wire:
+                            break
+                        # not even one message fits in this shard's frames
+                        head = part.split(1) if hi - lo > 1 else queue.popleft()
+                        self._fail(head, errors.MessageTooLarge(
+                            f"a {len(batch.payloads[lo])}-byte payload is over the shard's"
+                            f" max_frame_bytes={conn.max_frame_bytes}"))
+                        continue
+                    part = part.split(take)
+                    hi = part.hi
+                    part_size = batch.size(lo, hi)
+                part.in_flight = True
+                part.attempts += 1
+                ids, payloads = batch.ids, batch.payloads
+                sliced = lo != 0 or hi != len(ids)
+                if sliced:
+                    ids, payloads = ids[lo:hi], payloads[lo:hi]
+                if merge:
+                    group = wire[-1]
+                    if not owned:  # never extend a batch's own arrays
+                        group[1], group[2], owned = list(group[1]), list(group[2]), True
+                    group[1] += ids
+                    group[2] += payloads
+                    layout[-1].append(part)
+                else:
+                    wire.append([topic, ids, payloads])
+                    layout.append([part])
+                    owned = sliced
+                    size += len(topic) + GROUP_OVERHEAD
+                size += part_size
+                count += hi - lo
+            if not wire:
                 continue
             rid = next(self._rids)
             frames.append([P.PUBLISH, rid, wire])
-            conn.pending[rid] = ("publish", batch)
+            conn.pending[rid] = ("publish", layout)
             conn.timeouts.append((now + self.request_timeout, rid))
             conn.publish_frames += 1
 
-    def _lingers(self, queue: deque[PublishItem], limit: int, now: float) -> bool:
+    def _lingers(self, queue: deque[PublishPart], limit: int, now: float) -> bool:
         """Whether a partial batch should wait for more items (``linger``): only until
         its oldest item has waited ``linger``, and never once it would fill a frame."""
-        if now >= queue[0].queued_at + self.linger or len(queue) >= MAX_BATCH:
+        if now >= queue[0].queued_at + self.linger:
             return False
-        return sum(item.size for item in queue) + 64 <= limit
+        if sum(part.hi - part.lo for part in queue) >= MAX_BATCH:
+            return False
+        return sum(part.size + GROUP_OVERHEAD + len(part.topic) for part in queue) + 64 <= limit
 
-    def _on_published(self, conn: Conn, batch: list[PublishItem], frame: list[Any],
+    def _on_published(self, conn: Conn, layout: list[list[PublishPart]], frame: list[Any],
                       error: errors.FluxError | None, now: float) -> None:
-        retry_now: list[PublishItem] = []
+        retry_now: list[PublishPart] = []
         results: list[Any] = []
+        generation = 0
         if error is None:
-            generation, results = int(frame[2]), frame[3]
-            if len(results) != len(batch):
-                error = errors.ProtocolError(
-                    f"PUBLISHED has {len(results)} results for {len(batch)} items")
+            try:
+                generation, results = int(frame[2]), frame[3]
+                _check_published(layout, results)
+            except (IndexError, KeyError, TypeError, ValueError) as exc:
+                error = errors.ProtocolError(f"malformed PUBLISHED: {exc}")
         if error is not None:
-            retry_now = [item for item in batch if self._publish_failed(item, error, now)]
+            retry_now = [part for parts in layout for part in parts
+                         if self._publish_failed(part, error, now)]
         else:
             woken = self._woken
-            for item, (status, a, b) in zip(batch, results, strict=True):
-                item.in_flight = False
-                if status == P.OK:
-                    if not item.done:  # self._finish, inlined (once per published message)
-                        item.set_value(PublishAck(item.topic, item.id, int(a), generation, b is True))
-                        if item.waker is not None:
-                            woken.append(item)
-                elif self._publish_failed(item, errors.from_code(int(status), str(a)), now):
-                    retry_now.append(item)
-        for item in retry_now:
-            self._route(item, now)
+            for parts, (offsets, duplicates, refused) in zip(layout, results, strict=True):
+                base = 0
+                for part in parts:
+                    part.in_flight = False
+                    lo, hi = part.lo, part.hi
+                    n = hi - lo
+                    batch = part.batch
+                    if batch.done:
+                        base += n
+                        continue
+                    if base == 0 and n == len(offsets):  # the usual case: a part is a group
+                        mine = refused
+                        batch.offsets[lo:hi] = offsets
+                        for i in duplicates:
+                            batch.duplicates[lo + i] = True
+                    else:
+                        end = base + n
+                        mine = [[i - base, c, m] for i, c, m in refused if base <= i < end]
+                        batch.offsets[lo:hi] = offsets[base:end]
+                        for i in duplicates:
+                            if base <= i < end:
+                                batch.duplicates[lo + i - base] = True
+                    batch.generations[lo:hi] = [generation] * n
+                    if batch.finish(n - len(mine)) and batch.waker is not None:
+                        woken.append(batch)
+                    if mine:
+                        retry_now.extend(self._refused(part, mine, now))
+                    base += n
+        for part in retry_now:
+            self._route(part, now)
         slot = self._slot_of(conn)
         if slot is not None and slot.publishes:
             self._arm_linger(slot)
             self._writable[conn.id] = None
 
-    def _publish_failed(self, item: PublishItem, exc: errors.FluxError, now: float) -> bool:
-        """Decide an item's fate after ``exc``; True means "send it again at once"."""
-        item.in_flight = False
-        if item.done:
+    def _refused(self, part: PublishPart, refused: list[list[Any]],
+                 now: float) -> list[PublishPart]:
+        """Items of ``part`` the shard refused (``[index, code, message]``, increasing index):
+        each run of one retryable code is retried together, anything else fails alone.
+        Returns the parts to send again at once."""
+        again: list[PublishPart] = []
+        batch = part.batch
+        start = 0
+        while start < len(refused):
+            index, code, message = refused[start]
+            exc = errors.from_code(int(code), str(message))
+            end = start + 1
+            if retryable(exc):
+                while (end < len(refused) and refused[end][1] == code
+                       and refused[end][0] == index + end - start):
+                    end += 1
+            piece = PublishPart(batch, part.lo + index, part.lo + index + end - start,
+                                part.attempts)
+            if self._publish_failed(piece, exc, now):
+                again.append(piece)
+            start = end
+        return again
+
+    def _publish_failed(self, part: PublishPart, exc: errors.FluxError, now: float) -> bool:
+        """Decide a part's fate after ``exc``; True means "send it again at once"."""
+        part.in_flight = False
+        if part.done:
             return False
-        item.last_error = exc
+        part.last_error = exc
         if not retryable(exc):
-            self._fail(item, exc)
-        elif now >= item.deadline:
-            self._fail(item, deadline_exceeded(item.describe(), exc))
+            self._fail(part, exc)
+        elif now >= part.deadline:
+            self._fail(part, deadline_exceeded(part.describe(), exc))
         elif isinstance(exc, CONNECTION_LEVEL):
-            return True  # the reconnect has its own backoff; keep the same id (G3)
+            return True  # the reconnect has its own backoff; keep the same ids (G3)
         else:
             if isinstance(exc, REFRESH_MAP):
                 self._refresh_map(now)
-            self._delay(item, item.attempts, now)
+            self._delay(part, part.attempts, now)
         return False
 
     def _call_failed(self, call: Call, exc: errors.FluxError, now: float) -> None:
@@ -325,10 +410,11 @@ class Dispatch(Pushes):
             slot.retry_at = now + backoff(self.rng, slot.failures)
         if exc is not None:
             self._refresh_map(now)
-        requeue: list[PublishItem] = []
+        requeue: list[PublishPart] = []
         for kind, obj in pending.values():
             if kind == "publish":
-                requeue.extend(item for item in obj if self._publish_failed(item, error, now))
+                requeue.extend(part for parts in obj for part in parts
+                               if self._publish_failed(part, error, now))
             elif kind == "call":
                 self._call_failed(obj, error, now)
             elif kind == "unsubscribe" and obj[1] is not None:
@@ -363,11 +449,50 @@ class Dispatch(Pushes):
 
     def _fail_pending(self, kind: PendingKind, obj: Any, exc: errors.FluxError) -> None:
         if kind == "publish":
-            for item in obj:
-                self._fail(item, exc)
+            for parts in obj:
+                for part in parts:
+                    self._fail(part, exc)
         elif kind == "call":
             self._fail(obj, exc)
         elif kind == "subscribe":
             self._fail(obj[0].ready, exc)
         elif kind == "unsubscribe" and obj[1] is not None:
             self._finish(obj[1], None)
+
+
+def _fitting(batch: PublishBatch, lo: int, most: int, budget: int) -> int:
+    """How many messages of ``batch`` from ``lo`` on (at most ``most``) fit in ``budget``."""
+    sizes = batch.item_sizes()
+    if sum(sizes[lo:lo + most]) <= budget:
+        return most
+    total = 0
+    for k in range(most):
+        total += sizes[lo + k]
+        if total > budget:
+            return k
+    return most
+
+
+def _check_published(layout: list[list[PublishPart]], results: Any) -> None:
+    """Raise ValueError (or TypeError) unless ``results`` answers the groups of ``layout``:
+    one ``[offsets, duplicates, refused]`` per group, indexes in range and increasing."""
+    if type(results) is not list or len(results) != len(layout):
+        raise ValueError(f"{len(results)} results for {len(layout)} groups")
+    for parts, result in zip(layout, results, strict=True):
+        offsets, duplicates, refused = result
+        n = sum(part.hi - part.lo for part in parts)
+        if type(offsets) is not list or len(offsets) != n:
+            raise ValueError(f"a group of {n} items got {len(offsets)} offsets")
+        if type(duplicates) is not list or type(refused) is not list:
+            raise TypeError("duplicates and refused must be arrays")
+        if n and not set(map(type, offsets)) <= {int}:  # no per-item Python loop
+            raise TypeError("offsets must be integers")
+        if duplicates and (not set(map(type, duplicates)) <= {int} or min(duplicates) < 0
+                           or max(duplicates) >= n):
+            raise ValueError("duplicate index out of range")
+        last = -1
+        for entry in refused:
+            index, code, _message = entry
+            if type(index) is not int or type(code) is not int or not last < index < n:
+                raise ValueError(f"bad refused entry {entry!r}")
+            last = index

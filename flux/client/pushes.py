@@ -52,11 +52,19 @@ class Pushes(Routing):
             self._wake(sub)
 
     def _on_deliver(self, conn: Conn, frame: list[Any]) -> None:
-        sid, generation, items = frame[1], int(frame[2]), frame[3]
+        _, sid, generation, attempt, offsets, ids, payloads, timestamps = frame
+        count = len(offsets)
+        if type(generation) is not int or type(attempt) is not int or attempt < 1 \
+                or type(offsets) is not list or len(ids) != count or len(payloads) != count \
+                or len(timestamps) != count or type(ids) is not list \
+                or type(payloads) is not list or type(timestamps) is not list:
+            raise ValueError("DELIVER needs a generation, an attempt and four arrays of"
+                             " equal length")
         sub = conn.subs.get(sid)
         if sub is None or sub.status != "active":
             return
-        woke, credit_back = sub.deliver(sid, generation, items)
+        woke, credit_back = sub.deliver(sid, generation, attempt, offsets, ids, payloads,
+                                        timestamps)
         sub.credit_owed += credit_back
         if woke:
             self._wake(sub)

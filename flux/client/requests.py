@@ -1,20 +1,24 @@
 """What the client asks shards for: publish items and retried request/reply calls (sans-IO).
 
-A :class:`PublishItem` is one message on its way; items of one shard are
-coalesced into PUBLISH frames by :mod:`flux.client.core`. A :class:`Call` is any
+A :class:`PublishBatch` is messages of one topic on their way (one waiter per
+``publish_many`` call), sent as :class:`PublishPart` ranges that
+:mod:`flux.client.dispatch` coalesces into PUBLISH frames. A :class:`Call` is any
 other request (FETCH, COMMIT, STATS, pull SUBSCRIBE): it knows its frame and
 how to read the reply. Both carry their retry deadline and last error.
 """
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import add
 from typing import Any, Literal
 
 from flux import errors, protocol
-from flux.client.types import FetchedMessage, FetchResult, SubscribeInfo, Waiter
+from flux.client.types import FetchedMessage, FetchResult, PublishAck, SubscribeInfo, Waiter
 
 P = protocol
-ITEM_OVERHEAD = 16       # msgpack array and length headers of one PUBLISH item, roughly
+ITEM_OVERHEAD = 8        # msgpack headers of one id and one payload in a PUBLISH group, at most
+GROUP_OVERHEAD = 16      # msgpack headers of one PUBLISH group, besides its topic
 MAX_BATCH = 256          # items per PUBLISH frame
 PUBLISH_WINDOW = 32      # PUBLISH frames awaiting their reply, per connection
 
@@ -23,32 +27,147 @@ _REPLY = {"fetch": P.FETCHED, "commit": P.COMMITTED, "stats": P.STATS_OK,
           "subscribe_pull": P.SUBSCRIBED}
 
 
-class PublishItem(Waiter):
-    """One message to publish; its id is fixed for every retry (G3)."""
+class PublishBatch(Waiter):
+    """Messages of one topic published together (``publish`` is a batch of one).
 
-    __slots__ = ("attempts", "deadline", "id", "in_flight", "last_error", "payload", "queued_at",
-                 "size", "topic")
+    Done once every message is stored or failed; results are kept in parallel
+    arrays (offsets, generations, duplicate flags) rather than one object per
+    message, and :meth:`result` builds the acks. Each id is fixed for every
+    retry (G3).
+    """
 
-    def __init__(self, topic: str, message_id: str, payload: bytes, deadline: float,
-                 queued_at: float = 0.0) -> None:
+    __slots__ = ("_sizes", "deadline", "duplicates", "failures", "generations", "ids", "left",
+                 "offsets", "payloads", "queued_at", "topic", "total_size")
+
+    def __init__(self, topic: str, ids: list[str], payloads: list[bytes], deadline: float,
+                 queued_at: float, id_bytes: int) -> None:
         super().__init__()
+        n = len(ids)
         self.topic = topic
-        self.id = message_id
-        self.payload = payload
-        self.size = (len(topic) + len(payload) + ITEM_OVERHEAD
-                     + (len(message_id) if message_id.isascii() else len(message_id.encode())))
+        self.ids = ids
+        self.payloads = payloads
         self.deadline = deadline
         self.queued_at = queued_at   # when the caller published it (linger counts from here)
-        self.attempts = 0
+        self.left = n                # messages neither stored nor failed yet
+        self.offsets: list[int] = [P.REFUSED] * n
+        self.generations: list[int] = [0] * n
+        self.duplicates: list[bool] = [False] * n
+        self.failures: dict[int, errors.FluxError] = {}   # index -> why it failed
+        self.total_size = sum(map(len, payloads)) + id_bytes + n * ITEM_OVERHEAD
+        self._sizes: list[int] | None = None
+
+    def size(self, lo: int, hi: int) -> int:
+        """Roughly the PUBLISH bytes of messages ``lo`` to ``hi`` (excluded)."""
+        if lo == 0 and hi == len(self.ids):
+            return self.total_size
+        return sum(self.item_sizes()[lo:hi])
+
+    def item_sizes(self) -> list[int]:
+        """Each message's share of :meth:`size` (made when a part of the batch is sent)."""
+        if self._sizes is None:
+            ids = self.ids
+            if not all(map(str.isascii, ids)):
+                ids = [i.encode() for i in ids]   # type: ignore[misc]
+            self._sizes = list(map(add, map(len, self.payloads),
+                                   map(ITEM_OVERHEAD.__add__, map(len, ids))))
+        return self._sizes
+
+    def finish(self, count: int) -> bool:
+        """``count`` more messages are stored or failed; True when that finished the batch."""
+        self.left -= count
+        if self.left <= 0 and not self.done:
+            self.done = True
+            return True
+        return False
+
+    def result(self) -> list[PublishAck]:
+        """The acks in message order, or raise the first failure (in message order)."""
+        if not self.done:
+            raise RuntimeError("result() called before the batch finished")
+        if self._error is not None:
+            raise self._error
+        if self.failures:
+            raise self.failures[min(self.failures)]
+        n = len(self.ids)
+        # tuple.__new__ makes each named tuple in C: one ack per message is the hot path
+        return list(map(tuple.__new__, repeat(PublishAck, n), zip(  # type: ignore[arg-type]
+            repeat(self.topic, n), self.ids, self.offsets, self.generations, self.duplicates,
+            strict=True)))
+
+    @property
+    def error(self) -> errors.FluxError | None:
+        if self._error is None and self.failures and self.done:
+            return self.failures[min(self.failures)]
+        return self._error
+
+    def __repr__(self) -> str:
+        return (f"<PublishBatch {self.topic} {len(self.ids)} messages, {self.left} left"
+                f" {'done' if self.done else 'pending'}>")
+
+
+class PublishPart:
+    """Messages ``lo`` to ``hi`` (excluded) of a batch, on their way together.
+
+    The unit that is queued, sent and retried: a whole batch normally; a frame
+    that cannot take all of it splits it, and items refused one by one are split
+    off (each keeps its attempts), so retries stay per message.
+    """
+
+    __slots__ = ("attempts", "batch", "hi", "in_flight", "last_error", "lo")
+
+    def __init__(self, batch: PublishBatch, lo: int, hi: int, attempts: int = 0) -> None:
+        self.batch = batch
+        self.lo = lo
+        self.hi = hi
+        self.attempts = attempts
         self.in_flight = False
         self.last_error: errors.FluxError | None = None
 
+    @property
+    def done(self) -> bool:
+        return self.batch.done
+
+    @property
+    def deadline(self) -> float:
+        return self.batch.deadline
+
+    @property
+    def queued_at(self) -> float:
+        return self.batch.queued_at
+
+    @property
+    def topic(self) -> str:
+        return self.batch.topic
+
+    @property
+    def size(self) -> int:
+        return self.batch.size(self.lo, self.hi)
+
+    def split(self, count: int) -> PublishPart:
+        """Cut off and return the first ``count`` messages; this part keeps the rest."""
+        head = PublishPart(self.batch, self.lo, self.lo + count, self.attempts)
+        head.last_error = self.last_error
+        self.lo += count
+        return head
+
+    def fail(self, exc: errors.FluxError) -> bool:
+        """Every message of the part failed with ``exc``; True if that finished the batch."""
+        batch = self.batch
+        if batch.done:
+            return False
+        batch.failures.update(dict.fromkeys(range(self.lo, self.hi), exc))
+        return batch.finish(self.hi - self.lo)
+
     def describe(self) -> str:
-        return f"publish of id {self.id!r} to {self.topic!r}"
+        ids = self.batch.ids
+        if self.hi - self.lo == 1:
+            return f"publish of id {ids[self.lo]!r} to {self.topic!r}"
+        return (f"publish of {self.hi - self.lo} messages (ids {ids[self.lo]!r} ..."
+                f" {ids[self.hi - 1]!r}) to {self.topic!r}")
 
     def __repr__(self) -> str:
-        return (f"<PublishItem {self.topic} id={self.id!r} {len(self.payload)}B"
-                f" attempts={self.attempts} {'done' if self.done else 'pending'}>")
+        return (f"<PublishPart {self.topic} [{self.lo}:{self.hi}] attempts={self.attempts}"
+                f" {'done' if self.done else 'pending'}>")
 
 
 class Call(Waiter):

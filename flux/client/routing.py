@@ -18,7 +18,7 @@ from typing import Any
 
 from flux import errors, protocol
 from flux.client.connection import Conn, PendingKind, ShardMap, ShardSlot, backoff
-from flux.client.requests import Call, PublishItem, deadline_exceeded
+from flux.client.requests import Call, PublishPart, deadline_exceeded
 from flux.client.subscription import SubState
 from flux.client.types import Waiter, Wakeable
 from flux.hashing import shard_for
@@ -55,9 +55,9 @@ class Routing:
         self._router_failures = 0
         self._router_retry_at = now
         self._refresh_again = False
-        self._unrouted: deque[PublishItem | Call | SubState] = deque()
+        self._unrouted: deque[PublishPart | Call | SubState] = deque()
         self._shards_of: tuple[int, dict[str, int]] = (0, {})   # shard count, topic -> index
-        self._delayed: list[tuple[float, int, PublishItem | Call]] = []   # backoff heap
+        self._delayed: list[tuple[float, int, PublishPart | Call]] = []   # backoff heap
         self._subs: dict[int, SubState] = {}
         self._held_acks: dict[int, SubState] = {}   # key -> subscription holding acks
         self._new_conns: list[Conn] = []
@@ -70,7 +70,7 @@ class Routing:
         if self.closed:
             raise errors.ClientClosed("the client was closed")
 
-    def _route(self, obj: PublishItem | Call | SubState, now: float, front: bool = False) -> None:
+    def _route(self, obj: PublishPart | Call | SubState, now: float, front: bool = False) -> None:
         if self.map is None:
             self._unrouted.append(obj)
             return
@@ -84,7 +84,7 @@ class Routing:
             assert obj.topic is not None
             index = self._shard_of(obj.topic, count)
         slot = self.slots[index]
-        if isinstance(obj, PublishItem):
+        if isinstance(obj, PublishPart):
             if front:
                 slot.publishes.appendleft(obj)
             else:
@@ -98,7 +98,7 @@ class Routing:
         if conn is None:
             self._ensure_conn(slot, now)
         elif conn.state == "ready":
-            if isinstance(obj, PublishItem):
+            if isinstance(obj, PublishPart):
                 self._writable[conn.id] = None  # PUBLISH frames are built at send time
             else:
                 self._flush_slot(slot, now)
@@ -115,13 +115,13 @@ class Routing:
             index = cache[1][topic] = shard_for(topic, count)
         return index
 
-    def _route_publishes(self, topic: str, items: list[PublishItem], now: float) -> None:
-        """:meth:`_route` for many new publishes of one topic, in order."""
+    def _route_publishes(self, topic: str, part: PublishPart, now: float) -> None:
+        """:meth:`_route` for a new batch of publishes of one topic."""
         if self.map is None:
-            self._unrouted.extend(items)
+            self._unrouted.append(part)
             return
         slot = self.slots[self._shard_of(topic, self.map.shard_count)]
-        slot.publishes.extend(items)
+        slot.publishes.append(part)
         self._arm_linger(slot)
         conn = slot.conn
         if conn is None:
@@ -224,11 +224,15 @@ class Routing:
             waiter.set_value(value)
             self._wake(waiter)
 
-    def _fail(self, waiter: Waiter, exc: errors.FluxError) -> None:
-        if not waiter.done:
+    def _fail(self, waiter: Waiter | PublishPart, exc: errors.FluxError) -> None:
+        """Fail a waiter, or every message of a publish part."""
+        if isinstance(waiter, PublishPart):
+            if waiter.fail(exc):
+                self._wake(waiter.batch)
+        elif not waiter.done:
             waiter.set_error(exc)
             self._wake(waiter)
 
-    def _delay(self, waiter: PublishItem | Call, attempt: int, now: float) -> None:
+    def _delay(self, waiter: PublishPart | Call, attempt: int, now: float) -> None:
         at = min(now + backoff(self.rng, attempt), waiter.deadline)
         heapq.heappush(self._delayed, (at, next(self._seq), waiter))

@@ -10,8 +10,10 @@ builds frames nor knows connections; :mod:`flux.client.core` does.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable
+from itertools import islice, repeat, takewhile
 from typing import Any, Literal
 
 from flux import errors
@@ -19,24 +21,29 @@ from flux.client.types import Message, SubscribeInfo, Waiter, Wakeable
 
 Status = Literal["waiting", "subscribing", "active", "ended", "closed"]
 
-# Acks wait (to share an ACK frame) only while the consumer still has buffered
-# messages to go through, for at most ACK_DELAY seconds and ACK_BATCH acks, so a
-# slow consumer never holds acks long enough to cause redeliveries.
+# Acks wait to share an ACK frame, for at most ACK_DELAY seconds and ``ack_batch``
+# (at most ACK_BATCH) acks, so a slow consumer never holds acks long enough to
+# cause redeliveries, and a fast one sends an ACK per batch, not per DELIVER.
 ACK_DELAY = 0.005
 ACK_BATCH = 256
 
 
 class AckSession:
-    """Deliveries and user acks of one attachment of a subscription."""
+    """Deliveries and user acks of one attachment of a subscription.
 
-    __slots__ = ("acked", "confirmed", "delivered", "generation", "next_offset", "order", "queued",
+    Deliveries are kept in ``order`` (increasing, G1: searched by bisection) from
+    index ``head`` on; :meth:`low` moves ``head`` past the acked ones in bulk, so
+    an ack costs a set insert and an append, not a walk.
+    """
+
+    __slots__ = ("acked", "confirmed", "generation", "head", "next_offset", "order", "queued",
                  "sid")
 
     def __init__(self, sid: int, generation: int, cursor: int) -> None:
         self.sid = sid
         self.generation = generation
-        self.order: deque[int] = deque()   # first deliveries, increasing (G1)
-        self.delivered: set[int] = set()   # offsets in ``order``
+        self.order: list[int] = []        # deliveries, increasing (G1), from ``head`` on
+        self.head = 0
         self.acked: set[int] = set()       # user-acked offsets >= ``confirmed``
         self.queued: list[int] = []        # user acks not sent yet
         self.confirmed = cursor            # the shard's cursor: everything below is acked
@@ -44,24 +51,49 @@ class AckSession:
 
     def __repr__(self) -> str:
         return (f"<AckSession sid={self.sid} gen={self.generation:#x} confirmed={self.confirmed}"
-                f" next={self.next_offset} unacked={len(self.order)} queued={len(self.queued)}>")
+                f" next={self.next_offset} unacked={len(self.order) - self.head}"
+                f" queued={len(self.queued)}>")
 
     def deliver(self, offset: int) -> None:
-        if offset not in self.delivered and not self.is_acked(offset):
-            self.order.append(offset)
-            self.delivered.add(offset)
+        if not self.delivered(offset) and not self.is_acked(offset):
+            order = self.order
+            if len(order) == self.head or offset > order[-1]:
+                order.append(offset)
+            else:  # out of order (not a first delivery of this session): keep it sorted
+                insort(order, offset, self.head)
         if offset >= self.next_offset:
             self.next_offset = offset + 1
 
+    def deliver_first(self, offsets: list[int]) -> None:
+        """First deliveries of one frame: :meth:`deliver` of each, in bulk when they
+        continue where the last ones stopped (the usual case)."""
+        if not offsets:
+            return
+        first = offsets[0]
+        if first >= self.next_offset and first >= self.confirmed \
+                and offsets == list(range(first, first + len(offsets))):
+            # nothing at or above next_offset was delivered or acked here yet
+            self.order.extend(offsets)
+            self.next_offset = first + len(offsets)
+        else:
+            for offset in offsets:
+                self.deliver(offset)
+
+    def delivered(self, offset: int) -> bool:
+        """Whether ``offset`` was delivered here and is not known to be acked."""
+        order = self.order
+        i = bisect_left(order, offset, self.head)
+        return i < len(order) and order[i] == offset
+
     def seen(self, offset: int) -> bool:
-        return offset in self.delivered or self.is_acked(offset)
+        return self.delivered(offset) or self.is_acked(offset)
 
     def is_acked(self, offset: int) -> bool:
         return offset < self.confirmed or offset in self.acked
 
     def ack(self, offset: int) -> bool:
         """Record a user ack; False if it was already acked."""
-        if self.is_acked(offset):
+        if offset < self.confirmed or offset in self.acked:
             return False
         self.acked.add(offset)
         self.queued.append(offset)
@@ -69,10 +101,24 @@ class AckSession:
 
     def low(self) -> int:
         """The lowest offset delivered here that the user has not acked (else next_offset)."""
-        order, acked, delivered = self.order, self.acked, self.delivered
-        while order and (order[0] < self.confirmed or order[0] in acked):
-            delivered.discard(order.popleft())
-        return order[0] if order else self.next_offset
+        order, head = self.order, self.head
+        start = head
+        acked, confirmed = self.acked, self.confirmed
+        while head < len(order):
+            offset = order[head]
+            if offset in acked:
+                # the run of acked offsets, in C (usually the acks of the last batch)
+                head += len(list(takewhile(acked.__contains__, islice(order, head, None))))
+            elif offset < confirmed:
+                head += 1
+            else:
+                break
+        if head != start:
+            if head >= 1024 and head * 2 >= len(order):  # drop the consumed prefix
+                del order[:head]
+                head = 0
+            self.head = head
+        return order[head] if head < len(order) else self.next_offset
 
     def take_ack(self) -> tuple[list[int], int] | None:
         """Explicit offsets and a cumulative ``through`` (-1: none) for one ACK frame.
@@ -84,19 +130,26 @@ class AckSession:
             return None
         queued = self.queued
         self.queued = []
-        low = self.low()
-        below = [o for o in queued if o < low]
-        if len(below) >= 2:
-            through = max(below)
-            return sorted(o for o in queued if o > through), through
-        return sorted(queued), -1
+        queued.sort()   # each offset once: ack() queues an offset only the first time
+        below = bisect_left(queued, self.low())
+        if below >= 2:
+            return queued[below:], queued[below - 1]
+        return queued, -1
 
     def confirm(self, cursor: int) -> None:
         """The shard's cursor after an ACKED: forget acks below it."""
-        if cursor > self.confirmed:
+        old = self.confirmed
+        if cursor > old:
             self.confirmed = cursor
-            if self.acked:
-                self.acked = {o for o in self.acked if o >= cursor}
+            acked = self.acked
+            if not acked:
+                return
+            if cursor - old >= len(acked) and max(acked) < cursor:
+                acked.clear()  # the usual case: every ack so far is confirmed
+            elif cursor - old <= 4 * len(acked):
+                acked.difference_update(range(old, cursor))  # acked has nothing below ``old``
+            else:
+                self.acked = {o for o in acked if o >= cursor}
 
 
 class SubState(Wakeable):
@@ -122,7 +175,8 @@ class SubState(Wakeable):
         self.ready = Waiter()                 # done at the first SUBSCRIBED (or failure)
         self.closing: Waiter | None = None    # unsubscribe in progress
         self.buffer: deque[Message] = deque()
-        self.buffered: set[int] = set()       # offsets in ``buffer``
+        # acks that go out at once, even while buffered messages remain
+        self.ack_batch = min(ACK_BATCH, max(1, prefetch // 4))
         self.ack_on_arrival: set[int] = set()  # user-acked in an earlier session, unconfirmed
         self.resume_offset: int | None = None
         self.credit_owed = 0
@@ -177,7 +231,6 @@ class SubState(Wakeable):
             self.ack_on_arrival |= session.acked
         # unconsumed messages come again from the shard's cursor; their credit resets
         self.buffer.clear()
-        self.buffered.clear()
         self.credit_owed = 0
         self.ack_first_at = None
         self.session = None
@@ -196,40 +249,31 @@ class SubState(Wakeable):
 
     # -- messages in -------------------------------------------------------------------
 
-    def deliver(self, sid: int, generation: int, items: list[list[Any]]) -> tuple[bool, int]:
-        """A DELIVER frame; returns (buffer was empty and now is not, credit to give back)."""
+    def deliver(self, sid: int, generation: int, attempt: int, offsets: list[int],
+                ids: list[str], payloads: list[bytes],
+                timestamps: list[float]) -> tuple[bool, int]:
+        """A DELIVER frame (parallel arrays, one attempt); returns (buffer was empty and now
+        is not, credit to give back)."""
         session = self.session
         if session is None or session.sid != sid:
             return False, 0
-        was_empty = not self.buffer
+        buffer = self.buffer
+        was_empty = not buffer
+        if attempt == 1 and not self.ack_on_arrival:
+            # the usual case, first deliveries only: one bulk step per array (hot path)
+            session.deliver_first(offsets)
+            count = len(offsets)
+            # Message(...) of each, built by C code (tuple.__new__ is Message.__new__'s body)
+            buffer.extend(map(tuple.__new__, repeat(Message, count), zip(
+                repeat(self.topic, count), offsets, repeat(generation, count), ids, payloads,
+                timestamps, repeat(1, count), repeat(session, count), repeat(self.acker, count),
+                strict=True)))
+            return was_empty and bool(buffer), 0
         credit_back = 0
-        if not self.ack_on_arrival:
-            # the usual case, first deliveries only: session.deliver inlined (hot path)
-            topic, acker = self.topic, self.acker
-            buffer_append, buffered_add = self.buffer.append, self.buffered.add
-            delivered, acked, confirmed = session.delivered, session.acked, session.confirmed
-            order_append, delivered_add = session.order.append, delivered.add
-            rest: list[list[Any]] = []
-            top = -1
-            for item in items:
-                offset, message_id, payload, timestamp, attempt = item
-                if attempt != 1:
-                    rest.append(item)
-                    continue
-                if offset not in delivered and offset >= confirmed and offset not in acked:
-                    order_append(offset)
-                    delivered_add(offset)
-                if offset > top:
-                    top = offset
-                buffer_append(Message(topic, offset, generation, message_id, payload, timestamp,
-                                      1, session, acker))
-                buffered_add(offset)
-            if top >= session.next_offset:
-                session.next_offset = top + 1
-            if not rest:
-                return was_empty and bool(self.buffer), 0
-            items = rest
-        for offset, message_id, payload, timestamp, attempt in items:
+        # offsets waiting unconsumed: a re-push of one of them is dropped
+        buffered = {msg.offset for msg in buffer} if attempt > 1 else set()
+        for offset, message_id, payload, timestamp in zip(offsets, ids, payloads, timestamps,
+                                                          strict=True):
             if attempt == 1 and offset in self.ack_on_arrival:
                 # the user acked it in an earlier session; ack it here instead of again
                 self.ack_on_arrival.discard(offset)
@@ -237,13 +281,13 @@ class SubState(Wakeable):
                 session.ack(offset)
                 credit_back += 1
                 continue
-            if attempt > 1 and (offset in self.buffered or session.is_acked(offset)):
+            if attempt > 1 and (offset in buffered or session.is_acked(offset)):
                 continue  # still waiting unconsumed here, or already acked: drop it
             session.deliver(offset)
-            self.buffer.append(Message(self.topic, offset, generation, message_id, payload,
-                                       timestamp, attempt, session, self.acker))
-            self.buffered.add(offset)
-        return was_empty and bool(self.buffer), credit_back
+            buffer.append(Message(self.topic, offset, generation, message_id, payload,
+                                  timestamp, attempt, session, self.acker))
+            buffered.add(offset)
+        return was_empty and bool(buffer), credit_back
 
     def next_message(self) -> Message | None:
         """The next message for the user, or None when none is buffered.
@@ -258,25 +302,19 @@ class SubState(Wakeable):
         buffer, session = self.buffer, self.session
         while buffer:
             msg = buffer.popleft()
-            self.buffered.discard(msg.offset)
-            if msg.attempt == 1:
+            if msg[6] == 1:  # msg.attempt, read as fast as it gets (once per message)
                 self.credit_owed += 1
-            if session is not None and session.is_acked(msg.offset):
+            if session is not None and (msg[1] < session.confirmed or msg[1] in session.acked):
                 continue  # acked through an older Message object meanwhile
             return msg
         return None
-
-    @property
-    def ack_batch(self) -> int:
-        """Acks that go out at once, even while buffered messages remain."""
-        return min(ACK_BATCH, max(1, self.prefetch // 4))
 
     def ack_due_at(self) -> float:
         """When queued acks must go out: ``-inf`` means now, ``inf`` that none are queued."""
         session = self.session
         if session is None or not session.queued:
             return math.inf
-        if self.ack_first_at is None or not self.buffer or len(session.queued) >= self.ack_batch:
+        if self.ack_first_at is None or len(session.queued) >= self.ack_batch:
             return -math.inf
         return self.ack_first_at + ACK_DELAY
 
@@ -296,9 +334,10 @@ class SubState(Wakeable):
         return session.take_ack()
 
     def credit_due(self) -> int:
-        """Credit to send now: coalesced, but never held while the buffer is empty."""
+        """Credit to send now: coalesced into quarters of ``prefetch``. Holding less than
+        a quarter never stalls pushes: the shard still has three quarters to use."""
         owed = self.credit_owed
-        if owed and (not self.buffer or owed * 4 >= self.prefetch):
+        if owed * 4 >= self.prefetch:
             self.credit_owed = 0
             return owed
         return 0

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flux import errors
 
@@ -94,33 +95,51 @@ class SubscribeInfo:
                    max_in_flight=int(body.get("max_in_flight", 0)))
 
 
-class Message:
+class Message(tuple[Any, ...]):
     """A pushed message. ``attempt`` is 1 for a first delivery in this session.
 
     ``await msg.ack()`` queues the ack (idempotent); it never raises: a refused
-    ack surfaces from the subscription's iterator.
+    ack surfaces from the subscription's iterator. Immutable; a tuple underneath
+    (one is made per delivered message, in bulk, by C code).
     """
 
-    __slots__ = ("_acker", "_session", "attempt", "generation", "id", "offset", "payload",
-                 "timestamp", "topic")
+    __slots__ = ()
 
-    def __init__(self, topic: str, offset: int, generation: int, id: str, payload: bytes,
-                 timestamp: float, attempt: int, session: object = None,
-                 acker: Callable[[Message], None] | None = None) -> None:
-        self.topic = topic
-        self.offset = offset
-        self.generation = generation
-        self.id = id
-        self.payload = payload
-        self.timestamp = timestamp
-        self.attempt = attempt
-        self._session = session
-        self._acker = acker
+    if TYPE_CHECKING:
+        topic: str
+        offset: int
+        generation: int
+        id: str
+        payload: bytes
+        timestamp: float
+        attempt: int
+        _session: object
+        _acker: Callable[[Message], None] | None
+    else:
+        topic = property(itemgetter(0), doc="the topic")
+        offset = property(itemgetter(1), doc="the offset in the topic (of this generation)")
+        generation = property(itemgetter(2), doc="the shard generation it was stored in")
+        id = property(itemgetter(3), doc="the message id")
+        payload = property(itemgetter(4), doc="the payload bytes")
+        timestamp = property(itemgetter(5), doc="when the shard stored it (epoch seconds)")
+        attempt = property(itemgetter(6), doc="push number in this session (1: first)")
+        _session = property(itemgetter(7))
+        _acker = property(itemgetter(8))
+
+    def __new__(cls, topic: str, offset: int, generation: int, id: str, payload: bytes,
+                timestamp: float, attempt: int, session: object = None,
+                acker: Callable[[Message], None] | None = None) -> Message:
+        return tuple.__new__(cls, (topic, offset, generation, id, payload, timestamp, attempt,
+                                   session, acker))
+
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        return tuple(self)
 
     async def ack(self) -> None:
         """Queue the ack of this message; it is sent coalesced with others."""
-        if self._acker is not None:
-            self._acker(self)
+        acker = self[8]
+        if acker is not None:
+            acker(self)
 
     def __repr__(self) -> str:
         return (f"<Message {self.topic}@{self.offset} gen={self.generation:#x} id={self.id!r}"

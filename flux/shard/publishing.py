@@ -1,12 +1,14 @@
 """PUBLISH: validation, the per-frame buffer limit, dedup (G3), TopicFull and storage.
 
-Stored runs of messages are appended in one step; subscriptions with room are
-marked for the next pump (``flux.shard.delivery``).
+A PUBLISH carries groups (one topic, a column of ids and one of payloads). The
+usual group passes every check at once with C-speed bulk operations and is
+stored with one extend (:meth:`Publishing._publish_fast`); any other group goes
+item by item (:meth:`Publishing._publish_slow`). Both give the same results.
+Subscriptions with room are marked for the next pump (``flux.shard.delivery``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from flux import errors
@@ -16,119 +18,171 @@ from flux.shard.state import (
     Session,
     ShardState,
     Topic,
-    _err,
-    _nothing,
 )
+
+_BYTES = {bytes}
+# 32 characters are at most 128 bytes of UTF-8: longer ids need the exact check
+_SHORT_ID = 32
 
 
 class Publishing(ShardState):
     """The PUBLISH handler."""
 
     def _publish(self, session: Session, frame: list[Any], now: float) -> None:
-        rid, items = frame[1], frame[2]
-        if not isinstance(items, list):
-            raise errors.InvalidRequest("PUBLISH items must be an array")
+        rid, groups = frame[1], frame[2]
+        if type(groups) is not list:
+            raise errors.InvalidRequest("PUBLISH groups must be an array")
+        # the whole frame is checked before anything is stored
+        for group in groups:
+            if (type(group) is not list or len(group) != 3 or type(group[1]) is not list
+                    or type(group[2]) is not list or len(group[1]) != len(group[2])):
+                raise errors.InvalidRequest(
+                    "a PUBLISH group is [topic, [id, ...], [payload, ...]] with as many"
+                    " ids as payloads")
         if self.draining:
             raise errors.ShuttingDown("shard is draining; reconnect and retry")
         results: list[list[Any]] = []
-        add = results.append
-        counts: dict[str, int] = {}
+        counts: dict[str, int] = {}  # items per topic in this frame so far (topic.buffer)
+        touched: dict[str, Topic] = {}
+        for name, ids, payloads in groups:
+            n = len(ids)
+            if not n:
+                results.append([[], [], []])
+                continue
+            try:
+                name = self._check_owned(name)
+            except errors.FluxError as exc:  # every item of the group is refused
+                message = str(exc)
+                results.append([[P.REFUSED] * n, [],
+                                [[i, exc.code, message] for i in range(n)]])
+                continue
+            topic = touched.get(name)
+            if topic is None:
+                topic = touched[name] = self._topic(name)
+            topic.dedup.expire(now)  # before reading held bytes: expired ids free theirs
+            result = self._publish_fast(topic, ids, payloads, counts, now)
+            if result is None:
+                result = self._publish_slow(topic, ids, payloads, counts, now)
+            results.append(result)
+        session.out.append([P.PUBLISHED, rid, self.generation, results])
+        dirty = self._dirty
+        for topic in touched.values():
+            for sub in topic.subs.values():
+                if sub.session is not None:
+                    dirty[id(sub)] = sub
+
+    def _publish_fast(self, topic: Topic, ids: list[Any], payloads: list[Any],
+                      counts: dict[str, int], now: float) -> list[Any] | None:
+        """Store a whole group of new, valid messages at once; None (nothing done) when
+        any item needs the exact per-item checks."""
+        n = len(ids)
+        name = topic.name
+        count = counts.get(name, 0) + n
+        if count > self.config.topic.buffer:
+            return None
+        try:
+            # a str check of every id, and their total length, at C speed (a str
+            # subclass passes, as it does the per-item check)
+            id_bytes = len("".join(ids))
+        except TypeError:
+            return None
+        if set(map(type, payloads)) != _BYTES:
+            return None
+        id_lengths = list(map(len, ids))
+        longest_id = max(id_lengths)
+        if min(id_lengths) < 1 or longest_id > _SHORT_ID:
+            return None
+        size = id_bytes + sum(map(len, payloads))
+        max_message = self.config.max_frame_bytes - MESSAGE_FRAME_SLACK
+        # usually even the whole group fits in one message's room (cheaper than max())
+        if (size - id_bytes + longest_id > max_message
+                and max(map(len, payloads)) + longest_id > max_message):
+            return None
+        if topic.held_bytes + size + id_bytes > self.config.topic.max_bytes:
+            return None
+        log, dedup = topic.log, topic.dedup
+        first = log.next_offset
+        if dedup.window > 0:
+            group = set(ids)
+            if len(group) != n or dedup.known_any(group):
+                return None  # a duplicate (in the window or the group): the slow path says which
+            dedup.remember_all(ids, first, now, id_bytes)
+        counts[name] = count
+        log.extend(ids, payloads, now, size)
+        self.counters["published"] += n
+        return [list(range(first, first + n)), [], []]
+
+    def _publish_slow(self, topic: Topic, ids: list[Any], payloads: list[Any],
+                      counts: dict[str, int], now: float) -> list[Any]:
+        """Check and store a group item by item (PROTOCOL.md §6.4 order)."""
+        name = topic.name
         buffer = self.config.topic.buffer
         max_bytes = self.config.topic.max_bytes
         max_message = self.config.max_frame_bytes - MESSAGE_FRAME_SLACK
-        touched: dict[str, Topic] = {}
-        # The hot loop. Items of a frame mostly share a topic: a run of items of one
-        # topic is checked against its dedup window and the run's own new ids, and
-        # stored at the end of the run with one extend.
-        name: Any = None
-        topic: Topic | None = None
-        count = held = next_offset = duplicates = 0
-        dedup_on = True
-        known: Callable[[str], int | None] = _nothing
+        count = counts.get(name, 0)
+        held = topic.held_bytes
+        next_offset = topic.log.next_offset
+        known = topic.dedup.finder()
+        dedup_on = topic.dedup.window > 0  # a zero window remembers nothing (G3)
+        offsets: list[int] = []
+        duplicates: list[int] = []
+        refused: list[list[Any]] = []
         new_ids: list[str] = []
         new_payloads: list[bytes] = []
         fresh: dict[str, int] = {}
-        for item in items:
-            if type(item) is not list:
-                add(_err(errors.InvalidRequest, "a publish item is [topic, id, payload]"))
-                continue
-            try:
-                item_topic, message_id, payload = item
-            except ValueError:
-                add(_err(errors.InvalidRequest, "a publish item is [topic, id, payload]"))
-                continue
-            if item_topic != name or topic is None:
-                if topic is not None:
-                    counts[name] = count
-                    self._store_run(topic, new_ids, new_payloads, fresh, now)
-                    new_ids, new_payloads, fresh = [], [], {}
+        for i, (message_id, payload) in enumerate(zip(ids, payloads, strict=True)):
+            if type(message_id) is not str or not 0 < len(message_id) <= _SHORT_ID:
                 try:
-                    name = self._check_owned(item_topic)
-                except errors.FluxError as exc:
-                    add([exc.code, str(exc), None])
-                    name = topic = None
-                    continue
-                topic = self._topic(name)
-                touched[name] = topic
-                count = counts.get(name, 0)
-                topic.dedup.expire(now)  # before reading held bytes: expired ids free theirs
-                held = topic.held_bytes
-                next_offset = topic.log.next_offset
-                known = topic.dedup.finder()
-                dedup_on = topic.dedup.window > 0  # a zero window remembers nothing (G3)
-            if type(message_id) is not str or not 0 < len(message_id) <= 32:
-                try:  # 32 characters are at most 128 bytes of UTF-8: longer ids are checked
                     P.check_message_id(message_id)
                 except errors.FluxError as exc:
-                    add([exc.code, str(exc), None])
+                    offsets.append(P.REFUSED)
+                    refused.append([i, exc.code, str(exc)])
                     continue
             if type(payload) is not bytes:
-                add(_err(errors.InvalidRequest,
-                         f"payload must be binary, not {type(payload).__name__}"))
+                offsets.append(P.REFUSED)
+                refused.append([i, errors.InvalidRequest.code,
+                                f"payload must be binary, not {type(payload).__name__}"])
                 continue
             size = len(payload) + len(message_id)
             if size > max_message:
                 # stored, it could never be delivered or fetched in one frame (G8)
-                add(_err(errors.MessageTooLarge,
-                         f"a {len(payload)}-byte payload cannot be delivered in one frame;"
-                         f" at most {max_message - len(message_id)} bytes with this id"))
+                offsets.append(P.REFUSED)
+                refused.append([i, errors.MessageTooLarge.code,
+                                f"a {len(payload)}-byte payload cannot be delivered in one"
+                                f" frame; at most {max_message - len(message_id)} bytes with"
+                                " this id"])
                 continue
             count += 1
             if count > buffer:
-                add(_err(errors.Busy, f"more than topic.buffer={buffer} publishes of {name!r}"
-                                      " in one frame; retry with the same id"))
+                offsets.append(P.REFUSED)
+                refused.append([i, errors.Busy.code,
+                                f"more than topic.buffer={buffer} publishes of {name!r} in"
+                                " one frame; retry with the same id"])
                 continue
             original = known(message_id)
             if original is None and dedup_on:
                 original = fresh.get(message_id)
             if original is not None:  # G3: before the TopicFull check
-                duplicates += 1
-                add([P.OK, original, True])
+                offsets.append(original)
+                duplicates.append(i)
                 continue
             size += len(message_id)  # the dedup window holds the id too
             if held + size > max_bytes:
-                add(_err(errors.TopicFull, f"topic {name!r} holds {held} bytes;"
-                                           f" topic.max_bytes={max_bytes}"))
+                offsets.append(P.REFUSED)
+                refused.append([i, errors.TopicFull.code,
+                                f"topic {name!r} holds {held} bytes; topic.max_bytes={max_bytes}"])
                 continue
             held += size
             fresh[message_id] = next_offset
             new_ids.append(message_id)
             new_payloads.append(payload)
-            add([P.OK, next_offset, False])
+            offsets.append(next_offset)
             next_offset += 1
-        if topic is not None:
-            self._store_run(topic, new_ids, new_payloads, fresh, now)
-        self.counters["duplicates"] += duplicates
-        session.out.append([P.PUBLISHED, rid, self.generation, results])
-        for topic in touched.values():
-            for sub in topic.subs.values():
-                if sub.session is not None:
-                    self._dirty[id(sub)] = sub
-
-    def _store_run(self, topic: Topic, ids: list[str], payloads: list[bytes],
-                   fresh: dict[str, int], now: float) -> None:
-        """Store a run of accepted publishes of one topic (G2) and remember their ids (G3)."""
-        if ids:
-            topic.log.extend(ids, payloads, now)
-            topic.dedup.remember_all(fresh, now)
-            self.counters["published"] += len(ids)
+        counts[name] = count
+        if new_ids:
+            # G2/G3: store the accepted messages and remember their ids
+            first = topic.log.extend(new_ids, new_payloads, now)
+            topic.dedup.remember_all(new_ids, first, now)
+            self.counters["published"] += len(new_ids)
+        self.counters["duplicates"] += len(duplicates)
+        return [offsets, duplicates, refused]

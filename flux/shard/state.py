@@ -53,10 +53,6 @@ class Session:
     close: bool = False
 
 
-def _err(code_cls: type[errors.FluxError], message: str) -> list[Any]:
-    return [code_cls.code, message, None]
-
-
 class ShardState:
     """All state of one shard incarnation (one generation)."""
 
@@ -129,10 +125,6 @@ class ShardState:
     def _emit(self, *event: Any) -> None:
         if self.on_event is not None:
             self.on_event(event)
-
-
-def _nothing(message_id: str) -> int | None:
-    return None
 
 
 def _next_pass(previous: float, interval: float, now: float) -> float:

@@ -11,6 +11,7 @@ are uniform, so each queue is already in time order and needs no heap.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,7 +45,7 @@ class Subscription:
     attached_from: int = 0
     preacked: frozenset[int] = frozenset()
     # (at, offsets, pushes, epoch): one entry per batch of pushes that share a deadline
-    deadlines: deque[tuple[float, list[int], int, int]] = field(default_factory=deque)
+    deadlines: deque[tuple[float, Sequence[int], int, int]] = field(default_factory=deque)
     repushes: deque[tuple[float, int, int, int]] = field(default_factory=deque)
     # activity (G6)
     active: bool = False
@@ -85,17 +86,28 @@ class Subscription:
         # in_flight is in increasing offset order: first pushes go out in offset order
         # (G1) and a re-push updates its entry in place
         in_flight = self.in_flight
+        if not in_flight:
+            return 0
+        first = next(iter(in_flight))
+        if first > through:
+            return 0
+        last = next(reversed(in_flight))
+        n = len(in_flight)
+        if not self.acked and first == self.cursor and last - first == n - 1:
+            # the usual case: in flight is exactly the run cursor..last (increasing,
+            # distinct keys), and all or a prefix of it is acked: what ack() does, in bulk
+            if through >= last:
+                in_flight.clear()
+                self.cursor = last + 1
+                return n
+            deque(map(in_flight.pop, range(first, through + 1)), maxlen=0)
+            self.cursor = through + 1
+            return through + 1 - first
         due: list[int] = []
         for offset in in_flight:
             if offset > through:
                 break
             due.append(offset)
-        if due and not self.acked and due[0] == self.cursor and due[-1] - due[0] == len(due) - 1:
-            # the usual case, a run of offsets from the cursor: what ack() does, in bulk
-            for offset in due:
-                del in_flight[offset]
-            self.cursor = due[-1] + 1
-            return len(due)
         ack = self.ack
         for offset in due:
             ack(offset)
@@ -153,7 +165,7 @@ class Subscription:
             return d
         return min(d, r)
 
-    def add_deadlines(self, at: float, offsets: list[int], pushes: int) -> None:
+    def add_deadlines(self, at: float, offsets: Sequence[int], pushes: int) -> None:
         """Push ``pushes`` of each of ``offsets`` (increasing) waits for its ack until ``at``."""
         q = self.deadlines
         if q and q[-1][0] > at:  # a late tick; keep the queue ordered

@@ -9,8 +9,7 @@ Neither knows about subscriptions; cleanup decides what may be trimmed.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 
@@ -67,8 +66,10 @@ class TopicLog:
         self.held_bytes += len(payload) + len(message_id)
         return offset
 
-    def extend(self, ids: list[str], payloads: list[bytes], now: float) -> int:
-        """Store several messages at once; returns the offset of the first."""
+    def extend(self, ids: list[str], payloads: list[bytes], now: float,
+               size: int | None = None) -> int:
+        """Store several messages at once; returns the offset of the first. ``size``:
+        their id and payload lengths summed, if the caller already knows it."""
         offset = self._first + len(self._ids)
         if ids:
             if not self._mark_at or self._mark_at[-1] != now:
@@ -76,7 +77,9 @@ class TopicLog:
                 self._mark_at.append(now)
             self._ids += ids
             self._payloads += payloads
-            self.held_bytes += sum(map(len, ids)) + sum(map(len, payloads))
+            if size is None:
+                size = sum(map(len, ids)) + sum(map(len, payloads))
+            self.held_bytes += size
         return offset
 
     def stored_at(self, offset: int) -> float:
@@ -90,9 +93,10 @@ class TopicLog:
             return None
         return Entry(self._ids[i], self._payloads[i], self.stored_at(offset))
 
-    def span(self, start: int, stop: int) -> tuple[list[str], list[bytes], list[float]]:
-        """Ids, payloads and store times of the held offsets ``start`` to ``stop - 1``
-        (the caller makes sure they are held)."""
+    def span(self, start: int, stop: int, epoch: float = 0.0
+             ) -> tuple[list[str], list[bytes], list[float]]:
+        """Ids, payloads and store times (plus ``epoch``) of the held offsets ``start``
+        to ``stop - 1`` (the caller makes sure they are held)."""
         a, b = start - self._first, stop - self._first
         offsets, ats = self._mark_offset, self._mark_at
         m = bisect_right(offsets, start) - 1
@@ -100,7 +104,7 @@ class TopicLog:
         pos = start
         while pos < stop:
             end = offsets[m + 1] if m + 1 < len(offsets) and offsets[m + 1] < stop else stop
-            times += [ats[m]] * (end - pos)
+            times += [epoch + ats[m]] * (end - pos)
             pos = end
             m += 1
         return self._ids[a:b], self._payloads[a:b], times
@@ -140,10 +144,11 @@ class TopicLog:
         dropped = stop - head
         if not dropped:
             return 0
-        self.held_bytes -= sum(map(len, ids[head:stop])) + sum(map(len, payloads[head:stop]))
-        for i in range(head, stop):  # release the objects now, not at the next compaction
-            ids[i] = ""
-            payloads[i] = b""
+        # joining the ids (short) counts them faster than len() per id
+        self.held_bytes -= len("".join(ids[head:stop])) + sum(map(len, payloads[head:stop]))
+        # release the objects now, not at the next compaction
+        ids[head:stop] = [""] * dropped
+        payloads[head:stop] = [b""] * dropped
         head = stop
         if head == len(ids):
             ids.clear()
@@ -175,70 +180,107 @@ class TopicLog:
 class DedupWindow:
     """Message ids accepted in the last ``window`` seconds, with their offsets.
 
-    Ids expire in buckets, one per distinct acceptance time (a PUBLISH frame's
-    ``now``), so remembering an id costs a dict entry and a list slot.
+    A topic's accepted ids take consecutive offsets, so the window keeps them in
+    acceptance order (a list) with a set beside it for membership; ids remembered
+    together share a *mark* (first position, first offset, expiry time) in three
+    flat lists. An id thus costs a set entry and a list slot, and nothing the
+    garbage collector has to walk. A duplicate's offset is found by searching the
+    list from its recent end: duplicates are retries, rare and recent.
     """
 
-    __slots__ = ("_expiry", "_offsets", "held_bytes", "window")
+    __slots__ = ("_head", "_known", "_mark_at", "_mark_head", "_mark_offset", "_mark_pos",
+                 "_order", "held_bytes", "window")
 
     def __init__(self, window: float) -> None:
         self.window = window
-        self._offsets: dict[str, int] = {}
-        self._expiry: deque[tuple[float, list[str]]] = deque()
+        self._known: set[str] = set()
+        self._order: list[str] = []       # remembered ids, oldest first, from _head on
+        self._head = 0
+        self._mark_pos: list[int] = []    # a mark: from this index of _order on, ...
+        self._mark_offset: list[int] = []  # ... ids have consecutive offsets from this one ...
+        self._mark_at: list[float] = []   # ... and are forgotten at this time
+        self._mark_head = 0
         self.held_bytes = 0
 
     def __len__(self) -> int:
-        return len(self._offsets)
+        return len(self._known)
 
     def lookup(self, message_id: str, now: float) -> int | None:
         """The original offset of ``message_id`` if it is still remembered."""
-        if self._expiry and self._expiry[0][0] <= now:
-            self.expire(now)
-        return self._offsets.get(message_id)
+        self.expire(now)
+        return self.get(message_id)
 
     def remember(self, message_id: str, offset: int, now: float) -> None:
         """Remember an accepted id until ``now + window``."""
-        if self.window <= 0:
-            return
-        self._offsets[message_id] = offset
-        at = now + self.window
-        expiry = self._expiry
-        if expiry and expiry[-1][0] == at:
-            expiry[-1][1].append(message_id)
-        else:
-            expiry.append((at, [message_id]))
-        self.held_bytes += len(message_id)
+        self.remember_all([message_id], offset, now)
 
     def get(self, message_id: str) -> int | None:
         """Like :meth:`lookup` without expiring first (the caller ran :meth:`expire`)."""
-        return self._offsets.get(message_id)
+        if message_id not in self._known:
+            return None
+        i = self._position(message_id)
+        m = bisect_right(self._mark_pos, i, self._mark_head) - 1
+        return self._mark_offset[m] + i - self._mark_pos[m]
 
     def finder(self) -> Callable[[str], int | None]:
         """:meth:`get` as a plain function, for a loop over many ids (after :meth:`expire`)."""
-        return self._offsets.get
+        return self.get
 
-    def remember_all(self, ids: dict[str, int], now: float) -> None:
-        """:meth:`remember` each id (with its offset) of ``ids``."""
+    def known_any(self, ids: Iterable[str]) -> bool:
+        """Whether any of ``ids`` is remembered (after :meth:`expire`): the publish fast
+        path asks this once per group and leaves any hit to :meth:`finder`."""
+        return not self._known.isdisjoint(ids)
+
+    def remember_all(self, ids: list[str], first: int, now: float, size: int | None = None
+                     ) -> None:
+        """Remember ``ids``, accepted at offsets ``first``, ``first + 1``, ... (``size``:
+        their lengths summed, if the caller already knows it). None may be remembered."""
         if self.window <= 0 or not ids:
             return
-        self._offsets.update(ids)
-        at = self.window + now
-        expiry = self._expiry
-        if expiry and expiry[-1][0] == at:
-            expiry[-1][1].extend(ids)
-        else:
-            expiry.append((at, list(ids)))
-        self.held_bytes += sum(map(len, ids))
+        self.expire(now)
+        at = now + self.window
+        order = self._order
+        marks = self._mark_pos
+        if (len(marks) == self._mark_head or self._mark_at[-1] != at
+                or self._mark_offset[-1] + len(order) - marks[-1] != first):
+            marks.append(len(order))
+            self._mark_offset.append(first)
+            self._mark_at.append(at)
+        order += ids
+        self._known.update(ids)
+        self.held_bytes += len("".join(ids)) if size is None else size
 
     def expire(self, now: float) -> int:
         """Forget ids whose window has passed; returns how many."""
-        expiry = self._expiry
-        offsets = self._offsets
-        count = 0
-        while expiry and expiry[0][0] <= now:
-            _, ids = expiry.popleft()
-            for message_id in ids:
-                offsets.pop(message_id, None)
-            self.held_bytes -= sum(map(len, ids))
-            count += len(ids)
-        return count
+        ats, k = self._mark_at, self._mark_head
+        if k == len(ats) or ats[k] > now:
+            return 0
+        k = bisect_right(ats, now, k)
+        order, head = self._order, self._head
+        stop = self._mark_pos[k] if k < len(ats) else len(order)
+        gone = order[head:stop]
+        self._known.difference_update(gone)
+        self.held_bytes -= len("".join(gone))
+        order[head:stop] = [""] * (stop - head)  # release the ids now, not at compaction
+        head = stop
+        if head == len(order) or (head > 1024 and head * 2 > len(order)):
+            del order[:head]
+            del self._mark_pos[:k]
+            del self._mark_offset[:k]
+            del ats[:k]
+            self._mark_pos[:] = [p - head for p in self._mark_pos]
+            head = k = 0
+        self._head, self._mark_head = head, k
+        return len(gone)
+
+    def _position(self, message_id: str) -> int:
+        """Index in ``_order`` of a remembered id, searched from the newest end."""
+        order, head = self._order, self._head
+        stop, step = len(order), 256
+        while stop > head:
+            start = max(head, stop - step)
+            try:
+                return order.index(message_id, start, stop)
+            except ValueError:
+                stop, step = start, step * 4
+        raise KeyError(message_id)  # unreachable while _known and _order agree

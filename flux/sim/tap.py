@@ -99,12 +99,15 @@ class WireTap:
     def _out_frame(self, frame: list[Any], now: float) -> None:
         kind = frame[0]
         if kind == P.PUBLISH:
-            rid, items = frame[1], frame[2]
+            rid, groups = frame[1], frame[2]
+            items = [[(topic, message_id) for message_id in ids] for topic, ids, _ in groups]
             self.pending[rid] = ("publish", items)
-            for topic, message_id, _payload in items:
-                key = (self.client, topic, message_id)
-                tries = self.rec.publish_tries[key] = self.rec.publish_tries.get(key, 0) + 1
-                self._add(h.PublishAttempted(now, self.client, rid, topic, message_id, tries))
+            for group in items:
+                for topic, message_id in group:
+                    key = (self.client, topic, message_id)
+                    tries = self.rec.publish_tries[key] = self.rec.publish_tries.get(key, 0) + 1
+                    self._add(h.PublishAttempted(now, self.client, rid, topic, message_id,
+                                                 tries))
         elif kind == P.SUBSCRIBE:
             self.pending[frame[1]] = ("subscribe", frame[2], frame[3], now)
         elif kind == P.UNSUBSCRIBE:
@@ -139,8 +142,9 @@ class WireTap:
         if kind == P.DELIVER:
             s = self.sessions.get(frame[1])
             if s is not None:
-                for offset, message_id, _payload, timestamp, attempt in frame[3]:
-                    self._add(h.Delivered(now, s.subscriber, s.id, s.topic, frame[2], offset,
+                _, _, generation, attempt, offsets, ids, _payloads, timestamps = frame
+                for offset, message_id, timestamp in zip(offsets, ids, timestamps, strict=True):
+                    self._add(h.Delivered(now, s.subscriber, s.id, s.topic, generation, offset,
                                           message_id, attempt, timestamp))
         elif kind == P.PUBLISHED:
             self._published(frame, now)
@@ -172,14 +176,17 @@ class WireTap:
         if pending is None or pending[0] != "publish":
             return
         rid, generation = frame[1], frame[2]
-        for (topic, message_id, _payload), (status, a, b) in zip(pending[1], frame[3],
-                                                                  strict=False):
-            if status == P.OK:
-                self._add(h.PublishAcked(now, self.client, rid, topic, message_id, generation,
-                                         a, bool(b)))
-            else:
-                self._add(h.PublishFailed(now, self.client, rid, topic, message_id,
-                                          error_name(status)))
+        for group, (offsets, duplicates, refused) in zip(pending[1], frame[3], strict=False):
+            dups = set(duplicates)
+            codes = {index: code for index, code, _message in refused}
+            for index, ((topic, message_id), offset) in enumerate(zip(group, offsets,
+                                                                      strict=False)):
+                if index in codes:
+                    self._add(h.PublishFailed(now, self.client, rid, topic, message_id,
+                                              error_name(codes[index])))
+                else:
+                    self._add(h.PublishAcked(now, self.client, rid, topic, message_id,
+                                             generation, offset, index in dups))
 
     def _acked(self, frame: list[Any], now: float) -> None:
         rid, _sid, cursor, refused = frame[1:5]
@@ -221,8 +228,10 @@ class WireTap:
             return
         name = error_name(frame[2])
         if pending[0] == "publish":
-            for topic, message_id, _payload in pending[1]:
-                self._add(h.PublishFailed(now, self.client, frame[1], topic, message_id, name))
+            for group in pending[1]:
+                for topic, message_id in group:
+                    self._add(h.PublishFailed(now, self.client, frame[1], topic, message_id,
+                                              name))
         elif pending[0] == "ack":
             s = pending[1]
             self._add(h.AckRefused(now, s.subscriber, s.id, s.topic, s.generation, -1, name))

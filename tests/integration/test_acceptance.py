@@ -385,7 +385,10 @@ def shaped_frame(rng: random.Random) -> list[Any]:
         del options[key]
     return rng.choice([
         [P.PUBLISH, rng.randrange(1, 999), [[topic, v(), v()] for _ in range(rng.randrange(4))]],
-        [P.PUBLISH, rng.randrange(1, 999), [[topic, f"h{rng.random()}", b"x"], v()]],
+        [P.PUBLISH, rng.randrange(1, 999), [[topic, [v() for _ in range(n)],
+                                             [v() for _ in range(rng.choice([n, n + 1]))]]
+                                            for n in range(rng.randrange(4))]],
+        [P.PUBLISH, rng.randrange(1, 999), [[topic, [f"h{rng.random()}"], [b"x"]], v()]],
         [P.SUBSCRIBE, rng.randrange(1, 999), rng.choice([1, 2, v()]), options],
         [P.UNSUBSCRIBE, rng.randrange(1, 999), rng.choice([1, 2, v()])],
         [P.CREDIT, rng.choice([1, 2, v()]), rng.choice([-1, 0, 2**62, v()])],

@@ -13,7 +13,7 @@ import trio
 
 from flux import errors, protocol
 
-from .wire import RawConn, owned_topic, shard_map
+from .wire import RawConn, item_result, owned_topic, publish_frame, shard_map
 
 if TYPE_CHECKING:
     from tests.conftest import Broker
@@ -28,9 +28,9 @@ async def shard_address(broker: Broker, index: int) -> str:
 
 
 async def publish(conn: RawConn, topic: str, message_id: str, payload: bytes) -> list[Any]:
-    reply = await conn.request([P.PUBLISH, conn.rid(), [[topic, message_id, payload]]])
+    reply = await conn.request(publish_frame(conn.rid(), topic, message_id, payload))
     assert reply[0] == P.PUBLISHED, reply
-    return list(reply[3][0])
+    return item_result(reply)
 
 
 async def held_ids(address: str, topic: str) -> list[str]:
@@ -96,15 +96,15 @@ async def test_bad_topics_and_wrong_types_get_typed_errors_per_item(broker: Brok
         async with await RawConn.open(address) as conn:
             await conn.hello()
             reply = await conn.request([P.PUBLISH, 5, [
-                ["bad topic!", "a", b"x"],       # not a valid topic name
-                [topic, "", b"x"],               # empty id
-                [topic, "b", "not bytes"],       # payload must be binary
-                ["just-two", "fields"],          # wrong shape
-                [topic, "ok", b"x"],             # fine: stored despite its neighbours
+                ["bad topic!", ["a", "b"], [b"x", b"y"]],   # not a valid topic name
+                [topic, ["", "b", "ok"], [b"x", "not bytes", b"x"]],  # empty id, not binary
             ]])
-            codes = [item[0] for item in reply[3]]
-            assert codes == [errors.InvalidTopic.code, errors.InvalidMessageId.code,
-                             errors.InvalidRequest.code, errors.InvalidRequest.code, 0]
+            assert reply[0] == P.PUBLISHED, reply
+            assert [item_result(reply, 0, i)[0] for i in range(2)] == [
+                errors.InvalidTopic.code] * 2
+            assert [item_result(reply, 1, i)[0] for i in range(3)] == [
+                errors.InvalidMessageId.code, errors.InvalidRequest.code, 0]  # "ok" is stored
+            assert reply[3][1][0] == [P.REFUSED, P.REFUSED, 0]
             assert (await conn.request([P.PUBLISH, 6, "not a list"]))[:3] == [
                 P.ERROR, 6, errors.InvalidRequest.code]
             sub = await conn.request([P.SUBSCRIBE, 7, 1, {"topic": "*", "mode": "push"}])
@@ -114,6 +114,30 @@ async def test_bad_topics_and_wrong_types_get_typed_errors_per_item(broker: Brok
             sub = await conn.request([P.SUBSCRIBE, 9, 1, {"topic": topic, "read_old": "yes"}])
             assert sub[:3] == [P.ERROR, 9, errors.InvalidRequest.code]
         assert await held_ids(address, topic) == ["ok"]
+
+
+@pytest.mark.parametrize("groups", [
+    "not a list",
+    [["T", "v1-shaped", b"x"]],                       # a v1 item: id and payload not arrays
+    [["T", ["good"], [b"x"]], ["T", ["a", "b"], [b"x"]]],   # unequal lengths
+    [["T", ["good"], [b"x"]], ["T", ["a"]]],           # a group of two fields
+    [["T", ["good"], [b"x"]], ["T", ["a"], [b"x"], "extra"]],   # of four fields
+    [["T", ["good"], [b"x"]], "not a group"],
+])
+async def test_a_malformed_publish_frame_is_refused_whole_and_stores_nothing(
+        broker: Broker, groups: Any) -> None:
+    topic = owned_topic(0)
+    if isinstance(groups, list):
+        groups = [[topic if part == "T" else part for part in g] if isinstance(g, list) else g
+                  for g in groups]
+    with trio.fail_after(TIMEOUT):
+        address = await shard_address(broker, 0)
+        async with await RawConn.open(address) as conn:
+            await conn.hello()
+            reply = await conn.request([P.PUBLISH, 5, groups])
+            assert reply[:3] == [P.ERROR, 5, errors.InvalidRequest.code], reply
+            assert (await publish(conn, topic, "after", b"x"))[0] == 0
+        assert await held_ids(address, topic) == ["after"]  # nothing of the bad frame
 
 
 async def test_acks_for_unknown_offsets_and_subscriptions_are_refused(broker: Broker) -> None:
@@ -127,7 +151,7 @@ async def test_acks_for_unknown_offsets_and_subscriptions_are_refused(broker: Br
                 "topic": topic, "name": "acks", "read_old": True, "credit": 10}])
             assert sub[0] == P.SUBSCRIBED, sub
             deliver = await conn.recv_kind(P.DELIVER)
-            assert [m[0] for m in deliver[3]] == [0]
+            assert deliver[3:5] == [1, [0]]  # attempt 1, offsets
             acked = await conn.request([P.ACK, 11, 1, generation, [0, 999], -1])
             assert acked[0] == P.ACKED
             assert [(r[0], r[1]) for r in acked[4]] == [(999, errors.NotDelivered.code)]
@@ -151,9 +175,9 @@ async def test_publish_to_a_shard_that_does_not_own_the_topic_gets_wrong_shard(
 async def test_router_refuses_bad_version_and_non_router_requests(broker: Broker) -> None:
     with trio.fail_after(TIMEOUT):
         async with await RawConn.open(broker.address) as conn:
-            reply = await conn.request([P.PUBLISH, 3, [["a", "b", b"c"]]])
+            reply = await conn.request(publish_frame(3, "a", "b", b"c"))
             assert reply[:3] == [P.ERROR, 3, errors.InvalidRequest.code]
-            reply = await conn.request([P.HELLO, 4, {"version": 2}])
+            reply = await conn.request([P.HELLO, 4, {"version": 1}])  # v1 was never released
             assert reply[:3] == [P.ERROR, 4, errors.UnsupportedVersion.code]
             assert await conn.read_until_closed() == []
         async with await RawConn.open(broker.address) as conn:

@@ -13,7 +13,7 @@ import trio
 from flux import protocol
 from flux.router.launcher import pid_alive
 
-from .wire import RawConn, owned_topic, shard_map
+from .wire import RawConn, item_result, owned_topic, publish_frame, shard_map
 
 if TYPE_CHECKING:
     from tests.conftest import Broker
@@ -35,9 +35,9 @@ async def wait_for_new_generation(broker: Broker, index: int, old: int) -> list[
 async def publish_one(address: str, topic: str) -> list[object]:
     async with await RawConn.open(address) as conn:
         hello = await conn.hello()
-        reply = await conn.request([P.PUBLISH, conn.rid(), [[topic, "m", b"x"]]])
+        reply = await conn.request(publish_frame(conn.rid(), topic, "m", b"x"))
     assert reply[0] == P.PUBLISHED and reply[2] == hello[2]["generation"], reply
-    return list(reply[3][0])
+    return item_result(reply)
 
 
 async def test_killed_shard_is_restarted_with_a_new_generation(broker: Broker) -> None:

@@ -93,6 +93,21 @@ async def shard_map(router: str) -> list[list[Any]]:
     return list(reply[2]["shards"])
 
 
+def publish_frame(rid: int, topic: str, message_id: str, payload: bytes) -> list[Any]:
+    """A PUBLISH of one message (one group of one item)."""
+    return [protocol.PUBLISH, rid, [[topic, [message_id], [payload]]]]
+
+
+def item_result(reply: list[Any], group: int = 0, index: int = 0) -> list[Any]:
+    """One item's result in a PUBLISHED: ``[0, offset, duplicate]`` if it was stored,
+    ``[code, message, None]`` if it was refused."""
+    offsets, duplicates, refused = reply[3][group]
+    for i, code, message in refused:
+        if i == index:
+            return [code, message, None]
+    return [0, offsets[index], index in duplicates]
+
+
 def owned_topic(shard: int, shard_count: int = 2, prefix: str = "t") -> str:
     """A topic name that shard ``shard`` of ``shard_count`` owns."""
     for i in range(10_000):

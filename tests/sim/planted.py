@@ -34,7 +34,12 @@ def _with_config(core: ShardCore, **subscriber: Any) -> contextlib.AbstractConte
 
 def skip_dedup() -> contextlib.AbstractContextManager[Any]:
     """G3: every publish is stored again, retries included."""
-    return _wrap(DedupWindow, "finder", lambda f: lambda self: lambda message_id: None)
+    stack = contextlib.ExitStack()
+    # the per-item path asks finder(), the fast path known_any() (and leaves hits to finder)
+    stack.enter_context(_wrap(DedupWindow, "finder",
+                              lambda f: lambda self: lambda message_id: None))
+    stack.enter_context(_wrap(DedupWindow, "known_any", lambda f: lambda self, ids: False))
+    return stack
 
 
 def duplicate_wrong_offset() -> contextlib.AbstractContextManager[Any]:
@@ -133,8 +138,8 @@ def reverse_first_deliveries() -> contextlib.AbstractContextManager[Any]:
             f(self, sub, now)
             if session is not None and len(session.out) > before:
                 frame = session.out[-1]
-                if frame[0] == protocol.DELIVER:
-                    frame[3].reverse()
+                if frame[0] == protocol.DELIVER:  # reversed copies: columns may be shared
+                    frame[4:8] = [column[::-1] for column in frame[4:8]]
         return push_new
     return _wrap(ShardCore, "_push_new", make)
 
