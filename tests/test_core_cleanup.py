@@ -187,3 +187,35 @@ def test_a_late_tick_runs_one_pass_and_keeps_the_period() -> None:
     shard.now = 23.0
     assert _held(shard) == (1, 0)
     assert shard.core.next_deadline() == 25.0
+
+
+def test_a_large_pass_runs_in_slices_that_stay_due_until_it_is_done() -> None:
+    """G5 without stalls: a pass with more to free than one slice frees CLEANUP_SLICE
+    messages and ids per tick and stays due (the shell ticks again after serving its
+    sockets); the whole pass still completes at its own time."""
+    from flux import protocol as P
+    from flux.shard.cleanup import CLEANUP_SLICE
+
+    shard = Shard({"topic.buffer": 4096})
+    core = shard.core
+    conn = core.connect(0.0)
+    total = 3 * CLEANUP_SLICE
+    for f in range(total // 4096):
+        ids = [f"m{f}.{i}" for i in range(4096)]
+        core.receive(conn, [P.PUBLISH, f + 1, [["orders.eu", ids, [b"x"] * 4096]]], 0.0)
+    core.take_output()
+    at = 50.0  # past ttl (20 s) and dedup_window (50 s): messages and ids are due
+    freed: list[tuple[int, int]] = []
+    while True:
+        core.tick(at)
+        stats = core.stats(at)["topics"]["orders.eu"]
+        freed.append((stats["held"], stats["dedup_ids"]))
+        if core.next_deadline() > at:
+            break
+        assert len(freed) < 10, freed
+    assert freed[-1] == (0, 0)
+    steps = [(h0 + d0) - (h1 + d1) for (h0, d0), (h1, d1) in
+             zip([(total, total), *freed], freed, strict=False)]
+    assert all(step <= CLEANUP_SLICE for step in steps), steps
+    assert 2 * total // CLEANUP_SLICE <= len(freed) <= 2 * total // CLEANUP_SLICE + 1
+    assert core.next_deadline() == 55.0  # the next pass keeps the 5 s period

@@ -336,3 +336,17 @@ def test_dedup_finds_offsets_across_marks_far_back_and_after_compaction() -> Non
         assert dedup.get(mid) == (original if batch > 30 else None), mid
     assert len(dedup) == 900
     assert dedup.held_bytes == sum(len(mid) for mid in expected if int(mid[1:].split("-")[0]) > 30)
+
+
+def test_dedup_expire_with_a_limit_forgets_the_oldest_ids_and_keeps_offsets_of_the_rest() -> None:
+    """G3: a sliced expiry (at most ``most`` ids) may cut a run of ids in two; the
+    rest keep their exact offsets and expire later."""
+    dedup = DedupWindow(10.0)
+    dedup.remember_all([f"a{i}" for i in range(10)], 100, 0.0)
+    dedup.remember_all([f"b{i}" for i in range(5)], 110, 1.0)
+    assert dedup.expire(20.0, 3) == 3
+    assert [dedup.get(f"a{i}") for i in range(5)] == [None, None, None, 103, 104]
+    assert dedup.expire(20.0, 9) == 9
+    assert dedup.get("a9") is None and dedup.get("b2") == 112
+    assert dedup.held_bytes == 2 * 3 and len(dedup) == 3
+    assert dedup.expire(20.0) == 3 and len(dedup) == 0

@@ -154,8 +154,9 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
             self._run_timers(sub, now)
         if now >= self._next_session_check:
             self._check_sessions(now)
-        if now >= self._next_message_cleanup:
-            self._cleanup_messages(now)
+        if now >= self._next_message_cleanup and self._cleanup_messages(now):
+            # an unfinished pass stays due: the shell runs its next slice at once,
+            # after serving the sockets
             self._next_message_cleanup = _next_pass(self._next_message_cleanup,
                                                     self.config.message.cleanup_time, now)
         if now >= self._next_subscriber_cleanup:

@@ -103,10 +103,10 @@ class Publishing(ShardState):
         log, dedup = topic.log, topic.dedup
         first = log.next_offset
         if dedup.window > 0:
-            group = set(ids)
-            if len(group) != n or dedup.known_any(group):
+            keys = dict.fromkeys(ids)
+            if len(keys) != n or dedup.known_any(keys):
                 return None  # a duplicate (in the window or the group): the slow path says which
-            dedup.remember_all(ids, first, now, id_bytes)
+            dedup.remember_all(ids, first, now, id_bytes, keys)
         counts[name] = count
         log.extend(ids, payloads, now, size)
         self.counters["published"] += n

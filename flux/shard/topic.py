@@ -9,7 +9,9 @@ Neither knows about subscriptions; cleanup decides what may be trimmed.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Iterable
+from itertools import repeat
 from typing import NamedTuple
 
 
@@ -24,182 +26,179 @@ class Entry(NamedTuple):
 class TopicLog:
     """Messages of one topic at consecutive offsets; the oldest may be trimmed.
 
-    Ids and payloads sit in two parallel lists and store times in a short list of
-    marks (one per distinct ``now``, i.e. per PUBLISH frame), so a held message
-    costs two list slots beyond its id and payload objects.
+    Messages are held in *chunks*, one per stored run (a PUBLISH group): a tuple
+    of ids and a tuple of payloads, with the run's first offset and store time in
+    flat lists beside them. Tuples of strings and bytes drop out of the garbage
+    collector's view, so a long log adds nothing to a collection (flat lists of
+    held messages were walked by every collection: tens of ms per million). A
+    held message costs two tuple slots beyond its id and payload objects.
     """
 
-    __slots__ = ("_first", "_head", "_ids", "_mark_at", "_mark_offset", "_payloads",
-                 "held_bytes")
+    __slots__ = ("_at", "_first", "_head", "_ids", "_next", "_payloads", "_skip", "held_bytes")
 
     def __init__(self) -> None:
-        self._ids: list[str] = []
-        self._payloads: list[bytes] = []
-        self._mark_offset: list[int] = []   # a mark: from this offset on, stored at ...
-        self._mark_at: list[float] = []     # ... this time (until the next mark)
-        self._first = 0      # offset of self._ids[0]
-        self._head = 0       # index of the oldest held entry in self._ids
+        self._first: list[int] = []                  # chunk k holds offsets from _first[k] ...
+        self._ids: list[tuple[str, ...]] = []        # ... with these ids ...
+        self._payloads: list[tuple[bytes, ...]] = []  # ... and payloads ...
+        self._at: list[float] = []                   # ... stored at this time
+        self._head = 0       # index of the oldest chunk still held
+        self._skip = 0       # messages of the head chunk already trimmed
+        self._next = 0       # the offset the next message gets
         self.held_bytes = 0  # payload + id bytes of held messages
 
     @property
     def oldest(self) -> int:
         """Offset of the oldest held message (== ``next_offset`` when empty)."""
-        return self._first + self._head
+        if self._head == len(self._first):
+            return self._next
+        return self._first[self._head] + self._skip
 
     @property
     def next_offset(self) -> int:
         """The offset the next append gets; offsets are never reused."""
-        return self._first + len(self._ids)
+        return self._next
 
     def __len__(self) -> int:
-        return len(self._ids) - self._head
+        return self._next - self.oldest
 
     def append(self, message_id: str, payload: bytes, now: float) -> int:
         """Store a message and return its offset."""
-        ids = self._ids
-        offset = self._first + len(ids)
-        if not self._mark_at or self._mark_at[-1] != now:
-            self._mark_offset.append(offset)
-            self._mark_at.append(now)
-        ids.append(message_id)
-        self._payloads.append(payload)
-        self.held_bytes += len(payload) + len(message_id)
-        return offset
+        return self.extend([message_id], [payload], now)
 
     def extend(self, ids: list[str], payloads: list[bytes], now: float,
                size: int | None = None) -> int:
-        """Store several messages at once; returns the offset of the first. ``size``:
-        their id and payload lengths summed, if the caller already knows it."""
-        offset = self._first + len(self._ids)
+        """Store several messages at once (one chunk); returns the offset of the first.
+        ``size``: their id and payload lengths summed, if the caller already knows it."""
+        offset = self._next
         if ids:
-            if not self._mark_at or self._mark_at[-1] != now:
-                self._mark_offset.append(offset)
-                self._mark_at.append(now)
-            self._ids += ids
-            self._payloads += payloads
+            self._first.append(offset)
+            self._ids.append(tuple(ids))
+            self._payloads.append(tuple(payloads))
+            self._at.append(now)
+            self._next = offset + len(ids)
             if size is None:
-                size = sum(map(len, ids)) + sum(map(len, payloads))
+                size = len("".join(ids)) + sum(map(len, payloads))
             self.held_bytes += size
         return offset
 
+    def _chunk(self, offset: int) -> int:
+        """Index of the chunk holding ``offset`` (held, or the newest chunk's next)."""
+        return bisect_right(self._first, offset, self._head) - 1
+
     def stored_at(self, offset: int) -> float:
-        """When the message at ``offset`` (held, or the next one) was stored."""
-        return self._mark_at[bisect_right(self._mark_offset, offset) - 1]
+        """When the message at ``offset`` (held) was stored."""
+        return self._at[self._chunk(offset)]
 
     def get(self, offset: int) -> Entry | None:
         """The entry at ``offset`` if it is held."""
-        i = offset - self._first
-        if i < self._head or i >= len(self._ids):
+        if not self.oldest <= offset < self._next:
             return None
-        return Entry(self._ids[i], self._payloads[i], self.stored_at(offset))
+        k = self._chunk(offset)
+        i = offset - self._first[k]
+        return Entry(self._ids[k][i], self._payloads[k][i], self._at[k])
 
     def span(self, start: int, stop: int, epoch: float = 0.0
              ) -> tuple[list[str], list[bytes], list[float]]:
         """Ids, payloads and store times (plus ``epoch``) of the held offsets ``start``
         to ``stop - 1`` (the caller makes sure they are held)."""
-        a, b = start - self._first, stop - self._first
-        offsets, ats = self._mark_offset, self._mark_at
-        m = bisect_right(offsets, start) - 1
+        ids: list[str] = []
+        payloads: list[bytes] = []
         times: list[float] = []
+        k = self._chunk(start)
         pos = start
         while pos < stop:
-            end = offsets[m + 1] if m + 1 < len(offsets) and offsets[m + 1] < stop else stop
-            times += [epoch + ats[m]] * (end - pos)
-            pos = end
-            m += 1
-        return self._ids[a:b], self._payloads[a:b], times
+            first, chunk_ids, chunk_payloads = self._first[k], self._ids[k], self._payloads[k]
+            a, b = pos - first, min(stop - first, len(chunk_ids))
+            if a == 0 and b == len(chunk_ids):
+                ids += chunk_ids
+                payloads += chunk_payloads
+            else:
+                ids += chunk_ids[a:b]
+                payloads += chunk_payloads[a:b]
+            times += [epoch + self._at[k]] * (b - a)
+            pos = first + b
+            k += 1
+        return ids, payloads, times
 
     def read(self, start: int, max_messages: int, max_bytes: int) -> list[tuple[int, Entry]]:
         """Held messages from ``start`` on: at most ``max_messages``, and about
         ``max_bytes`` of payload (always at least one if any is held)."""
-        i = max(start - self._first, self._head)
         out: list[tuple[int, Entry]] = []
+        offset = max(start, self.oldest)
+        if offset >= self._next:
+            return out
         size = 0
-        ids, payloads = self._ids, self._payloads
-        while i < len(ids) and len(out) < max_messages:
-            size += len(payloads[i]) + len(ids[i])
-            if out and size > max_bytes:
-                break
-            offset = self._first + i
-            out.append((offset, Entry(ids[i], payloads[i], self.stored_at(offset))))
-            i += 1
+        for k in range(self._chunk(offset), len(self._first)):
+            first, ids, payloads, at = self._first[k], self._ids[k], self._payloads[k], self._at[k]
+            for i in range(offset - first, len(ids)):
+                if len(out) >= max_messages:
+                    return out
+                size += len(payloads[i]) + len(ids[i])
+                if out and size > max_bytes:
+                    return out
+                out.append((first + i, Entry(ids[i], payloads[i], at)))
+            offset = first + len(ids)
         return out
 
-    def trim(self, below: int, stored_before: float) -> int:
+    def trim(self, below: int, stored_before: float, most: int | None = None) -> int:
         """Drop held messages with offset < ``below`` stored at or before
-        ``stored_before``; stops at the first that must stay. Returns the count."""
-        ids, payloads = self._ids, self._payloads
-        first, head = self._first, self._head
-        limit = min(below - first, len(ids))
-        if head >= limit:
-            return 0
-        # the first message stored after the cutoff stops the trim (times never decrease
-        # within a mark; a later mark may have an earlier time, so walk them in order)
-        offsets, ats = self._mark_offset, self._mark_at
-        m = bisect_right(offsets, first + head) - 1
-        stop = head
-        while stop < limit and ats[m] <= stored_before:
-            stop = min(limit, (offsets[m + 1] - first) if m + 1 < len(offsets) else limit)
-            m += 1
-        dropped = stop - head
-        if not dropped:
-            return 0
-        # joining the ids (short) counts them faster than len() per id
-        self.held_bytes -= len("".join(ids[head:stop])) + sum(map(len, payloads[head:stop]))
-        # release the objects now, not at the next compaction
-        ids[head:stop] = [""] * dropped
-        payloads[head:stop] = [b""] * dropped
-        head = stop
-        if head == len(ids):
-            ids.clear()
-            payloads.clear()
-            self._first += head
-            head = 0
-            self._drop_marks(self._first)
-        elif head > 1024 and head * 2 > len(ids):
-            del ids[:head]
-            del payloads[:head]
-            self._first += head
-            head = 0
-            self._drop_marks(self._first)
-        self._head = head
+        ``stored_before`` (at most ``most`` of them); stops at the first that must
+        stay (store times are walked in order). Returns the count."""
+        firsts, ats, ids, payloads = self._first, self._at, self._ids, self._payloads
+        budget = most if most is not None else self._next
+        dropped = 0
+        k, skip = self._head, self._skip
+        while k < len(firsts) and ats[k] <= stored_before and budget > 0:
+            first, chunk_ids, chunk_payloads = firsts[k], ids[k], payloads[k]
+            a = skip
+            b = min(len(chunk_ids), below - first, a + budget)
+            if b <= a:
+                break
+            if a == 0 and b == len(chunk_ids):
+                self.held_bytes -= len("".join(chunk_ids)) + sum(map(len, chunk_payloads))
+            else:
+                self.held_bytes -= (len("".join(chunk_ids[a:b]))
+                                    + sum(map(len, chunk_payloads[a:b])))
+            dropped += b - a
+            budget -= b - a
+            if b < len(chunk_ids):
+                skip = b
+                break
+            ids[k] = payloads[k] = ()  # release the messages now, not at compaction
+            k, skip = k + 1, 0
+        if k == len(firsts):
+            for column in (firsts, ats, ids, payloads):
+                column.clear()
+            k = 0
+        elif k > 64 and k * 2 > len(firsts):
+            for column in (firsts, ats, ids, payloads):
+                del column[:k]
+            k = 0
+        self._head, self._skip = k, skip
         return dropped
-
-    def _drop_marks(self, oldest: int) -> None:
-        """Forget marks that only cover offsets below ``oldest``."""
-        offsets = self._mark_offset
-        k = bisect_right(offsets, oldest) - 1
-        if k > 0:
-            del offsets[:k]
-            del self._mark_at[:k]
-        if not self._ids:  # empty: the next append starts a mark
-            offsets.clear()
-            self._mark_at.clear()
 
 
 class DedupWindow:
     """Message ids accepted in the last ``window`` seconds, with their offsets.
 
     A topic's accepted ids take consecutive offsets, so the window keeps them in
-    acceptance order (a list) with a set beside it for membership; ids remembered
-    together share a *mark* (first position, first offset, expiry time) in three
-    flat lists. An id thus costs a set entry and a list slot, and nothing the
-    garbage collector has to walk. A duplicate's offset is found by searching the
-    list from its recent end: duplicates are retries, rare and recent.
+    acceptance order, as *marks*: a tuple of ids remembered together, with its
+    first offset and expiry time in flat lists beside it; a dict (values None)
+    answers membership. Neither the dict (only strings in it) nor the tuples are
+    walked by the garbage collector, and an id costs a dict entry and a tuple slot.
+    A duplicate's offset is found by searching the marks from the newest: duplicates
+    are retries, rare and recent.
     """
 
-    __slots__ = ("_head", "_known", "_mark_at", "_mark_head", "_mark_offset", "_mark_pos",
-                 "_order", "held_bytes", "window")
+    __slots__ = ("_at", "_head", "_ids", "_known", "_offset", "held_bytes", "window")
 
     def __init__(self, window: float) -> None:
         self.window = window
-        self._known: set[str] = set()
-        self._order: list[str] = []       # remembered ids, oldest first, from _head on
-        self._head = 0
-        self._mark_pos: list[int] = []    # a mark: from this index of _order on, ...
-        self._mark_offset: list[int] = []  # ... ids have consecutive offsets from this one ...
-        self._mark_at: list[float] = []   # ... and are forgotten at this time
-        self._mark_head = 0
+        self._known: dict[str, None] = {}
+        self._ids: list[tuple[str, ...]] = []   # mark k: these ids, ...
+        self._offset: list[int] = []            # ... at consecutive offsets from this one, ...
+        self._at: list[float] = []              # ... forgotten at this time
+        self._head = 0                          # the oldest mark still remembered
         self.held_bytes = 0
 
     def __len__(self) -> int:
@@ -218,9 +217,11 @@ class DedupWindow:
         """Like :meth:`lookup` without expiring first (the caller ran :meth:`expire`)."""
         if message_id not in self._known:
             return None
-        i = self._position(message_id)
-        m = bisect_right(self._mark_pos, i, self._mark_head) - 1
-        return self._mark_offset[m] + i - self._mark_pos[m]
+        for k in range(len(self._ids) - 1, self._head - 1, -1):
+            ids = self._ids[k]
+            if message_id in ids:
+                return self._offset[k] + ids.index(message_id)
+        raise KeyError(message_id)  # unreachable while _known and the marks agree
 
     def finder(self) -> Callable[[str], int | None]:
         """:meth:`get` as a plain function, for a loop over many ids (after :meth:`expire`)."""
@@ -229,58 +230,50 @@ class DedupWindow:
     def known_any(self, ids: Iterable[str]) -> bool:
         """Whether any of ``ids`` is remembered (after :meth:`expire`): the publish fast
         path asks this once per group and leaves any hit to :meth:`finder`."""
-        return not self._known.isdisjoint(ids)
+        return not self._known.keys().isdisjoint(ids)
 
-    def remember_all(self, ids: list[str], first: int, now: float, size: int | None = None
-                     ) -> None:
+    def remember_all(self, ids: list[str], first: int, now: float, size: int | None = None,
+                     keys: dict[str, None] | None = None) -> None:
         """Remember ``ids``, accepted at offsets ``first``, ``first + 1``, ... (``size``:
-        their lengths summed, if the caller already knows it). None may be remembered."""
+        their lengths summed, ``keys``: ``dict.fromkeys(ids)``, if the caller has them).
+        None may be remembered already."""
         if self.window <= 0 or not ids:
             return
         self.expire(now)
-        at = now + self.window
-        order = self._order
-        marks = self._mark_pos
-        if (len(marks) == self._mark_head or self._mark_at[-1] != at
-                or self._mark_offset[-1] + len(order) - marks[-1] != first):
-            marks.append(len(order))
-            self._mark_offset.append(first)
-            self._mark_at.append(at)
-        order += ids
-        self._known.update(ids)
+        self._ids.append(tuple(ids))
+        self._offset.append(first)
+        self._at.append(now + self.window)
+        self._known.update(dict.fromkeys(ids) if keys is None else keys)
         self.held_bytes += len("".join(ids)) if size is None else size
 
-    def expire(self, now: float) -> int:
-        """Forget ids whose window has passed; returns how many."""
-        ats, k = self._mark_at, self._mark_head
-        if k == len(ats) or ats[k] > now:
-            return 0
-        k = bisect_right(ats, now, k)
-        order, head = self._order, self._head
-        stop = self._mark_pos[k] if k < len(ats) else len(order)
-        gone = order[head:stop]
-        self._known.difference_update(gone)
-        self.held_bytes -= len("".join(gone))
-        order[head:stop] = [""] * (stop - head)  # release the ids now, not at compaction
-        head = stop
-        if head == len(order) or (head > 1024 and head * 2 > len(order)):
-            del order[:head]
-            del self._mark_pos[:k]
-            del self._mark_offset[:k]
+    def expire(self, now: float, most: int | None = None) -> int:
+        """Forget ids whose window has passed, oldest first (at most ``most``);
+        returns how many."""
+        marks, ats, known = self._ids, self._at, self._known
+        k = self._head
+        budget = most if most is not None else len(known)
+        count = 0
+        while k < len(marks) and ats[k] <= now and budget > 0:
+            ids = marks[k]
+            if len(ids) > budget:  # cut the mark in two: its rest stays
+                ids, marks[k] = ids[:budget], ids[budget:]
+                self._offset[k] += budget
+            else:
+                marks[k] = ()
+                k += 1
+            deque(map(known.pop, ids, repeat(None)), 0)  # forget them, at C speed
+            self.held_bytes -= len("".join(ids))
+            count += len(ids)
+            budget -= len(ids)
+        if k == len(marks):
+            marks.clear()
+            self._offset.clear()
+            ats.clear()
+            k = 0
+        elif k > 64 and k * 2 > len(marks):
+            del marks[:k]
+            del self._offset[:k]
             del ats[:k]
-            self._mark_pos[:] = [p - head for p in self._mark_pos]
-            head = k = 0
-        self._head, self._mark_head = head, k
-        return len(gone)
-
-    def _position(self, message_id: str) -> int:
-        """Index in ``_order`` of a remembered id, searched from the newest end."""
-        order, head = self._order, self._head
-        stop, step = len(order), 256
-        while stop > head:
-            start = max(head, stop - step)
-            try:
-                return order.index(message_id, start, stop)
-            except ValueError:
-                stop, step = start, step * 4
-        raise KeyError(message_id)  # unreachable while _known and _order agree
+            k = 0
+        self._head = k
+        return count

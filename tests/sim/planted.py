@@ -58,7 +58,8 @@ def duplicate_wrong_offset() -> contextlib.AbstractContextManager[Any]:
 
 def delete_on_ttl_alone() -> contextlib.AbstractContextManager[Any]:
     """G5: cleanup ignores the subscriptions' cursors."""
-    return _wrap(TopicLog, "trim", lambda f: lambda self, below, before: f(self, 1 << 62, before))
+    return _wrap(TopicLog, "trim",
+                 lambda f: lambda self, below, before, most=None: f(self, 1 << 62, before, most))
 
 
 def cursor_before_ack() -> contextlib.AbstractContextManager[Any]:
