@@ -173,7 +173,10 @@ class ShardProxy:
                     self.stats.bytes_up += len(data)
                 else:
                     self.stats.bytes_down += len(data)
-                await send.send((trio.current_time() + self.latency, data))
+                try:
+                    await send.send((trio.current_time() + self.latency, data))
+                except trio.BrokenResourceError:
+                    return  # the writer already ended (its peer is gone): so does this link
                 if not data:
                     return
 

@@ -274,3 +274,21 @@ def test_ack_through_in_bulk_is_acking_each_offset_in_turn(
     assert (subs[0].cursor, subs[0].acked, subs[0].in_flight) == \
         (subs[1].cursor, subs[1].acked, subs[1].in_flight)
     assert list(subs[0].in_flight) == sorted(subs[0].in_flight)
+
+
+def test_fully_acked_batches_drop_their_ack_deadlines_at_once() -> None:
+    """G4 bookkeeping: a DELIVER batch acked below the cursor leaves the deadline queue
+    at the ack, not when its timeout comes; a partly acked batch keeps its deadline."""
+    shard = Shard(QUIET)
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.publish("a", "b")
+    client.publish("c", "d")
+    sub = shard.core.topics["orders.eu"].subs["s"]
+    assert len(sub.deadlines) == 2
+    client.ack(1, through=1)      # the first batch: offsets 0 and 1
+    assert [list(d[1]) for d in sub.deadlines] == [[2, 3]]
+    client.ack(1, 2)              # half of the second: it stays due
+    assert [list(d[1]) for d in sub.deadlines] == [[2, 3]]
+    client.ack(1, 3)
+    assert not sub.deadlines

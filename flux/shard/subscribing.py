@@ -174,4 +174,5 @@ class Subscribing(ShardState):
         if acked:
             self.counters["acked"] += acked
             self._dirty[id(sub)] = sub
+            sub.drop_acked_deadlines()
         session.out.append([P.ACKED, rid, sid, sub.cursor, refused])

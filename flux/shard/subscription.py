@@ -172,6 +172,13 @@ class Subscription:
             at = q[-1][0]
         q.append((at, offsets, pushes, self.epoch))
 
+    def drop_acked_deadlines(self) -> None:
+        """Forget the oldest ack deadlines whose batches are all below the cursor (acked):
+        they would only expire with nothing to do, held for ``subscriber.timeout``."""
+        q, cursor = self.deadlines, self.cursor
+        while q and (not q[0][1] or q[0][1][-1] < cursor):
+            q.popleft()
+
     def add_repush(self, at: float, offset: int, pushes: int) -> None:
         q = self.repushes
         if q and q[-1][0] > at:

@@ -86,6 +86,8 @@ class World:
             await trio.sleep_forever()
 
     async def _apply(self, fault: Fault) -> None:
+        if self._faults is None or self._faults.cancel_scope.cancel_called:
+            return  # due at the very moment of the heal, and started after it: too late
         kind, target, net = fault.kind, fault.target, self.network
         if kind in ("crash", "pause"):
             index = int(target.rsplit("-", 1)[1])
