@@ -47,6 +47,7 @@ class World:
         self.launcher = SimLauncher(nursery, self)
         self.router = RouterSupervisor(self, nursery)
         self._faults: trio.Nursery | None = None
+        self._healed = False  # no fault starts after the heal
 
     def new_host(self, name: str) -> SimHost:
         n = self._incarnations.get(name, 0)
@@ -86,7 +87,7 @@ class World:
             await trio.sleep_forever()
 
     async def _apply(self, fault: Fault) -> None:
-        if self._faults is None or self._faults.cancel_scope.cancel_called:
+        if self._healed:
             return  # due at the very moment of the heal, and started after it: too late
         kind, target, net = fault.kind, fault.target, self.network
         if kind in ("crash", "pause"):
@@ -132,6 +133,7 @@ class World:
 
     def heal(self) -> None:
         """End every fault at once: links healed, shards resumed, the router running."""
+        self._healed = True
         if self._faults is not None:
             self._faults.cancel_scope.cancel()
         self.network.heal_all()
