@@ -292,3 +292,19 @@ def test_fully_acked_batches_drop_their_ack_deadlines_at_once() -> None:
     assert [list(d[1]) for d in sub.deadlines] == [[2, 3]]
     client.ack(1, 3)
     assert not sub.deadlines
+
+
+def test_frames_received_together_make_one_push_pass() -> None:
+    """A CREDIT and an ACK that frees the window, read in the same chunk, are answered
+    with one DELIVER of everything they allow (frame by frame: two half-size ones)."""
+    shard = Shard({**QUIET, "subscriber.max_in_flight": 4})
+    client = shard.connect()
+    client.subscribe(1, name="s", credit=2)
+    client.publish("a", "b", "c", "d", "e", "f")
+    [first] = client.take(P.DELIVER)
+    assert first[4] == [0, 1]
+    shard.core.receive_many(client.conn, [[P.CREDIT, 1, 4], [P.ACK, 99, 1, GEN, [], 1]],
+                            shard.now)
+    shard.collect()
+    [deliver] = client.take(P.DELIVER)
+    assert deliver[4] == [2, 3, 4, 5]

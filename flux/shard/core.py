@@ -60,6 +60,17 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
 
     def receive(self, conn: int, frame: list[Any], now: float) -> None:
         """Handle one decoded frame from ``conn``."""
+        self._handle(conn, frame, now)
+        self._pump(now)
+
+    def receive_many(self, conn: int, frames: list[list[Any]], now: float) -> None:
+        """Handle frames that arrived together from ``conn``, in order, then push once:
+        an ACK and a CREDIT read together make one DELIVER, not two half-size ones."""
+        for frame in frames:
+            self._handle(conn, frame, now)
+        self._pump(now)
+
+    def _handle(self, conn: int, frame: list[Any], now: float) -> None:
         session = self.sessions.get(conn)
         if session is None or session.close:
             return
@@ -85,7 +96,6 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
             name = P.KIND_NAMES.get(kind, str(kind))
             session.out.append(P.error_frame(rid, errors.InvalidRequest(
                 f"malformed {name} frame: {exc.__class__.__name__}: {exc}")))
-        self._pump(now)
 
     def _hello(self, session: Session, frame: list[Any], now: float) -> None:
         rid, body = frame[1], _map(frame, 2)

@@ -224,12 +224,18 @@ class ShardServer:
 
     def _receive(self, c: Connection, frames: list[list[Any]]) -> None:
         core, now = self.core, self.host.now()
+        run: list[list[Any]] = []  # frames for the core, handled together (one push pass)
         for frame in frames:
             if frame[0] == protocol.ADOPT:
+                if run:
+                    core.receive_many(c.conn, run, now)
+                    run = []
                 self._dispatch()
                 self._adopt(c, frame)
             else:
-                core.receive(c.conn, frame, now)
+                run.append(frame)
+        if run:
+            core.receive_many(c.conn, run, now)
         self._dispatch()
         if self._tick_scope is not None and core.next_deadline() < self._tick_at:
             self._tick_scope.cancel()
