@@ -106,9 +106,12 @@ class Publishing(ShardState):
             keys = dict.fromkeys(ids)
             if len(keys) != n or dedup.known_any(keys):
                 return None  # a duplicate (in the window or the group): the slow path says which
-            dedup.remember_all(ids, first, now, id_bytes, keys)
+            chunk = tuple(ids)  # one tuple held by both the log and the dedup window
+            dedup.remember_all(chunk, first, now, id_bytes, keys)
+            log.extend(chunk, payloads, now, size)
+        else:
+            log.extend(ids, payloads, now, size)
         counts[name] = count
-        log.extend(ids, payloads, now, size)
         self.counters["published"] += n
         return [list(range(first, first + n)), [], []]
 
@@ -181,8 +184,9 @@ class Publishing(ShardState):
         counts[name] = count
         if new_ids:
             # G2/G3: store the accepted messages and remember their ids
-            first = topic.log.extend(new_ids, new_payloads, now)
-            topic.dedup.remember_all(new_ids, first, now)
+            stored = tuple(new_ids)  # one tuple held by both the log and the dedup window
+            first = topic.log.extend(stored, new_payloads, now)
+            topic.dedup.remember_all(stored, first, now)
             self.counters["published"] += len(new_ids)
         self.counters["duplicates"] += len(duplicates)
         return [offsets, duplicates, refused]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import NamedTuple
 
@@ -65,7 +65,7 @@ class TopicLog:
         """Store a message and return its offset."""
         return self.extend([message_id], [payload], now)
 
-    def extend(self, ids: list[str], payloads: list[bytes], now: float,
+    def extend(self, ids: Sequence[str], payloads: Sequence[bytes], now: float,
                size: int | None = None) -> int:
         """Store several messages at once (one chunk); returns the offset of the first.
         ``size``: their id and payload lengths summed, if the caller already knows it."""
@@ -232,7 +232,7 @@ class DedupWindow:
         path asks this once per group and leaves any hit to :meth:`finder`."""
         return not self._known.keys().isdisjoint(ids)
 
-    def remember_all(self, ids: list[str], first: int, now: float, size: int | None = None,
+    def remember_all(self, ids: Sequence[str], first: int, now: float, size: int | None = None,
                      keys: dict[str, None] | None = None) -> None:
         """Remember ``ids``, accepted at offsets ``first``, ``first + 1``, ... (``size``:
         their lengths summed, ``keys``: ``dict.fromkeys(ids)``, if the caller has them).
