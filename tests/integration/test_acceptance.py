@@ -22,6 +22,7 @@ from flux import errors, protocol
 from flux.client.trio import Subscription, connect
 from flux.client.types import Message
 from flux.hashing import shard_for
+from flux.router.launcher import pid_alive
 
 from .wire import RawConn, owned_topic, shard_map
 
@@ -30,16 +31,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 P = protocol
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 async def first_deliveries(sub: Subscription, n: int, *, ack: bool = True) -> list[Message]:
