@@ -44,6 +44,12 @@ class Host(Protocol):
         """Open a stream to ``host:port``; raises OSError when refused or unreachable."""
         ...
 
+    def try_send(self, stream: trio.abc.Stream, data: bytes) -> int:
+        """Send what of ``data`` can go at once on ``stream`` without waiting; returns
+        the count (0 when it would wait, or on any error: the next ``send_all`` on the
+        stream reports it). Only while no ``send_all`` on the stream is in progress."""
+        ...
+
     async def serve(self, host: str, port: int, handler: StreamHandler, *,
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Accept connections on ``host:port`` forever, running ``handler`` per stream.
@@ -78,6 +84,15 @@ class RealHost:
         stream = await trio.open_tcp_stream(host, port)
         _nodelay(stream)
         return stream
+
+    def try_send(self, stream: trio.abc.Stream, data: bytes) -> int:
+        sock = getattr(stream, "socket", None)  # a trio.SocketStream (non-blocking socket)
+        if sock is None:
+            return 0
+        try:
+            return os.write(sock.fileno(), data)
+        except OSError:  # full (BlockingIOError), or broken: send_all will say how
+            return 0
 
     async def serve(self, host: str, port: int, handler: StreamHandler, *,
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

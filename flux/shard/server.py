@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -68,24 +68,38 @@ def format_address(host: str, port: int) -> str:
 
 
 class Connection:
-    """One client stream: output waiting for the writer, and its closing state."""
+    """One client stream: output waiting for the writer, and its closing state.
 
-    __slots__ = ("_sent", "_wake", "closing", "conn", "done", "nursery", "pending",
-                 "pending_bytes", "stream")
+    Output goes straight to the socket when the writer is idle and the socket takes
+    it without waiting (the host's ``try_send``): a reply or DELIVER then leaves
+    in the task that made it, without a wake-up of the writer task. What does not
+    fit waits in ``pending`` for the writer, behind which nothing overtakes it.
+    """
 
-    def __init__(self, conn: int, stream: trio.abc.Stream, nursery: trio.Nursery) -> None:
+    __slots__ = ("_sent", "_try_send", "_wake", "closing", "conn", "done", "nursery", "pending",
+                 "pending_bytes", "sending", "stream")
+
+    def __init__(self, conn: int, stream: trio.abc.Stream, nursery: trio.Nursery,
+                 try_send: Callable[[trio.abc.Stream, bytes], int]) -> None:
         self.conn = conn
         self.stream = stream
         self.nursery = nursery    # the reader, writer and close guard of this connection
         self.pending: list[bytes] = []
         self.pending_bytes = 0
+        self.sending = False      # the writer is inside send_all (or send_eof)
         self.closing = False      # no more input is handled; flush, then close
         self.done = trio.Event()  # everything was sent (and EOF, where supported)
         self._wake = trio.Event()
         self._sent = trio.Event()
+        self._try_send = try_send
 
     def send(self, data: bytes) -> None:
         if data and not self.done.is_set():
+            if not self.pending and not self.sending:
+                sent = self._try_send(self.stream, data)
+                if sent == len(data):
+                    return
+                data = data[sent:]
             self.pending.append(data)
             self.pending_bytes += len(data)
             self._wake.set()
@@ -176,7 +190,7 @@ class ShardServer:
         conn = self.core.connect(self.host.now())
         try:
             async with trio.open_nursery() as nursery:
-                c = Connection(conn, stream, nursery)
+                c = Connection(conn, stream, nursery, self.host.try_send)
                 self.conns[conn] = c
                 nursery.start_soon(self._writer, c)
                 await self._reader(c)
@@ -247,7 +261,9 @@ class ShardServer:
                     data = c.pending[0] if len(c.pending) == 1 else b"".join(c.pending)
                     c.pending = []
                     c.pending_bytes = 0
+                    c.sending = True
                     await c.stream.send_all(data)
+                    c.sending = False
                     c.mark_sent()
                 elif c.closing:
                     break
@@ -255,6 +271,7 @@ class ShardServer:
                     await c.wait_wake()
             c.done.set()
             if isinstance(c.stream, trio.abc.HalfCloseableStream):
+                c.sending = True
                 await c.stream.send_eof()  # the reader lingers until the peer closes
             else:
                 c.nursery.cancel_scope.cancel()

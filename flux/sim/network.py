@@ -142,17 +142,31 @@ class SimStream(trio.abc.HalfCloseableStream):
                 if pipe.buffered < WINDOW_BYTES:
                     break
                 await pipe.lot.park()
-            if data:
-                chunk = bytes(data)
-                at = max(_tick(trio.current_time() + self._net.latency(pipe.src, pipe.dst)),
-                         pipe.last_at)
-                pipe.last_at = at
-                pipe.chunks.append([at, chunk])
-                pipe.buffered += len(chunk)
-                self._net.wake_at(at, pipe)
+            self._put(data)
             await trio.lowlevel.cancel_shielded_checkpoint()
         finally:
             self._sending = False
+
+    def try_send(self, data: bytes) -> int:
+        """``send_all`` if it would not wait (all of ``data`` or nothing; 0 also when it
+        would raise: ``send_all`` raises then). The host's ``try_send`` seam."""
+        pipe = self._out
+        if (self._sending or self._closed or self._eof_sent or pipe.reset or pipe.receiver_closed
+                or self.host.gate.closed or pipe.buffered >= WINDOW_BYTES):
+            return 0
+        self._put(data)
+        return len(data)
+
+    def _put(self, data: bytes | bytearray | memoryview) -> None:
+        if data:
+            pipe = self._out
+            chunk = bytes(data)
+            at = max(_tick(trio.current_time() + self._net.latency(pipe.src, pipe.dst)),
+                     pipe.last_at)
+            pipe.last_at = at
+            pipe.chunks.append([at, chunk])
+            pipe.buffered += len(chunk)
+            self._net.wake_at(at, pipe)
 
     async def send_eof(self) -> None:
         if self._sending:

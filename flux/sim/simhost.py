@@ -73,6 +73,10 @@ class SimHost:
     async def connect(self, host: str, port: int) -> SimStream:
         return await self.network.connect(self, port)
 
+    def try_send(self, stream: trio.abc.Stream, data: bytes) -> int:
+        try_send = getattr(stream, "try_send", None)
+        return 0 if try_send is None else int(try_send(data))
+
     async def serve(self, host: str, port: int, handler: StreamHandler, *,
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         listener = self.network.listen(self, port, handler)  # OSError if the port is taken

@@ -268,6 +268,12 @@ class TapStream(trio.abc.HalfCloseableStream):
             self.tap.closed("closed")
             raise
 
+    def try_send(self, data: bytes) -> int:
+        sent = self.inner.try_send(data)
+        if sent:
+            self.tap.outgoing(bytes(data))
+        return sent
+
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
 

@@ -229,3 +229,27 @@ def test_streams_are_trio_streams() -> None:
         assert isinstance(client, trio.abc.HalfCloseableStream)
 
     simulate(body)
+
+
+def test_try_send_queues_in_order_and_refuses_what_would_wait() -> None:
+    async def body(net: Network, a: SimHost, b: SimHost) -> None:
+        stream = await a.connect("127.0.0.1", 9000)
+        assert a.try_send(stream, b"one,") == 4
+        await stream.send_all(b"two,")
+        assert a.try_send(stream, b"three") == 5
+        got = b""
+        while len(got) < 13:
+            got += await stream.receive_some()
+        assert got == b"one,two,three"
+        net.block("a", "b")
+        sent = 0
+        while (n := a.try_send(stream, b"x" * 4096)) > 0:  # fills the window, then refuses
+            sent += n
+        assert 0 < sent < 10 << 20
+        net.unblock("a", "b")
+        a.gate.close()  # a paused host sends nothing, even where it would fit
+        await trio.sleep(5)
+        assert a.try_send(stream, b"y") == 0
+        a.gate.open()
+
+    simulate(body)
