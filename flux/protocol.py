@@ -107,28 +107,23 @@ class FrameDecoder:
         return len(self._buf) - self._pos
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[list[Any]]:
-        """Add received bytes and return every frame they complete, in order."""
+        """Add received bytes and return every frame they complete, in order.
+
+        Frame bodies are decoded in place (through a memoryview): when nothing is
+        pending, straight from ``data``, and only an incomplete tail is copied."""
         buf = self._buf
+        if self._pos == len(buf):  # nothing pending: no copy of what decodes whole
+            frames, used = self._frames(data, 0)
+            if used < len(data):
+                buf[:] = memoryview(data)[used:]
+                self._pos = 0
+            else:
+                buf.clear()
+                self._pos = 0
+            return frames
         buf += data
-        frames: list[list[Any]] = []
-        pos = self._pos
-        end = len(buf)
-        try:
-            while end - pos >= 4:
-                (size,) = HEADER.unpack_from(buf, pos)
-                if size > self.max_frame_bytes:
-                    raise errors.FrameTooLarge(
-                        f"frame of {size} bytes is over max_frame_bytes={self.max_frame_bytes}",
-                        size=size, limit=self.max_frame_bytes)
-                if end - pos - 4 < size:
-                    break
-                frames.append(decode_body(bytes(buf[pos + 4:pos + 4 + size])))
-                pos += 4 + size
-        except errors.ProtocolError as exc:
-            # the whole frames before the corruption are good: the caller answers them first
-            exc.complete_frames = frames
-            raise
-        if pos == end:
+        frames, pos = self._frames(buf, self._pos)
+        if pos == len(buf):
             buf.clear()
             pos = 0
         elif pos > 65536:
@@ -137,8 +132,35 @@ class FrameDecoder:
         self._pos = pos
         return frames
 
+    def _frames(self, data: bytes | bytearray | memoryview, pos: int
+                ) -> tuple[list[list[Any]], int]:
+        """The whole frames in ``data`` from ``pos`` on, and where the rest starts."""
+        frames: list[list[Any]] = []
+        end = len(data)
+        with memoryview(data) as view:  # released before ``data`` may be resized
+            try:
+                while end - pos >= 4:
+                    (size,) = HEADER.unpack_from(view, pos)
+                    if size > self.max_frame_bytes:
+                        raise errors.FrameTooLarge(
+                            f"frame of {size} bytes is over max_frame_bytes={self.max_frame_bytes}",
+                            size=size, limit=self.max_frame_bytes)
+                    if end - pos - 4 < size:
+                        break
+                    body = view[pos + 4:pos + 4 + size]
+                    try:
+                        frames.append(decode_body(body))
+                    finally:
+                        body.release()  # even if a traceback keeps it: ``data`` stays resizable
+                    pos += 4 + size
+            except errors.ProtocolError as exc:
+                # the whole frames before the corruption are good: the caller answers them first
+                exc.complete_frames = frames
+                raise
+        return frames, pos
 
-def decode_body(body: bytes) -> list[Any]:
+
+def decode_body(body: bytes | memoryview) -> list[Any]:
     """Decode one frame body (without its length prefix)."""
     try:
         frame = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)

@@ -514,3 +514,24 @@ def test_protocol_md_error_table_matches_the_error_classes() -> None:
     actual = {c.code: (c.__name__, c.retryable) for c in remote_error_classes()
               if c is not errors.RemoteError}
     assert documented == actual
+
+
+def test_decoder_keeps_a_partial_frame_across_feeds_after_a_whole_one() -> None:
+    whole, partial = P.encode([P.PING, 1]), P.encode([P.PING, 2, "x" * 100])
+    decoder = P.FrameDecoder()
+    assert decoder.feed(whole + partial[:7]) == [[P.PING, 1]]
+    assert decoder.pending == 7
+    assert decoder.feed(partial[7:50]) == []
+    assert decoder.feed(bytearray(partial[50:]) + whole) == [[P.PING, 2, "x" * 100], [P.PING, 1]]
+    assert decoder.pending == 0
+
+
+def test_decoder_stays_usable_after_an_undecodable_frame_in_its_buffer() -> None:
+    decoder = P.FrameDecoder()
+    assert decoder.feed(P.encode([P.PING, 1])[:3]) == []
+    bad = P.HEADER.pack(1) + b"\xc1"  # 0xc1 is never used in MessagePack
+    with pytest.raises(errors.ProtocolError) as caught:
+        decoder.feed(P.encode([P.PING, 1])[3:] + bad)
+    assert caught.value.complete_frames == [[P.PING, 1]]
+    with pytest.raises(errors.ProtocolError):  # still corrupt, and no BufferError: the
+        decoder.feed(b"more")                  # buffer the frame was read from can grow
