@@ -7,6 +7,7 @@ Each push has an ack deadline; a timed-out message alone is re-pushed after
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 from flux import errors
 from flux.shard.state import (
@@ -62,6 +63,7 @@ class Delivery(ShardState):
         if not offsets:
             return
         n = len(offsets)
+        payloads: Sequence[bytes]
         if n == stop - start:  # the usual case: a contiguous run of offsets
             ids, payloads, times = log.span(start, stop, self.epoch)
             pushed: range | list[int] = range(start, stop)
@@ -94,16 +96,19 @@ class Delivery(ShardState):
         return ids, payloads, times
 
     def _deliver(self, session: Session, sid: int, attempt: int, offsets: list[int],
-                 ids: list[str], payloads: list[bytes], times: list[float]) -> None:
+                 ids: list[str], payloads: Sequence[bytes], times: list[float]) -> None:
         """Queue DELIVER frames for these columns, split so no frame nears max_frame_bytes."""
         budget = self.config.max_frame_bytes // 2
         generation = self.generation
         n = len(offsets)
+        size = (payloads.size if type(payloads) is P.PackedPayloads
+                else sum(map(len, payloads)))
         # joining the ids (at most 128 bytes each) counts them faster than len() per id
-        if n * 40 + len("".join(ids)) + sum(map(len, payloads)) <= budget:
+        if n * 40 + len("".join(ids)) + size <= budget:
             session.out.append([P.DELIVER, sid, generation, attempt, offsets, ids, payloads,
                                 times])
             return
+        payloads = list(payloads)  # rare: split item by item
         start = size = 0
         for i in range(n):
             item_size = len(payloads[i]) + len(ids[i]) + 40

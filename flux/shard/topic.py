@@ -8,11 +8,19 @@ Neither knows about subscriptions; cleanup decides what may be trimmed.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import NamedTuple
+
+import msgpack
+
+from flux import protocol as P
+
+_packer = msgpack.Packer(use_bin_type=True)
+_ONE_BYTE = [bytes((n,)) for n in range(256)]  # the lengths of one short payload, shared
 
 
 class Entry(NamedTuple):
@@ -27,19 +35,22 @@ class TopicLog:
     """Messages of one topic at consecutive offsets; the oldest may be trimmed.
 
     Messages are held in *chunks*, one per stored run (a PUBLISH group): a tuple
-    of ids and a tuple of payloads, with the run's first offset and store time in
-    flat lists beside them. Tuples of strings and bytes drop out of the garbage
-    collector's view, so a long log adds nothing to a collection (flat lists of
-    held messages were walked by every collection: tens of ms per million). A
-    held message costs two tuple slots beyond its id and payload objects.
+    of ids, the payloads packed as one MessagePack array (the form DELIVER frames
+    carry, so pushes splice them in without encoding them again) and their
+    lengths (one byte each when all are under 256 bytes), with the run's first
+    offset and store time in flat lists beside them. None of it is walked by the
+    garbage collector, and a held message costs a tuple slot, its id and its
+    payload with a two-byte header and a length byte, not a bytes object.
     """
 
-    __slots__ = ("_at", "_first", "_head", "_ids", "_next", "_payloads", "_skip", "held_bytes")
+    __slots__ = ("_at", "_first", "_head", "_ids", "_lens", "_next", "_packed", "_skip",
+                 "held_bytes")
 
     def __init__(self) -> None:
         self._first: list[int] = []                  # chunk k holds offsets from _first[k] ...
         self._ids: list[tuple[str, ...]] = []        # ... with these ids ...
-        self._payloads: list[tuple[bytes, ...]] = []  # ... and payloads ...
+        self._packed: list[bytes] = []               # ... these payloads (a MessagePack array)
+        self._lens: list[bytes | array[int]] = []    # ... of these lengths ...
         self._at: list[float] = []                   # ... stored at this time
         self._head = 0       # index of the oldest chunk still held
         self._skip = 0       # messages of the head chunk already trimmed
@@ -73,17 +84,43 @@ class TopicLog:
         if ids:
             self._first.append(offset)
             self._ids.append(tuple(ids))
-            self._payloads.append(tuple(payloads))
+            self._packed.append(_packer.pack(payloads))
+            try:
+                lens: bytes | array[int] = (_ONE_BYTE[len(payloads[0])] if len(payloads) == 1
+                                            else bytes(map(len, payloads)))
+            except (IndexError, ValueError):  # a payload of 256 bytes or more
+                lens = array("I", map(len, payloads))
+            self._lens.append(lens)
             self._at.append(now)
             self._next = offset + len(ids)
             if size is None:
-                size = len("".join(ids)) + sum(map(len, payloads))
+                size = len("".join(ids)) + sum(lens)
             self.held_bytes += size
         return offset
 
     def _chunk(self, offset: int) -> int:
         """Index of the chunk holding ``offset`` (held, or the newest chunk's next)."""
         return bisect_right(self._first, offset, self._head) - 1
+
+    def _position(self, k: int, i: int) -> int:
+        """Where item ``i`` of chunk ``k`` starts in its packed array (``i`` may be its
+        count: then the end)."""
+        lens = self._lens[k]
+        count = len(lens)
+        if i >= count:
+            return len(self._packed[k])
+        base = 1 if count <= 15 else 3 if count <= 0xFFFF else 5  # the array header
+        if i == 0:
+            return base
+        if type(lens) is bytes:  # every payload under 256 bytes: two-byte headers
+            return base + sum(lens[:i]) + 2 * i
+        return base + sum(lens[:i]) + sum(map(P.bin_header_size, lens[:i]))
+
+    def _payloads(self, k: int, a: int, b: int) -> list[bytes]:
+        """Payloads ``a`` to ``b - 1`` of chunk ``k`` as bytes objects."""
+        start, end = self._position(k, a), self._position(k, b)
+        items: list[bytes] = msgpack.unpackb(P.array_header(b - a) + self._packed[k][start:end])
+        return items
 
     def stored_at(self, offset: int) -> float:
         """When the message at ``offset`` (held) was stored."""
@@ -95,30 +132,33 @@ class TopicLog:
             return None
         k = self._chunk(offset)
         i = offset - self._first[k]
-        return Entry(self._ids[k][i], self._payloads[k][i], self._at[k])
+        return Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])
 
     def span(self, start: int, stop: int, epoch: float = 0.0
-             ) -> tuple[list[str], list[bytes], list[float]]:
-        """Ids, payloads and store times (plus ``epoch``) of the held offsets ``start``
-        to ``stop - 1`` (the caller makes sure they are held)."""
+             ) -> tuple[list[str], P.PackedPayloads, list[float]]:
+        """Ids, payloads (packed, as DELIVER carries them) and store times (plus
+        ``epoch``) of the held offsets ``start`` to ``stop - 1`` (the caller makes
+        sure they are held)."""
         ids: list[str] = []
-        payloads: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         times: list[float] = []
+        size = 0
         k = self._chunk(start)
         pos = start
         while pos < stop:
-            first, chunk_ids, chunk_payloads = self._first[k], self._ids[k], self._payloads[k]
+            first, chunk_ids, lens = self._first[k], self._ids[k], self._lens[k]
             a, b = pos - first, min(stop - first, len(chunk_ids))
             if a == 0 and b == len(chunk_ids):
                 ids += chunk_ids
-                payloads += chunk_payloads
+                size += sum(lens)
             else:
                 ids += chunk_ids[a:b]
-                payloads += chunk_payloads[a:b]
+                size += sum(lens[a:b])
+            parts.append(memoryview(self._packed[k])[self._position(k, a):self._position(k, b)])
             times += [epoch + self._at[k]] * (b - a)
             pos = first + b
             k += 1
-        return ids, payloads, times
+        return ids, P.PackedPayloads(parts, stop - start, size), times
 
     def read(self, start: int, max_messages: int, max_bytes: int) -> list[tuple[int, Entry]]:
         """Held messages from ``start`` on: at most ``max_messages``, and about
@@ -129,14 +169,18 @@ class TopicLog:
             return out
         size = 0
         for k in range(self._chunk(offset), len(self._first)):
-            first, ids, payloads, at = self._first[k], self._ids[k], self._payloads[k], self._at[k]
-            for i in range(offset - first, len(ids)):
-                if len(out) >= max_messages:
-                    return out
-                size += len(payloads[i]) + len(ids[i])
-                if out and size > max_bytes:
-                    return out
-                out.append((first + i, Entry(ids[i], payloads[i], at)))
+            first, ids, lens, at = self._first[k], self._ids[k], self._lens[k], self._at[k]
+            a = offset - first
+            b = min(len(ids), a + max_messages - len(out))
+            for i in range(a, b):  # how many fit the byte budget
+                size += lens[i] + len(ids[i])
+                if size > max_bytes and (out or i > a):
+                    b = i
+                    break
+            for i, payload in enumerate(self._payloads(k, a, b), a):
+                out.append((first + i, Entry(ids[i], payload, at)))
+            if b < len(ids) or len(out) >= max_messages:
+                return out
             offset = first + len(ids)
         return out
 
@@ -144,34 +188,35 @@ class TopicLog:
         """Drop held messages with offset < ``below`` stored at or before
         ``stored_before`` (at most ``most`` of them); stops at the first that must
         stay (store times are walked in order). Returns the count."""
-        firsts, ats, ids, payloads = self._first, self._at, self._ids, self._payloads
+        firsts, ats, ids, packed, lengths = (self._first, self._at, self._ids, self._packed,
+                                             self._lens)
         budget = most if most is not None else self._next
         dropped = 0
         k, skip = self._head, self._skip
         while k < len(firsts) and ats[k] <= stored_before and budget > 0:
-            first, chunk_ids, chunk_payloads = firsts[k], ids[k], payloads[k]
+            first, chunk_ids, lens = firsts[k], ids[k], lengths[k]
             a = skip
             b = min(len(chunk_ids), below - first, a + budget)
             if b <= a:
                 break
             if a == 0 and b == len(chunk_ids):
-                self.held_bytes -= len("".join(chunk_ids)) + sum(map(len, chunk_payloads))
+                self.held_bytes -= len("".join(chunk_ids)) + sum(lens)
             else:
-                self.held_bytes -= (len("".join(chunk_ids[a:b]))
-                                    + sum(map(len, chunk_payloads[a:b])))
+                self.held_bytes -= len("".join(chunk_ids[a:b])) + sum(lens[a:b])
             dropped += b - a
             budget -= b - a
             if b < len(chunk_ids):
                 skip = b
                 break
-            ids[k] = payloads[k] = ()  # release the messages now, not at compaction
+            ids[k] = ()  # release the messages now, not at compaction
+            packed[k] = lengths[k] = b""
             k, skip = k + 1, 0
         if k == len(firsts):
-            for column in (firsts, ats, ids, payloads):
+            for column in (firsts, ats, ids, packed, lengths):
                 column.clear()
             k = 0
         elif k > 64 and k * 2 > len(firsts):
-            for column in (firsts, ats, ids, payloads):
+            for column in (firsts, ats, ids, packed, lengths):
                 del column[:k]
             k = 0
         self._head, self._skip = k, skip
