@@ -14,6 +14,7 @@ import os
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from flux.client.api import ClientBase, SubscriptionBase
 from flux.client.asyncio_shell import AsyncioShell
@@ -21,6 +22,8 @@ from flux.client.core import ClientCore
 from flux.client.types import Message
 
 __all__ = ["Client", "Subscription", "connect"]
+
+STREAK = 64  # most buffered messages the iterator returns before it yields to the loop
 
 
 @asynccontextmanager
@@ -85,13 +88,30 @@ class Subscription(SubscriptionBase):
     one task at a time. While the connection is being re-established the
     iterator simply waits; unconsumed messages come again from the cursor.
     Cancelling a waiting ``__anext__`` (e.g. ``asyncio.wait_for``) loses no message.
+    Messages already buffered are returned without yielding to other tasks, up to
+    ``STREAK`` in a row.
     """
+
+    def __init__(self, client: ClientBase, topic: str, name: str | None,
+                 **options: Any) -> None:
+        super().__init__(client, topic, name, **options)
+        self._streak = 0   # messages returned since the last pump and loop yield
 
     async def __anext__(self) -> Message:
         state = self._state
         if state is None:
             raise RuntimeError("use 'async with client.subscribe(...) as sub' before iterating")
         client = self._client
+        streak = self._streak
+        if streak < STREAK and state.buffer and state.status == "active" and not state.errors:
+            # buffered messages go out without a trip through the loop; credit and acks
+            # they owe are handed to the shell at least every STREAK messages. No
+            # cancellation can be missed: another task runs only while this one waits
+            msg = state.next_message()
+            if msg is not None:
+                self._streak = streak + 1
+                return msg
+        self._streak = 0
         # let other tasks run (and a cancellation land) before a message is taken:
         # once taken, it is returned without awaiting anything, so none is lost
         await asyncio.sleep(0)

@@ -42,3 +42,50 @@ def test_closing_the_client_closes_its_transports(suite_broker: Any) -> None:
 
     conns = asyncio.run(main())
     assert all(c.done.done() and c.transport.is_closing() for c in conns)
+
+
+def test_buffered_messages_come_in_streaks_that_let_other_tasks_run(suite_broker: Any) -> None:
+    """The iterator returns buffered messages without a loop trip, but yields at least
+    every STREAK messages; a cancelled wait for the next message loses none."""
+    from flux.client.asyncio import STREAK
+
+    async def main() -> None:
+        topic = "asyncio-shell.streak"
+        async with connect(suite_broker.url) as client, \
+                client.subscribe(topic, name="streak", prefetch=1000) as sub:
+            await client.publish_many(topic, [b"%d" % i for i in range(3 * STREAK)])
+            ticks = 0
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0)
+
+            first = await sub.__anext__()
+            await first.ack()
+            while len(sub._state.buffer) < 3 * STREAK - 1:  # all of them buffered
+                await asyncio.sleep(0.01)
+            task = asyncio.get_running_loop().create_task(ticker())
+            await asyncio.sleep(0)
+            seen = [first.payload]
+            ticks_before = ticks
+            for _ in range(2 * STREAK):
+                msg = await sub.__anext__()
+                await msg.ack()
+                seen.append(msg.payload)
+            assert 1 <= ticks - ticks_before <= 3  # one loop trip per STREAK, not per message
+            task.cancel()
+            cancelled = 0
+            while len(seen) < 3 * STREAK:
+                try:  # cancelled before it takes a message, or not at all: none is lost
+                    msg = await asyncio.wait_for(sub.__anext__(), 0 if cancelled < 5 else 10)
+                except TimeoutError:
+                    cancelled += 1
+                    continue
+                await msg.ack()
+                seen.append(msg.payload)
+            assert cancelled == 5
+            assert seen == [b"%d" % i for i in range(3 * STREAK)]
+
+    asyncio.run(main())
