@@ -37,10 +37,11 @@ def test_plan_counts_every_step_it_reports() -> None:
     assert plan.steps() == (2 * 1 * 2 + 2) * 2 + 2
 
 
-def test_quick_bench_of_flux_writes_its_figures(tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", ["asyncio", "trio"])
+def test_quick_bench_of_flux_writes_its_figures(tmp_path: Path, client: str) -> None:
     out = tmp_path / "results"
     result = CliRunner().invoke(main, ["bench", "--quick", "--count", "2000", "--sizes", "100",
-                                       "--out", str(out)])
+                                       "--client", client, "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "bench.json").read_text())
     figures = data["figures"]
@@ -48,5 +49,6 @@ def test_quick_bench_of_flux_writes_its_figures(tmp_path: Path) -> None:
                   "latency p99 @ 5,000/s", "memory per held message", "2 shards, 2 pairs"):
         assert figures[label]["values"]["flux"] is not None, label
     assert data["config"]["flux"]["message.ttl"] == 1
+    assert data["config"]["flux"]["client"]["flavour"] == client
     assert (out / "bench-throughput.png").exists()
     assert "Flux" in result.output

@@ -28,11 +28,14 @@ PEERS = {"nats": ["nats", "jetstream"], "redis": ["redis"], "all": ["nats", "jet
 @click.option("--sizes", default="100,4096", show_default=True, help="Payload sizes in bytes.")
 @click.option("--rate", type=float, default=5000.0, show_default=True,
               help="Offered rate of the latency runs (msg/s).")
+@click.option("--client", "client", type=click.Choice(["asyncio", "trio"]), default="asyncio",
+              show_default=True,
+              help="Flux client flavour of the workers (the peers' clients run on asyncio).")
 @click.option("--no-flux", is_flag=True, help="Run only the peers.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-results",
               show_default=True, help="Where the JSON and PNG files go.")
 def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: str, rate: float,
-          no_flux: bool, out_dir: str) -> None:
+          client: str, no_flux: bool, out_dir: str) -> None:
     """Measure throughput, latency, CPU and memory per message, side by side.
 
     \b
@@ -58,10 +61,10 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
         raise click.BadParameter("a comma-separated list of byte counts", param_hint="--sizes") from None
     if quick:
         plan = Plan(systems, count=count or 5000, sizes=size_list, rate=rate,
-                    latency_seconds=0.5, memory_count=5000, repeat=repeat or 1)
+                    latency_seconds=0.5, memory_count=5000, repeat=repeat or 1, client=client)
     else:
         plan = Plan(systems, count=count or 400_000, sizes=size_list, rate=rate,
-                    repeat=repeat or 3)
+                    repeat=repeat or 3, client=client)
     needed = ["matplotlib"] + (["nats-py", "redis"] if any(s != "flux" for s in systems) else [])
     try:
         ensure_python_packages(needed)

@@ -1,22 +1,33 @@
-"""Flux producers and consumers for the bench, through the public trio client API only.
+"""Flux producers and consumers for the bench, through the public client API only.
 
-Producers keep ``window`` :meth:`~flux.client.trio.Client.publish_many` calls of
-``batch`` messages in flight (client-generated dedup ids); consumers use a push
-subscription and ``await msg.ack()`` every message.
+Producers keep ``window`` ``publish_many`` calls of ``batch`` messages in flight
+(client-generated dedup ids); consumers use a push subscription and
+``await msg.ack()`` every message. ``spec.options["client"]`` picks the client
+flavour: ``"asyncio"`` (:mod:`flux.client.asyncio`, the runtime of the peers'
+clients too) or ``"trio"`` (:mod:`flux.client.trio`); the workloads are the same.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 
 import trio
 
 from flux.bench.worker import Result, Spec, latency_of, payload, ready_then_go, stamped, summarise
+from flux.client import asyncio as flux_asyncio
 from flux.client.trio import Client, connect
+
+FLAVOURS = ("asyncio", "trio")
 
 
 def run(spec: Spec) -> Result:
+    flavour = spec.options.get("client", "trio")
+    if flavour == "asyncio":
+        return asyncio.run(_aio_consume(spec) if spec.role == "consumer" else _aio_produce(spec))
+    if flavour != "trio":
+        raise ValueError(f"unknown Flux client flavour {flavour!r}; one of {FLAVOURS}")
     return trio.run(_consume if spec.role == "consumer" else _produce, spec)
 
 
@@ -91,6 +102,85 @@ async def _consume(spec: Spec) -> Result:
         result.count = n
         if idle.cancelled_caught:
             result.error = f"received {n} of {target} messages, then nothing for {spec.idle_timeout}s"
+    result.latency_us = summarise(latencies)
+    if math.isnan(result.first):
+        result.first = 0.0
+    return result
+
+
+# -- the asyncio flavour: the same workloads ------------------------------------------------
+
+
+async def _aio_produce(spec: Spec) -> Result:
+    result = Result("producer")
+    async with flux_asyncio.connect(
+            spec.address, retry_deadline=float(spec.options.get("retry_deadline", 60))) as client:
+        await client.publish(spec.topic, b"warm-up")
+        result.start = ready_then_go()
+        if spec.mode == "latency":
+            await _aio_produce_at_rate(client, spec)
+        else:
+            body = payload(spec.size)
+            left = [spec.count]
+
+            async def publisher() -> None:
+                while left[0] > 0:
+                    n = min(spec.batch, left[0])
+                    left[0] -= n
+                    await client.publish_many(spec.topic, [body] * n)
+
+            await asyncio.gather(*(publisher() for _ in range(spec.window)))
+        result.last = time.perf_counter()
+        result.count = spec.count
+    return result
+
+
+async def _aio_produce_at_rate(client: flux_asyncio.Client, spec: Spec) -> None:
+    interval = 1.0 / spec.rate
+    start = time.perf_counter()
+    sent = 0
+    pending: set[asyncio.Task[object]] = set()
+    while sent < spec.count:
+        due = min(spec.count, int((time.perf_counter() - start) / interval) + 1)
+        if due > sent:
+            # everything due now goes in one call; acks are awaited off the schedule
+            task = asyncio.ensure_future(client.publish_many(  # noqa: RUF006 (kept in pending)
+                spec.topic, [stamped(spec.size) for _ in range(due - sent)]))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            sent = due
+        await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
+    if pending:
+        await asyncio.gather(*pending)
+
+
+async def _aio_consume(spec: Spec) -> Result:
+    result = Result("consumer")
+    latencies: list[float] = []
+    measure = spec.mode == "latency"
+    async with flux_asyncio.connect(spec.address) as client, client.subscribe(
+            spec.topic, prefetch=spec.prefetch) as sub:
+        result.start = ready_then_go()
+        n = 0
+        target = spec.count
+        try:
+            async with asyncio.timeout(spec.idle_timeout) as idle:
+                async for msg in sub:
+                    if measure:
+                        latencies.append(latency_of(msg.payload, time.perf_counter_ns()))
+                    await msg.ack()
+                    n += 1
+                    if n == 1:
+                        result.first = time.perf_counter()
+                    if n >= target:
+                        break
+                    if not n & 1023:
+                        idle.reschedule(asyncio.get_running_loop().time() + spec.idle_timeout)
+        except TimeoutError:
+            result.error = (f"received {n} of {target} messages, then nothing for"
+                            f" {spec.idle_timeout}s")
+        result.last = time.perf_counter()
+        result.count = n
     result.latency_us = summarise(latencies)
     if math.isnan(result.first):
         result.first = 0.0

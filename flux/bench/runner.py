@@ -44,6 +44,7 @@ class Plan:
     memory_count: int = 200_000     # messages held for the memory figure
     repeat: int = 3
     shard_counts: tuple[int, ...] = (1, 2)
+    client: str = "asyncio"         # the Flux client flavour: asyncio or trio
 
     def count_for(self, system: str, size: int) -> int:
         n = self.count * SCALE[system] / (8 if size > 1000 else 1)
@@ -89,7 +90,8 @@ class Runner:
             brokers: dict[str, systems.Broker] = {}
             if "flux" in plan.systems:
                 brokers["flux"] = stack.enter_context(systems.start_flux(1))
-                self._remember(brokers["flux"], "flux", client=systems.FLUX_CLIENT)
+                self._remember(brokers["flux"], "flux",
+                               client={**systems.FLUX_CLIENT, "flavour": plan.client})
             if "nats" in plan.systems or "jetstream" in plan.systems:
                 nats = stack.enter_context(systems.start_nats())
                 for system in ("nats", "jetstream"):
@@ -164,7 +166,11 @@ class Runner:
         window, batch = SHAPE[system]
         return Spec(system, "producer", broker.url, topic or self._topic(system), n, size=size,
                     window=window, batch=batch,
-                    options={"retry_deadline": systems.FLUX_CLIENT["retry_deadline"]})
+                    options=self._options())
+
+    def _options(self) -> dict[str, Any]:
+        """What every Flux worker is told beside its spec (ignored by the peers')."""
+        return {"retry_deadline": systems.FLUX_CLIENT["retry_deadline"], "client": self.plan.client}
 
     def _topic(self, system: str) -> str:
         # JetStream's stream takes "js.>" only, so NATS core subjects are never stored
@@ -186,7 +192,8 @@ class Runner:
                 specs.append(Spec(system, "consumer", broker.url, spec.topic, spec.count,
                                   size=spec.size, mode=spec.mode, rate=spec.rate,
                                   batch=spec.batch,
-                                  prefetch=int(systems.FLUX_CLIENT["prefetch"])))
+                                  prefetch=int(systems.FLUX_CLIENT["prefetch"]),
+                                  options=self._options()))
         marks: list[Any] = []
 
         def at_go() -> None:
