@@ -13,7 +13,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import msgpack
 
@@ -21,6 +21,7 @@ from flux import protocol as P
 
 _packer = msgpack.Packer(use_bin_type=True)
 _ONE_BYTE = [bytes((n,)) for n in range(256)]  # the lengths of one short payload, shared
+PACK_BELOW = 1024  # runs of payloads this large on average are held unpacked
 
 
 class Entry(NamedTuple):
@@ -39,8 +40,10 @@ class TopicLog:
     carry, so pushes splice them in without encoding them again) and their
     lengths (one byte each when all are under 256 bytes), with the run's first
     offset and store time in flat lists beside them. None of it is walked by the
-    garbage collector, and a held message costs a tuple slot, its id and its
-    payload with a two-byte header and a length byte, not a bytes object.
+    garbage collector, and a held small message costs a tuple slot, its id and its
+    payload with a two-byte header and a length byte, not a bytes object. Runs of
+    large payloads (over ``PACK_BELOW`` bytes on average) keep their bytes objects
+    in a tuple instead: packing them would cost copies and save nothing worth it.
     """
 
     __slots__ = ("_at", "_first", "_head", "_ids", "_lens", "_next", "_packed", "_skip",
@@ -49,7 +52,8 @@ class TopicLog:
     def __init__(self) -> None:
         self._first: list[int] = []                  # chunk k holds offsets from _first[k] ...
         self._ids: list[tuple[str, ...]] = []        # ... with these ids ...
-        self._packed: list[bytes] = []               # ... these payloads (a MessagePack array)
+        # ... these payloads (a MessagePack array, or a tuple of large ones) ...
+        self._packed: list[bytes | tuple[bytes, ...]] = []
         self._lens: list[bytes | array[int]] = []    # ... of these lengths ...
         self._at: list[float] = []                   # ... stored at this time
         self._head = 0       # index of the oldest chunk still held
@@ -84,12 +88,14 @@ class TopicLog:
         if ids:
             self._first.append(offset)
             self._ids.append(tuple(ids))
-            self._packed.append(_packer.pack(payloads))
             try:
                 lens: bytes | array[int] = (_ONE_BYTE[len(payloads[0])] if len(payloads) == 1
                                             else bytes(map(len, payloads)))
+                self._packed.append(_packer.pack(payloads))
             except (IndexError, ValueError):  # a payload of 256 bytes or more
                 lens = array("I", map(len, payloads))
+                self._packed.append(_packer.pack(payloads) if sum(lens) < PACK_BELOW * len(lens)
+                                    else tuple(payloads))
             self._lens.append(lens)
             self._at.append(now)
             self._next = offset + len(ids)
@@ -118,8 +124,11 @@ class TopicLog:
 
     def _payloads(self, k: int, a: int, b: int) -> list[bytes]:
         """Payloads ``a`` to ``b - 1`` of chunk ``k`` as bytes objects."""
+        packed = self._packed[k]
+        if isinstance(packed, tuple):
+            return list(packed[a:b])
         start, end = self._position(k, a), self._position(k, b)
-        items: list[bytes] = msgpack.unpackb(P.array_header(b - a) + self._packed[k][start:end])
+        items: list[bytes] = msgpack.unpackb(P.array_header(b - a) + packed[start:end])
         return items
 
     def stored_at(self, offset: int) -> float:
@@ -135,15 +144,17 @@ class TopicLog:
         return Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])
 
     def span(self, start: int, stop: int, epoch: float = 0.0
-             ) -> tuple[list[str], P.PackedPayloads, list[float]]:
-        """Ids, payloads (packed, as DELIVER carries them) and store times (plus
-        ``epoch``) of the held offsets ``start`` to ``stop - 1`` (the caller makes
-        sure they are held)."""
+             ) -> tuple[list[str], P.PackedPayloads | list[bytes], list[float]]:
+        """Ids, payloads (packed, as DELIVER carries them, unless some are held
+        unpacked) and store times (plus ``epoch``) of the held offsets ``start`` to
+        ``stop - 1`` (the caller makes sure they are held)."""
         ids: list[str] = []
         parts: list[bytes | memoryview] = []
         times: list[float] = []
         size = 0
         k = self._chunk(start)
+        if any(type(self._packed[j]) is tuple for j in range(k, self._chunk(stop - 1) + 1)):
+            return self._span_unpacked(k, start, stop, epoch)
         pos = start
         while pos < stop:
             first, chunk_ids, lens = self._first[k], self._ids[k], self._lens[k]
@@ -154,11 +165,29 @@ class TopicLog:
             else:
                 ids += chunk_ids[a:b]
                 size += sum(lens[a:b])
-            parts.append(memoryview(self._packed[k])[self._position(k, a):self._position(k, b)])
+            packed = cast(bytes, self._packed[k])  # checked above: no chunk here is a tuple
+            parts.append(memoryview(packed)[self._position(k, a):self._position(k, b)])
             times += [epoch + self._at[k]] * (b - a)
             pos = first + b
             k += 1
         return ids, P.PackedPayloads(parts, stop - start, size), times
+
+    def _span_unpacked(self, k: int, start: int, stop: int, epoch: float
+                       ) -> tuple[list[str], list[bytes], list[float]]:
+        """:meth:`span` as plain lists, from chunk ``k`` on."""
+        ids: list[str] = []
+        payloads: list[bytes] = []
+        times: list[float] = []
+        pos = start
+        while pos < stop:
+            first, chunk_ids = self._first[k], self._ids[k]
+            a, b = pos - first, min(stop - first, len(chunk_ids))
+            ids += chunk_ids[a:b]
+            payloads += self._payloads(k, a, b)
+            times += [epoch + self._at[k]] * (b - a)
+            pos = first + b
+            k += 1
+        return ids, payloads, times
 
     def read(self, start: int, max_messages: int, max_bytes: int) -> list[tuple[int, Entry]]:
         """Held messages from ``start`` on: at most ``max_messages``, and about
