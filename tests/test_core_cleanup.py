@@ -200,9 +200,10 @@ def test_a_large_pass_runs_in_slices_that_stay_due_until_it_is_done() -> None:
     core = shard.core
     conn = core.connect(0.0)
     total = 3 * CLEANUP_SLICE
-    for f in range(total // 4096):
-        ids = [f"m{f}.{i}" for i in range(4096)]
-        core.receive(conn, [P.PUBLISH, f + 1, [["orders.eu", ids, [b"x"] * 4096]]], 0.0)
+    batch = CLEANUP_SLICE // 2  # (at most topic.buffer a frame)
+    for f in range(total // batch):
+        ids = [f"m{f}.{i}" for i in range(batch)]
+        core.receive(conn, [P.PUBLISH, f + 1, [["orders.eu", ids, [b"x"] * batch]]], 0.0)
     core.take_output()
     at = 50.0  # past ttl (20 s) and dedup_window (50 s): messages and ids are due
     freed: list[tuple[int, int]] = []
