@@ -439,3 +439,30 @@ def test_a_plain_group_is_stored_without_the_per_item_path() -> None:
     assert reply[3] == [[[0, 1], [], []], [[2], [], []]]
     assert shard.topic_stats()["held_bytes"] == 3 + 2 * 3
     assert shard.topic_stats()["dedup_ids"] == 3
+
+
+def test_a_publish_after_a_burst_came_due_forgets_only_a_slice_and_stays_exact() -> None:
+    """G3/G5 without stalls: when a burst's ids are past their window and no cleanup
+    pass has forgotten them yet, a publish forgets two slices of them, not the burst
+    (a 400k-id burst took tens of ms at once), yet counts none of them as held or
+    known: an id of the burst is stored anew and then remembered as the new one."""
+    from flux.shard.topic import EXPIRE_SLICE
+
+    shard = Shard({"topic.buffer": 4 * EXPIRE_SLICE})
+    client = shard.connect()
+    burst = [f"b{i}" for i in range(3 * EXPIRE_SLICE)]
+    client.publish(*burst)
+    shard.now = 60.0  # the burst's window (50 s) has passed; no cleanup pass ran since
+    assert client.publish("late") == [[OK, len(burst), False]]
+    stats = shard.topic_stats()
+    # a slice forgotten before the checks and one as the id is remembered, not the burst
+    assert stats["dedup_ids"] == EXPIRE_SLICE + 1
+    logged = sum(2 * len(i) for i in [*burst, "late"])  # id and payload (the id) in the log
+    assert stats["held_bytes"] == logged + len("late")
+    assert client.publish(burst[-1]) == [[OK, len(burst) + 1, False]]
+    shard.now = 61.0
+    for _ in range(8):  # the pass forgets the rest of the burst, a slice a tick
+        shard.core.tick(shard.now)
+    shard.collect()
+    assert shard.topic_stats()["dedup_ids"] == 2
+    assert client.publish(burst[-1]) == [[OK, len(burst) + 1, True]]

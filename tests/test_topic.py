@@ -397,3 +397,43 @@ def test_small_payloads_are_held_packed_and_large_ones_as_they_came() -> None:
     assert type(small) is P.PackedPayloads and small == [b"x" * 100, b"y" * 300]
     _, mixed, _ = log.span(1, 4)
     assert type(mixed) is list and mixed == [b"y" * 300, b"z" * 4096, b"w" * 4096]
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["remember_all", "lookup", "expire"]),
+                              st.integers(0, 6), st.integers(0, 4), st.integers(0, 3)),
+                    max_size=50))
+def test_dedup_forgetting_in_small_slices_still_answers_exactly(
+        ops: list[tuple[str, int, int, int]]) -> None:
+    """G3/G5 with lazy forgetting: whatever is left unforgotten past its window (each
+    call forgets only a few ids), lookups, held bytes and ids accepted again are exact."""
+    window = 3.0
+    dedup = DedupWindow(window)
+    model: dict[str, tuple[int, float]] = {}  # id -> (offset, accepted at)
+    now, offset = 0.0, 0
+
+    def alive(mid: str) -> bool:
+        return mid in model and now < model[mid][1] + window
+
+    for kind, k, n, step in ops:
+        now += step * 0.5
+        if kind == "lookup":
+            mid = f"id{k}"
+            assert dedup.get(mid, now) == (model[mid][0] if alive(mid) else None), mid
+        elif kind == "expire":
+            dedup.expire(now, n)
+        else:
+            dedup.expire(now, n)  # a publish forgets a slice on its way, like the shard
+            fresh = [i for i in dict.fromkeys(f"id{(k + j) % 7}" for j in range(n + 1))
+                     if not alive(i)]
+            for i in fresh:
+                model[i] = (offset, now)
+                offset += 1
+            if fresh:
+                dedup.remember_all(fresh, offset - len(fresh), now)
+        assert dedup.live_bytes(now) == sum(len(i) for i in model if alive(i))
+        for i in (f"id{j}" for j in range(7)):
+            assert dedup.get(i, now) == (model[i][0] if alive(i) else None), i
+    dedup.expire(now)
+    assert len(dedup) == sum(1 for i in model if alive(i))
+    assert dedup.held_bytes == dedup.live_bytes(now)

@@ -29,10 +29,11 @@ def plant(name: str) -> None:
         def forget(self: DedupWindow, message_id: str, *_: Any) -> int | None:
             return None
 
-        def finder(self: DedupWindow) -> Any:
+        def finder(self: DedupWindow, *_: Any) -> Any:
             return lambda message_id: None
 
-        # every way the shard reads the window: lookup(id, now), get(id), finder()(id)
+        # every way the shard reads the window: lookup(id, now), get(id[, now]),
+        # finder([now])(id)
         readers = {"lookup": forget, "get": forget, "finder": finder}
         found = [attr for attr in readers if hasattr(DedupWindow, attr)]
         if not found:

@@ -125,7 +125,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         for name, topic in self.topics.items():
             topics[name] = {
                 "oldest": topic.log.oldest, "next_offset": topic.log.next_offset,
-                "held": len(topic.log), "held_bytes": topic.held_bytes,
+                "held": len(topic.log), "held_bytes": topic.held_bytes(now),
                 "dedup_ids": len(topic.dedup),
                 "subscriptions": {
                     s.name: {"mode": s.mode, "cursor": s.cursor, "active": s.active,

@@ -19,6 +19,7 @@ from flux.shard.state import (
     ShardState,
     Topic,
 )
+from flux.shard.topic import EXPIRE_SLICE
 
 _BYTES = {bytes}
 # 32 characters are at most 128 bytes of UTF-8: longer ids need the exact check
@@ -59,7 +60,7 @@ class Publishing(ShardState):
             topic = touched.get(name)
             if topic is None:
                 topic = touched[name] = self._topic(name)
-            topic.dedup.expire(now)  # before reading held bytes: expired ids free theirs
+            topic.dedup.expire(now, EXPIRE_SLICE)  # a slice: the cleanup passes do the rest
             result = self._publish_fast(topic, ids, payloads, counts, now)
             if result is None:
                 result = self._publish_slow(topic, ids, payloads, counts, now)
@@ -98,7 +99,7 @@ class Publishing(ShardState):
         if (size - id_bytes + longest_id > max_message
                 and max(map(len, payloads)) + longest_id > max_message):
             return None
-        if topic.held_bytes + size + id_bytes > self.config.topic.max_bytes:
+        if topic.held_bytes(now) + size + id_bytes > self.config.topic.max_bytes:
             return None
         log, dedup = topic.log, topic.dedup
         first = log.next_offset
@@ -123,9 +124,9 @@ class Publishing(ShardState):
         max_bytes = self.config.topic.max_bytes
         max_message = self.config.max_frame_bytes - MESSAGE_FRAME_SLACK
         count = counts.get(name, 0)
-        held = topic.held_bytes
+        held = topic.held_bytes(now)
         next_offset = topic.log.next_offset
-        known = topic.dedup.finder()
+        known = topic.dedup.finder(now)
         dedup_on = topic.dedup.window > 0  # a zero window remembers nothing (G3)
         offsets: list[int] = []
         duplicates: list[int] = []

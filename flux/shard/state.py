@@ -35,9 +35,9 @@ class Topic:
     dedup: DedupWindow
     subs: dict[str, Subscription] = field(default_factory=dict)
 
-    @property
-    def held_bytes(self) -> int:
-        return self.log.held_bytes + self.dedup.held_bytes
+    def held_bytes(self, now: float) -> int:
+        """Payload and id bytes held at ``now`` (ids past their dedup window not counted)."""
+        return self.log.held_bytes + self.dedup.live_bytes(now)
 
 
 @dataclass(eq=False)

@@ -22,6 +22,7 @@ from flux import protocol as P
 _packer = msgpack.Packer(use_bin_type=True)
 _ONE_BYTE = [bytes((n,)) for n in range(256)]  # the lengths of one short payload, shared
 PACK_BELOW = 1024  # runs of payloads this large on average are held unpacked
+EXPIRE_SLICE = 1024  # most dedup ids one publish or lookup forgets on its way
 
 
 class Entry(NamedTuple):
@@ -257,97 +258,155 @@ class DedupWindow:
 
     A topic's accepted ids take consecutive offsets, so the window keeps them in
     acceptance order, as *marks*: a tuple of ids remembered together, with its
-    first offset and expiry time in flat lists beside it; a dict (values None)
-    answers membership. Neither the dict (only strings in it) nor the tuples are
-    walked by the garbage collector, and an id costs a dict entry and a tuple slot.
-    A duplicate's offset is found by searching the marks from the newest: duplicates
-    are retries, rare and recent.
+    first offset, expiry time and id bytes in flat lists beside it; a dict (values
+    None) answers membership. Neither the dict (only strings in it) nor the tuples
+    are walked by the garbage collector, and an id costs a dict entry and a tuple
+    slot. A duplicate's offset is found by searching the marks from the newest:
+    duplicates are retries, rare and recent.
+
+    Forgetting is lazy and bounded: a call forgets at most ``EXPIRE_SLICE`` ids
+    (the cleanup passes forget the rest in slices), because forgetting a burst at
+    once stalls the shard. Ids past their window but not forgotten yet count as
+    forgotten everywhere: :meth:`get` with ``now`` does not find them, and
+    :meth:`live_bytes` does not count them. An id accepted again meanwhile is
+    blanked ("") in its old mark, so each id is a live string in one mark only.
     """
 
-    __slots__ = ("_at", "_head", "_ids", "_known", "_offset", "held_bytes", "window")
+    __slots__ = ("_at", "_bytes", "_due", "_due_bytes", "_head", "_ids", "_known", "_offset",
+                 "held_bytes", "window")
 
     def __init__(self, window: float) -> None:
         self.window = window
         self._known: dict[str, None] = {}
         self._ids: list[tuple[str, ...]] = []   # mark k: these ids, ...
         self._offset: list[int] = []            # ... at consecutive offsets from this one, ...
-        self._at: list[float] = []              # ... forgotten at this time
+        self._at: list[float] = []              # ... forgotten at this time, ...
+        self._bytes: list[int] = []             # ... holding this many id bytes
         self._head = 0                          # the oldest mark still remembered
-        self.held_bytes = 0
+        self._due = 0                           # marks _head.._due-1 are past their window,
+        self._due_bytes = 0                     # ... and hold this many bytes
+        self.held_bytes = 0                     # id bytes of every mark, due ones too
 
     def __len__(self) -> int:
         return len(self._known)
 
     def lookup(self, message_id: str, now: float) -> int | None:
         """The original offset of ``message_id`` if it is still remembered."""
-        self.expire(now)
-        return self.get(message_id)
+        self.expire(now, EXPIRE_SLICE)
+        return self.get(message_id, now)
 
     def remember(self, message_id: str, offset: int, now: float) -> None:
         """Remember an accepted id until ``now + window``."""
         self.remember_all([message_id], offset, now)
 
-    def get(self, message_id: str) -> int | None:
-        """Like :meth:`lookup` without expiring first (the caller ran :meth:`expire`)."""
+    def get(self, message_id: str, now: float | None = None) -> int | None:
+        """Like :meth:`lookup` without forgetting any ids first. Without ``now``, the
+        caller made sure nothing due is left (it ran :meth:`expire` to the end)."""
         if message_id not in self._known:
             return None
         for k in range(len(self._ids) - 1, self._head - 1, -1):
             ids = self._ids[k]
             if message_id in ids:
+                if now is not None and self._at[k] <= now:
+                    return None  # past its window, not forgotten yet
                 return self._offset[k] + ids.index(message_id)
         raise KeyError(message_id)  # unreachable while _known and the marks agree
 
-    def finder(self) -> Callable[[str], int | None]:
-        """:meth:`get` as a plain function, for a loop over many ids (after :meth:`expire`)."""
-        return self.get
+    def finder(self, now: float) -> Callable[[str], int | None]:
+        """:meth:`get` at ``now`` as a plain function, for a loop over many ids."""
+        get = self.get
+        return lambda message_id: get(message_id, now)
 
     def known_any(self, ids: Iterable[str]) -> bool:
-        """Whether any of ``ids`` is remembered (after :meth:`expire`): the publish fast
-        path asks this once per group and leaves any hit to :meth:`finder`."""
+        """Whether any of ``ids`` is remembered (maybe past its window): the publish
+        fast path asks this once per group and leaves any hit to :meth:`finder`."""
         return not self._known.keys().isdisjoint(ids)
+
+    def live_bytes(self, now: float) -> int:
+        """Id bytes of the ids still in their window at ``now``."""
+        self._advance_due(now)
+        return self.held_bytes - self._due_bytes
 
     def remember_all(self, ids: Sequence[str], first: int, now: float, size: int | None = None,
                      keys: dict[str, None] | None = None) -> None:
         """Remember ``ids``, accepted at offsets ``first``, ``first + 1``, ... (``size``:
-        their lengths summed, ``keys``: ``dict.fromkeys(ids)``, if the caller has them).
-        None may be remembered already."""
+        their lengths summed, ``keys``: ``dict.fromkeys(ids)``, if the caller has them;
+        a caller with ``keys`` made sure none is known). None may be in its window."""
         if self.window <= 0 or not ids:
             return
-        self.expire(now)
+        self.expire(now, EXPIRE_SLICE)
+        if keys is None:
+            keys = dict.fromkeys(ids)
+            if not self._known.keys().isdisjoint(keys):
+                self._blank([i for i in keys if i in self._known])
+        if size is None:
+            size = len("".join(ids))
         self._ids.append(tuple(ids))
         self._offset.append(first)
         self._at.append(now + self.window)
-        self._known.update(dict.fromkeys(ids) if keys is None else keys)
-        self.held_bytes += len("".join(ids)) if size is None else size
+        self._bytes.append(size)
+        self._known.update(keys)
+        self.held_bytes += size
+
+    def _blank(self, again: list[str]) -> None:
+        """Ids past their window, accepted again: blank them in their old marks."""
+        marks = self._ids
+        for message_id in again:
+            for k in range(self._head, len(marks)):
+                ids = marks[k]
+                if message_id in ids:
+                    i = ids.index(message_id)
+                    marks[k] = (*ids[:i], "", *ids[i + 1:])
+                    n = len(message_id)
+                    self._bytes[k] -= n
+                    self.held_bytes -= n
+                    if k < self._due:
+                        self._due_bytes -= n
+                    break
+
+    def _advance_due(self, now: float) -> None:
+        ats, k = self._at, max(self._due, self._head)
+        if k < len(ats) and ats[k] <= now:
+            added = 0
+            while k < len(ats) and ats[k] <= now:
+                added += self._bytes[k]
+                k += 1
+            self._due_bytes += added
+        self._due = k
 
     def expire(self, now: float, most: int | None = None) -> int:
         """Forget ids whose window has passed, oldest first (at most ``most``);
         returns how many."""
-        marks, ats, known = self._ids, self._at, self._known
+        self._advance_due(now)
+        marks, known = self._ids, self._known
         k = self._head
-        budget = most if most is not None else len(known)
+        budget = most if most is not None else 1 << 62
         count = 0
-        while k < len(marks) and ats[k] <= now and budget > 0:
+        while k < self._due and budget > 0:
             ids = marks[k]
             if len(ids) > budget:  # cut the mark in two: its rest stays
                 ids, marks[k] = ids[:budget], ids[budget:]
                 self._offset[k] += budget
+                freed = len("".join(ids))
+                self._bytes[k] -= freed
             else:
                 marks[k] = ()
+                freed = self._bytes[k]
                 k += 1
             deque(map(known.pop, ids, repeat(None)), 0)  # forget them, at C speed
-            self.held_bytes -= len("".join(ids))
+            self.held_bytes -= freed
+            self._due_bytes -= freed
             count += len(ids)
             budget -= len(ids)
         if k == len(marks):
-            marks.clear()
-            self._offset.clear()
-            ats.clear()
+            for column in (marks, self._offset, self._at, self._bytes):
+                column.clear()
             k = 0
+            self._due = 0
         elif k > 64 and k * 2 > len(marks):
-            del marks[:k]
-            del self._offset[:k]
-            del ats[:k]
+            for column in (marks, self._offset, self._at, self._bytes):
+                del column[:k]
+            self._due -= k
             k = 0
         self._head = k
         return count

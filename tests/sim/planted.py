@@ -45,8 +45,8 @@ def skip_dedup() -> contextlib.AbstractContextManager[Any]:
 def duplicate_wrong_offset() -> contextlib.AbstractContextManager[Any]:
     """G3: a duplicate's ack carries the wrong offset."""
     def make(f: Any) -> Any:
-        def finder(self: DedupWindow) -> Callable[[str], int | None]:
-            get = f(self)
+        def finder(self: DedupWindow, now: float) -> Callable[[str], int | None]:
+            get = f(self, now)
 
             def shifted(message_id: str) -> int | None:
                 found = get(message_id)
