@@ -10,12 +10,20 @@ clients too) or ``"trio"`` (:mod:`flux.client.trio`); the workloads are the same
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 
 import trio
 
-from flux.bench.worker import Result, Spec, latency_of, payload, ready_then_go, stamped, summarise
+from flux.bench.worker import (
+    Result,
+    Spec,
+    Tally,
+    flat_out,
+    paced,
+    payload,
+    ready_then_go,
+    stamped,
+)
 from flux.client import asyncio as flux_asyncio
 from flux.client.trio import Client, connect
 
@@ -79,33 +87,21 @@ async def _produce_at_rate(client: Client, spec: Spec) -> None:
 
 async def _consume(spec: Spec) -> Result:
     result = Result("consumer")
-    latencies: list[float] = []
-    measure = spec.mode == "latency"
+    tally = Tally(spec, result)
     async with connect(spec.address) as client, client.subscribe(
             spec.topic, prefetch=spec.prefetch) as sub:
         result.start = ready_then_go()
-        n = 0
-        target = spec.count
         with trio.move_on_after(spec.idle_timeout) as idle:
             async for msg in sub:
-                if measure:
-                    latencies.append(latency_of(msg.payload, time.perf_counter_ns()))
+                done = tally.took(msg.payload)
                 await msg.ack()
-                n += 1
-                if n == 1:
-                    result.first = time.perf_counter()
-                if n >= target:
+                if done:
                     break
-                if not n & 1023:
+                if not tally.n & 1023:
                     idle.deadline = trio.current_time() + spec.idle_timeout
-        result.last = time.perf_counter()
-        result.count = n
         if idle.cancelled_caught:
-            result.error = f"received {n} of {target} messages, then nothing for {spec.idle_timeout}s"
-    result.latency_us = summarise(latencies)
-    if math.isnan(result.first):
-        result.first = 0.0
-    return result
+            tally.timed_out()
+        return tally.finish()
 
 
 # -- the asyncio flavour: the same workloads ------------------------------------------------
@@ -120,68 +116,41 @@ async def _aio_produce(spec: Spec) -> Result:
         if spec.mode == "latency":
             await _aio_produce_at_rate(client, spec)
         else:
-            body = payload(spec.size)
-            left = [spec.count]
-
-            async def publisher() -> None:
-                while left[0] > 0:
-                    n = min(spec.batch, left[0])
-                    left[0] -= n
-                    await client.publish_many(spec.topic, [body] * n)
-
-            await asyncio.gather(*(publisher() for _ in range(spec.window)))
+            await flat_out(spec, lambda payloads: client.publish_many(spec.topic, payloads))
         result.last = time.perf_counter()
         result.count = spec.count
     return result
 
 
 async def _aio_produce_at_rate(client: flux_asyncio.Client, spec: Spec) -> None:
-    interval = 1.0 / spec.rate
-    start = time.perf_counter()
-    sent = 0
     pending: set[asyncio.Task[object]] = set()
-    while sent < spec.count:
-        due = min(spec.count, int((time.perf_counter() - start) / interval) + 1)
-        if due > sent:
-            # everything due now goes in one call; acks are awaited off the schedule
-            task = asyncio.ensure_future(client.publish_many(  # noqa: RUF006 (kept in pending)
-                spec.topic, [stamped(spec.size) for _ in range(due - sent)]))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-            sent = due
-        await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
+
+    async def send(payloads: list[bytes]) -> None:
+        # acks are awaited off the schedule
+        task = asyncio.ensure_future(client.publish_many(spec.topic, payloads))
+        pending.add(task)  # kept until done
+        task.add_done_callback(pending.discard)
+
+    await paced(spec, send)
     if pending:
         await asyncio.gather(*pending)
 
 
 async def _aio_consume(spec: Spec) -> Result:
     result = Result("consumer")
-    latencies: list[float] = []
-    measure = spec.mode == "latency"
+    tally = Tally(spec, result)
     async with flux_asyncio.connect(spec.address) as client, client.subscribe(
             spec.topic, prefetch=spec.prefetch) as sub:
         result.start = ready_then_go()
-        n = 0
-        target = spec.count
         try:
             async with asyncio.timeout(spec.idle_timeout) as idle:
                 async for msg in sub:
-                    if measure:
-                        latencies.append(latency_of(msg.payload, time.perf_counter_ns()))
+                    done = tally.took(msg.payload)
                     await msg.ack()
-                    n += 1
-                    if n == 1:
-                        result.first = time.perf_counter()
-                    if n >= target:
+                    if done:
                         break
-                    if not n & 1023:
+                    if not tally.n & 1023:
                         idle.reschedule(asyncio.get_running_loop().time() + spec.idle_timeout)
         except TimeoutError:
-            result.error = (f"received {n} of {target} messages, then nothing for"
-                            f" {spec.idle_timeout}s")
-        result.last = time.perf_counter()
-        result.count = n
-    result.latency_us = summarise(latencies)
-    if math.isnan(result.first):
-        result.first = 0.0
-    return result
+            tally.timed_out()
+        return tally.finish()

@@ -16,7 +16,16 @@ import os
 import time
 from typing import Any
 
-from flux.bench.worker import Result, Spec, latency_of, payload, ready_then_go, stamped, summarise
+from flux.bench.worker import (
+    Result,
+    Spec,
+    Tally,
+    flat_out,
+    paced,
+    payload,
+    ready_then_go,
+    summarise,
+)
 
 STREAM = "BENCH"   # the JetStream stream every run uses (subjects js.>)
 GROUP = "bench"    # the Redis consumer group
@@ -36,36 +45,15 @@ def _ids(n: int) -> list[str]:
     return [digits[i:i + 32] for i in range(0, len(digits), 32)]
 
 
-async def _paced(spec: Spec, send: Any) -> None:
-    """Call ``send(payloads)`` with the messages due at ``spec.rate`` per second."""
-    interval = 1.0 / spec.rate
-    start = time.perf_counter()
-    sent = 0
-    while sent < spec.count:
-        due = min(spec.count, int((time.perf_counter() - start) / interval) + 1)
-        if due > sent:
-            await send([stamped(spec.size) for _ in range(due - sent)])
-            sent = due
-        await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
-
-
-class _Counter:
-    """Counts received messages (and latencies) until ``spec.count``."""
+class _Counter(Tally):
+    """A :class:`Tally` for callback consumers: ``wait`` until ``spec.count`` came."""
 
     def __init__(self, spec: Spec, result: Result) -> None:
-        self.spec, self.result = spec, result
-        self.n = 0
-        self.latencies: list[float] = []
+        super().__init__(spec, result)
         self.done = asyncio.Event()
-        self.measure = spec.mode == "latency"
 
     def seen(self, data: bytes) -> None:
-        if self.measure:
-            self.latencies.append(latency_of(data, time.perf_counter_ns()))
-        self.n += 1
-        if self.n == 1:
-            self.result.first = time.perf_counter()
-        if self.n >= self.spec.count:
+        if self.took(data):
             self.result.last = time.perf_counter()
             self.done.set()
 
@@ -73,8 +61,7 @@ class _Counter:
         last = -1
         while not self.done.is_set():
             if self.n == last:
-                self.result.error = (f"received {self.n} of {self.spec.count} messages,"
-                                     f" then nothing for {self.spec.idle_timeout}s")
+                self.timed_out()
                 self.result.last = time.perf_counter()
                 break
             last = self.n
@@ -98,7 +85,7 @@ async def _nats_produce(spec: Spec) -> Result:
             async def send(bodies: list[bytes]) -> None:
                 for body in bodies:
                     await nc.publish(spec.topic, body)
-            await _paced(spec, send)
+            await paced(spec, send)
         else:
             body = payload(spec.size)
             publish = nc.publish
@@ -171,7 +158,7 @@ async def _js_produce(spec: Spec) -> Result:
                     spec.topic, body, headers={"Nats-Msg-Id": message_id}))
 
         if spec.mode == "latency":
-            await _paced(spec, send)
+            await paced(spec, send)
         else:
             body = payload(spec.size)
             left = spec.count
@@ -233,18 +220,9 @@ async def _redis_produce(spec: Spec) -> Result:
             await pipe.execute()
 
         if spec.mode == "latency":
-            await _paced(spec, send)
+            await paced(spec, send)
         else:
-            body = payload(spec.size)
-            left = [spec.count]
-
-            async def pipeliner() -> None:
-                while left[0] > 0:
-                    n = min(spec.batch, left[0])
-                    left[0] -= n
-                    await send([body] * n)
-
-            await asyncio.gather(*(pipeliner() for _ in range(spec.window)))
+            await flat_out(spec, send)
         result.last = time.perf_counter()
         result.count = spec.count
     finally:

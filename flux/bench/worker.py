@@ -9,10 +9,12 @@ is in :mod:`flux.bench.flux_worker` (trio) and :mod:`flux.bench.peer_workers` (a
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -63,6 +65,39 @@ def stamped(size: int) -> bytes:
     return STAMP.pack(time.perf_counter_ns()) + bytes(max(0, size - STAMP.size))
 
 
+async def paced(spec: Spec, send: Callable[[list[bytes]], Awaitable[object]]) -> None:
+    """asyncio: call ``send(payloads)`` with the latency payloads due at ``spec.rate``
+    per second (everything due at once goes in one call)."""
+    import asyncio
+
+    interval = 1.0 / spec.rate
+    start = time.perf_counter()
+    sent = 0
+    while sent < spec.count:
+        due = min(spec.count, int((time.perf_counter() - start) / interval) + 1)
+        if due > sent:
+            await send([stamped(spec.size) for _ in range(due - sent)])
+            sent = due
+        await asyncio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
+
+
+async def flat_out(spec: Spec, send: Callable[[list[bytes]], Awaitable[object]]) -> None:
+    """asyncio: ``spec.count`` payloads as fast as they go, ``spec.window`` calls of
+    ``send`` (``spec.batch`` payloads each) in flight at once."""
+    import asyncio
+
+    body = payload(spec.size)
+    left = [spec.count]
+
+    async def sender() -> None:
+        while left[0] > 0:
+            n = min(spec.batch, left[0])
+            left[0] -= n
+            await send([body] * n)
+
+    await asyncio.gather(*(sender() for _ in range(spec.window)))
+
+
 def latency_of(payload: bytes, now_ns: int) -> float:
     """Microseconds since ``payload`` was stamped."""
     sent: int = STAMP.unpack_from(payload)[0]
@@ -74,6 +109,40 @@ def summarise(latencies: list[float]) -> dict[str, float]:
 
     latencies.sort()
     return {f"p{q:g}": percentile(latencies, q) for q in QUANTILES} if latencies else {}
+
+
+class Tally:
+    """What a consumer counts: messages, the first and last arrival, latencies."""
+
+    def __init__(self, spec: Spec, result: Result) -> None:
+        self.spec, self.result = spec, result
+        self.n = 0
+        self.latencies: list[float] = []
+        self.measure = spec.mode == "latency"
+
+    def took(self, data: bytes) -> bool:
+        """One message arrived; True once all of them have."""
+        if self.measure:
+            self.latencies.append(latency_of(data, time.perf_counter_ns()))
+        self.n += 1
+        if self.n == 1:
+            self.result.first = time.perf_counter()
+        return self.n >= self.spec.count
+
+    def timed_out(self) -> None:
+        """Nothing came for ``spec.idle_timeout``: say so in the result."""
+        self.result.error = (f"received {self.n} of {self.spec.count} messages, then nothing"
+                             f" for {self.spec.idle_timeout}s")
+
+    def finish(self) -> Result:
+        """The result, with the last arrival now."""
+        result = self.result
+        result.last = time.perf_counter()
+        result.count = self.n
+        result.latency_us = summarise(self.latencies)
+        if math.isnan(result.first):
+            result.first = 0.0
+        return result
 
 
 def say(event: str, **fields: Any) -> None:
