@@ -437,3 +437,30 @@ def test_dedup_forgetting_in_small_slices_still_answers_exactly(
     dedup.expire(now)
     assert len(dedup) == sum(1 for i in model if alive(i))
     assert dedup.held_bytes == dedup.live_bytes(now)
+
+
+def test_dedup_long_run_with_lazy_forgetting_re_acceptance_and_compaction() -> None:
+    """G3 over hundreds of marks (so the marks are compacted many times), forgetting a
+    few ids a step and accepting ids again after their window: every lookup is exact."""
+    import random
+
+    rng = random.Random(7)
+    window = 10.0
+    dedup = DedupWindow(window)
+    model: dict[str, tuple[int, float]] = {}
+    offset = 0
+    for step in range(600):
+        now = step * 0.5
+        dedup.expire(now, rng.randrange(4))
+        fresh = [i for i in dict.fromkeys(f"id{rng.randrange(60)}" for _ in range(5))
+                 if not (i in model and now < model[i][1] + window)]
+        if fresh:
+            dedup.remember_all(fresh, offset, now)
+            for i in fresh:
+                model[i] = (offset, now)
+                offset += 1
+        for i in (f"id{j}" for j in range(60)):
+            alive = i in model and now < model[i][1] + window
+            assert dedup.get(i, now) == (model[i][0] if alive else None), (step, i)
+        assert dedup.live_bytes(now) == sum(len(i) for i, (_, t) in model.items()
+                                            if now < t + window)

@@ -104,7 +104,7 @@ class Publishing(ShardState):
         log, dedup = topic.log, topic.dedup
         first = log.next_offset
         if dedup.window > 0:
-            keys = dict.fromkeys(ids)
+            keys = dedup.keys_for(ids)
             if len(keys) != n or dedup.known_any(keys):
                 return None  # a duplicate (in the window or the group): the slow path says which
             chunk = tuple(ids)  # one tuple held by both the log and the dedup window

@@ -258,11 +258,11 @@ class DedupWindow:
 
     A topic's accepted ids take consecutive offsets, so the window keeps them in
     acceptance order, as *marks*: a tuple of ids remembered together, with its
-    first offset, expiry time and id bytes in flat lists beside it; a dict (values
-    None) answers membership. Neither the dict (only strings in it) nor the tuples
-    are walked by the garbage collector, and an id costs a dict entry and a tuple
-    slot. A duplicate's offset is found by searching the marks from the newest:
-    duplicates are retries, rare and recent.
+    first offset, expiry time and id bytes in flat lists beside it; a dict maps each
+    id to its mark's number (one int shared by the mark's ids), so a duplicate's
+    offset is found in its mark at once, however old it is. Neither the dict (strings
+    and ints) nor the tuples are walked by the garbage collector, and an id costs a
+    dict entry and a tuple slot.
 
     Forgetting is lazy and bounded: a call forgets at most ``EXPIRE_SLICE`` ids
     (the cleanup passes forget the rest in slices), because forgetting a burst at
@@ -272,16 +272,17 @@ class DedupWindow:
     blanked ("") in its old mark, so each id is a live string in one mark only.
     """
 
-    __slots__ = ("_at", "_bytes", "_due", "_due_bytes", "_head", "_ids", "_known", "_offset",
-                 "held_bytes", "window")
+    __slots__ = ("_at", "_base", "_bytes", "_due", "_due_bytes", "_head", "_ids", "_known",
+                 "_offset", "held_bytes", "window")
 
     def __init__(self, window: float) -> None:
         self.window = window
-        self._known: dict[str, None] = {}
+        self._known: dict[str, int] = {}        # id -> the number of its mark
         self._ids: list[tuple[str, ...]] = []   # mark k: these ids, ...
         self._offset: list[int] = []            # ... at consecutive offsets from this one, ...
         self._at: list[float] = []              # ... forgotten at this time, ...
         self._bytes: list[int] = []             # ... holding this many id bytes
+        self._base = 0                          # the number of the mark at index 0
         self._head = 0                          # the oldest mark still remembered
         self._due = 0                           # marks _head.._due-1 are past their window,
         self._due_bytes = 0                     # ... and hold this many bytes
@@ -299,18 +300,25 @@ class DedupWindow:
         """Remember an accepted id until ``now + window``."""
         self.remember_all([message_id], offset, now)
 
+    @property
+    def next_mark(self) -> int:
+        """The number the next remembered run of ids gets."""
+        return self._base + len(self._ids)
+
+    def keys_for(self, ids: Iterable[str]) -> dict[str, int]:
+        """``ids`` as the dict :meth:`remember_all` takes (one entry per distinct id)."""
+        return dict.fromkeys(ids, self.next_mark)
+
     def get(self, message_id: str, now: float | None = None) -> int | None:
         """Like :meth:`lookup` without forgetting any ids first. Without ``now``, the
         caller made sure nothing due is left (it ran :meth:`expire` to the end)."""
-        if message_id not in self._known:
+        mark = self._known.get(message_id)
+        if mark is None:
             return None
-        for k in range(len(self._ids) - 1, self._head - 1, -1):
-            ids = self._ids[k]
-            if message_id in ids:
-                if now is not None and self._at[k] <= now:
-                    return None  # past its window, not forgotten yet
-                return self._offset[k] + ids.index(message_id)
-        raise KeyError(message_id)  # unreachable while _known and the marks agree
+        k = mark - self._base
+        if now is not None and self._at[k] <= now:
+            return None  # past its window, not forgotten yet
+        return self._offset[k] + self._ids[k].index(message_id)
 
     def finder(self, now: float) -> Callable[[str], int | None]:
         """:meth:`get` at ``now`` as a plain function, for a loop over many ids."""
@@ -328,15 +336,15 @@ class DedupWindow:
         return self.held_bytes - self._due_bytes
 
     def remember_all(self, ids: Sequence[str], first: int, now: float, size: int | None = None,
-                     keys: dict[str, None] | None = None) -> None:
+                     keys: dict[str, int] | None = None) -> None:
         """Remember ``ids``, accepted at offsets ``first``, ``first + 1``, ... (``size``:
-        their lengths summed, ``keys``: ``dict.fromkeys(ids)``, if the caller has them;
+        their lengths summed, ``keys``: :meth:`keys_for` of them, if the caller has them;
         a caller with ``keys`` made sure none is known). None may be in its window."""
         if self.window <= 0 or not ids:
             return
-        self.expire(now, EXPIRE_SLICE)
+        self.expire(now, EXPIRE_SLICE)  # (it never changes next_mark)
         if keys is None:
-            keys = dict.fromkeys(ids)
+            keys = self.keys_for(ids)
             if not self._known.keys().isdisjoint(keys):
                 self._blank([i for i in keys if i in self._known])
         if size is None:
@@ -352,17 +360,15 @@ class DedupWindow:
         """Ids past their window, accepted again: blank them in their old marks."""
         marks = self._ids
         for message_id in again:
-            for k in range(self._head, len(marks)):
-                ids = marks[k]
-                if message_id in ids:
-                    i = ids.index(message_id)
-                    marks[k] = (*ids[:i], "", *ids[i + 1:])
-                    n = len(message_id)
-                    self._bytes[k] -= n
-                    self.held_bytes -= n
-                    if k < self._due:
-                        self._due_bytes -= n
-                    break
+            k = self._known[message_id] - self._base
+            ids = marks[k]
+            i = ids.index(message_id)
+            marks[k] = (*ids[:i], "", *ids[i + 1:])
+            n = len(message_id)
+            self._bytes[k] -= n
+            self.held_bytes -= n
+            if k < self._due:
+                self._due_bytes -= n
 
     def _advance_due(self, now: float) -> None:
         ats, k = self._at, max(self._due, self._head)
@@ -399,11 +405,13 @@ class DedupWindow:
             count += len(ids)
             budget -= len(ids)
         if k == len(marks):
+            self._base += k
             for column in (marks, self._offset, self._at, self._bytes):
                 column.clear()
             k = 0
             self._due = 0
         elif k > 64 and k * 2 > len(marks):
+            self._base += k
             for column in (marks, self._offset, self._at, self._bytes):
                 del column[:k]
             self._due -= k
