@@ -446,7 +446,7 @@ def test_a_publish_after_a_burst_came_due_forgets_only_a_slice_and_stays_exact()
     pass has forgotten them yet, a publish forgets two slices of them, not the burst
     (a 400k-id burst took tens of ms at once), yet counts none of them as held or
     known: an id of the burst is stored anew and then remembered as the new one."""
-    from flux.shard.topic import EXPIRE_SLICE
+    from flux.shard.dedup import EXPIRE_SLICE
 
     shard = Shard({"topic.buffer": 4 * EXPIRE_SLICE})
     client = shard.connect()

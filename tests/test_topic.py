@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flux import protocol as P
-from flux.shard.topic import DedupWindow, TopicLog
+from flux.shard.dedup import DedupWindow
+from flux.shard.topic import TopicLog
 
 
 def _log_with(n: int, start_time: float = 0.0, step: float = 1.0) -> TopicLog:

@@ -20,8 +20,8 @@ PLANTED: dict[str, str] = {
 
 def plant(name: str) -> None:
     """Patch the shard's classes in this process. Raises KeyError for an unknown name."""
+    from flux.shard.dedup import DedupWindow
     from flux.shard.subscription import Subscription
-    from flux.shard.topic import DedupWindow
 
     if name not in PLANTED:
         raise KeyError(f"unknown planted bug {name!r}; known: {', '.join(PLANTED)}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from flux import errors
+from flux.shard.dedup import EXPIRE_SLICE
 from flux.shard.state import (
     MESSAGE_FRAME_SLACK,
     P,
@@ -19,7 +20,6 @@ from flux.shard.state import (
     ShardState,
     Topic,
 )
-from flux.shard.topic import EXPIRE_SLICE
 
 _BYTES = {bytes}
 # 32 characters are at most 128 bytes of UTF-8: longer ids need the exact check

@@ -15,8 +15,9 @@ from typing import Any
 from flux import errors, protocol
 from flux.config import Config
 from flux.hashing import shard_for
+from flux.shard.dedup import DedupWindow
 from flux.shard.subscription import Subscription
-from flux.shard.topic import DedupWindow, TopicLog
+from flux.shard.topic import TopicLog
 
 P = protocol
 MAX_CREDIT = 1 << 30

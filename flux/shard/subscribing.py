@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from flux import errors
+from flux.shard.dedup import DedupWindow
 from flux.shard.state import (
     MAX_CREDIT,
     P,
@@ -20,7 +21,7 @@ from flux.shard.state import (
     _opt_int,
 )
 from flux.shard.subscription import Subscription
-from flux.shard.topic import DedupWindow, TopicLog
+from flux.shard.topic import TopicLog
 
 
 class Subscribing(ShardState):

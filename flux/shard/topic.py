@@ -1,18 +1,15 @@
-"""One topic's storage: the in-memory log of messages and its dedup window.
+"""One topic's in-memory log of messages.
 
 :class:`TopicLog` is the small interface a durable log can later replace
-(append, read a range, trim the head). :class:`DedupWindow` remembers accepted
-message ids for ``message.dedup_window`` seconds with their original offsets.
-Neither knows about subscriptions; cleanup decides what may be trimmed.
+(append, read a range, trim the head). It knows nothing of subscriptions or
+dedup (:mod:`flux.shard.dedup`); cleanup decides what may be trimmed.
 """
 
 from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from collections.abc import Sequence
 from typing import NamedTuple, cast
 
 import msgpack
@@ -22,7 +19,6 @@ from flux import protocol as P
 _packer = msgpack.Packer(use_bin_type=True)
 _ONE_BYTE = [bytes((n,)) for n in range(256)]  # the lengths of one short payload, shared
 PACK_BELOW = 1024  # runs of payloads this large on average are held unpacked
-EXPIRE_SLICE = 1024  # most dedup ids one publish or lookup forgets on its way
 
 
 class Entry(NamedTuple):
@@ -251,170 +247,3 @@ class TopicLog:
             k = 0
         self._head, self._skip = k, skip
         return dropped
-
-
-class DedupWindow:
-    """Message ids accepted in the last ``window`` seconds, with their offsets.
-
-    A topic's accepted ids take consecutive offsets, so the window keeps them in
-    acceptance order, as *marks*: a tuple of ids remembered together, with its
-    first offset, expiry time and id bytes in flat lists beside it; a dict maps each
-    id to its mark's number (one int shared by the mark's ids), so a duplicate's
-    offset is found in its mark at once, however old it is. Neither the dict (strings
-    and ints) nor the tuples are walked by the garbage collector, and an id costs a
-    dict entry and a tuple slot.
-
-    Forgetting is lazy and bounded: a call forgets at most ``EXPIRE_SLICE`` ids
-    (the cleanup passes forget the rest in slices), because forgetting a burst at
-    once stalls the shard. Ids past their window but not forgotten yet count as
-    forgotten everywhere: :meth:`get` with ``now`` does not find them, and
-    :meth:`live_bytes` does not count them. An id accepted again meanwhile is
-    blanked ("") in its old mark, so each id is a live string in one mark only.
-    """
-
-    __slots__ = ("_at", "_base", "_bytes", "_due", "_due_bytes", "_head", "_ids", "_known",
-                 "_offset", "held_bytes", "window")
-
-    def __init__(self, window: float) -> None:
-        self.window = window
-        self._known: dict[str, int] = {}        # id -> the number of its mark
-        self._ids: list[tuple[str, ...]] = []   # mark k: these ids, ...
-        self._offset: list[int] = []            # ... at consecutive offsets from this one, ...
-        self._at: list[float] = []              # ... forgotten at this time, ...
-        self._bytes: list[int] = []             # ... holding this many id bytes
-        self._base = 0                          # the number of the mark at index 0
-        self._head = 0                          # the oldest mark still remembered
-        self._due = 0                           # marks _head.._due-1 are past their window,
-        self._due_bytes = 0                     # ... and hold this many bytes
-        self.held_bytes = 0                     # id bytes of every mark, due ones too
-
-    def __len__(self) -> int:
-        return len(self._known)
-
-    def lookup(self, message_id: str, now: float) -> int | None:
-        """The original offset of ``message_id`` if it is still remembered."""
-        self.expire(now, EXPIRE_SLICE)
-        return self.get(message_id, now)
-
-    def remember(self, message_id: str, offset: int, now: float) -> None:
-        """Remember an accepted id until ``now + window``."""
-        self.remember_all([message_id], offset, now)
-
-    @property
-    def next_mark(self) -> int:
-        """The number the next remembered run of ids gets."""
-        return self._base + len(self._ids)
-
-    def keys_for(self, ids: Iterable[str]) -> dict[str, int]:
-        """``ids`` as the dict :meth:`remember_all` takes (one entry per distinct id)."""
-        return dict.fromkeys(ids, self.next_mark)
-
-    def get(self, message_id: str, now: float | None = None) -> int | None:
-        """Like :meth:`lookup` without forgetting any ids first. Without ``now``, the
-        caller made sure nothing due is left (it ran :meth:`expire` to the end)."""
-        mark = self._known.get(message_id)
-        if mark is None:
-            return None
-        k = mark - self._base
-        if now is not None and self._at[k] <= now:
-            return None  # past its window, not forgotten yet
-        return self._offset[k] + self._ids[k].index(message_id)
-
-    def finder(self, now: float) -> Callable[[str], int | None]:
-        """:meth:`get` at ``now`` as a plain function, for a loop over many ids."""
-        get = self.get
-        return lambda message_id: get(message_id, now)
-
-    def known_any(self, ids: Iterable[str]) -> bool:
-        """Whether any of ``ids`` is remembered (maybe past its window): the publish
-        fast path asks this once per group and leaves any hit to :meth:`finder`."""
-        return not self._known.keys().isdisjoint(ids)
-
-    def live_bytes(self, now: float) -> int:
-        """Id bytes of the ids still in their window at ``now``."""
-        self._advance_due(now)
-        return self.held_bytes - self._due_bytes
-
-    def remember_all(self, ids: Sequence[str], first: int, now: float, size: int | None = None,
-                     keys: dict[str, int] | None = None) -> None:
-        """Remember ``ids``, accepted at offsets ``first``, ``first + 1``, ... (``size``:
-        their lengths summed, ``keys``: :meth:`keys_for` of them, if the caller has them;
-        a caller with ``keys`` made sure none is known). None may be in its window."""
-        if self.window <= 0 or not ids:
-            return
-        self.expire(now, EXPIRE_SLICE)  # (it never changes next_mark)
-        if keys is None:
-            keys = self.keys_for(ids)
-            if not self._known.keys().isdisjoint(keys):
-                self._blank([i for i in keys if i in self._known])
-        if size is None:
-            size = len("".join(ids))
-        self._ids.append(tuple(ids))
-        self._offset.append(first)
-        self._at.append(now + self.window)
-        self._bytes.append(size)
-        self._known.update(keys)
-        self.held_bytes += size
-
-    def _blank(self, again: list[str]) -> None:
-        """Ids past their window, accepted again: blank them in their old marks."""
-        marks = self._ids
-        for message_id in again:
-            k = self._known[message_id] - self._base
-            ids = marks[k]
-            i = ids.index(message_id)
-            marks[k] = (*ids[:i], "", *ids[i + 1:])
-            n = len(message_id)
-            self._bytes[k] -= n
-            self.held_bytes -= n
-            if k < self._due:
-                self._due_bytes -= n
-
-    def _advance_due(self, now: float) -> None:
-        ats, k = self._at, max(self._due, self._head)
-        if k < len(ats) and ats[k] <= now:
-            added = 0
-            while k < len(ats) and ats[k] <= now:
-                added += self._bytes[k]
-                k += 1
-            self._due_bytes += added
-        self._due = k
-
-    def expire(self, now: float, most: int | None = None) -> int:
-        """Forget ids whose window has passed, oldest first (at most ``most``);
-        returns how many."""
-        self._advance_due(now)
-        marks, known = self._ids, self._known
-        k = self._head
-        budget = most if most is not None else 1 << 62
-        count = 0
-        while k < self._due and budget > 0:
-            ids = marks[k]
-            if len(ids) > budget:  # cut the mark in two: its rest stays
-                ids, marks[k] = ids[:budget], ids[budget:]
-                self._offset[k] += budget
-                freed = len("".join(ids))
-                self._bytes[k] -= freed
-            else:
-                marks[k] = ()
-                freed = self._bytes[k]
-                k += 1
-            deque(map(known.pop, ids, repeat(None)), 0)  # forget them, at C speed
-            self.held_bytes -= freed
-            self._due_bytes -= freed
-            count += len(ids)
-            budget -= len(ids)
-        if k == len(marks):
-            self._base += k
-            for column in (marks, self._offset, self._at, self._bytes):
-                column.clear()
-            k = 0
-            self._due = 0
-        elif k > 64 and k * 2 > len(marks):
-            self._base += k
-            for column in (marks, self._offset, self._at, self._bytes):
-                del column[:k]
-            self._due -= k
-            k = 0
-        self._head = k
-        return count

@@ -11,8 +11,9 @@ from unittest import mock
 
 from flux import protocol
 from flux.shard.core import ShardCore
+from flux.shard.dedup import DedupWindow
 from flux.shard.subscription import Subscription
-from flux.shard.topic import DedupWindow, TopicLog
+from flux.shard.topic import TopicLog
 
 
 def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> contextlib.AbstractContextManager[Any]:
