@@ -183,12 +183,8 @@ class FrameDecoder:
         buf = self._buf
         if self._pos == len(buf):  # nothing pending: no copy of what decodes whole
             frames, used = self._frames(data, 0)
-            if used < len(data):
-                buf[:] = memoryview(data)[used:]
-                self._pos = 0
-            else:
-                buf.clear()
-                self._pos = 0
+            buf[:] = memoryview(data)[used:]  # the incomplete tail, if any
+            self._pos = 0
             return frames
         buf += data
         frames, pos = self._frames(buf, self._pos)

@@ -18,6 +18,7 @@ from flux.bench.worker import (
     Result,
     Spec,
     Tally,
+    batch_sizes,
     flat_out,
     paced,
     payload,
@@ -57,12 +58,10 @@ async def _produce(spec: Spec) -> Result:
 
 async def _produce_flat_out(client: Client, spec: Spec) -> None:
     body = payload(spec.size)
-    left = [spec.count]
+    sizes = batch_sizes(spec)
 
     async def publisher() -> None:
-        while left[0] > 0:
-            n = min(spec.batch, left[0])
-            left[0] -= n
+        for n in sizes:
             await client.publish_many(spec.topic, [body] * n)
 
     async with trio.open_nursery() as nursery:

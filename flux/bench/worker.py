@@ -14,7 +14,7 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -87,15 +87,20 @@ async def flat_out(spec: Spec, send: Callable[[list[bytes]], Awaitable[object]])
     import asyncio
 
     body = payload(spec.size)
-    left = [spec.count]
+    sizes = batch_sizes(spec)
 
     async def sender() -> None:
-        while left[0] > 0:
-            n = min(spec.batch, left[0])
-            left[0] -= n
+        for n in sizes:
             await send([body] * n)
 
     await asyncio.gather(*(sender() for _ in range(spec.window)))
+
+
+def batch_sizes(spec: Spec) -> Iterator[int]:
+    """Sizes of ``spec.batch`` (the last one less) that add up to ``spec.count``; one
+    iterator shared by concurrent senders hands each its next batch."""
+    for start in range(0, spec.count, spec.batch):
+        yield min(spec.batch, spec.count - start)
 
 
 def latency_of(payload: bytes, now_ns: int) -> float:

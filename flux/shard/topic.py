@@ -88,11 +88,10 @@ class TopicLog:
             try:
                 lens: bytes | array[int] = (_ONE_BYTE[len(payloads[0])] if len(payloads) == 1
                                             else bytes(map(len, payloads)))
-                self._packed.append(_packer.pack(payloads))
             except (IndexError, ValueError):  # a payload of 256 bytes or more
                 lens = array("I", map(len, payloads))
-                self._packed.append(_packer.pack(payloads) if sum(lens) < PACK_BELOW * len(lens)
-                                    else tuple(payloads))
+            large = type(lens) is not bytes and sum(lens) >= PACK_BELOW * len(lens)
+            self._packed.append(tuple(payloads) if large else _packer.pack(payloads))
             self._lens.append(lens)
             self._at.append(now)
             self._next = offset + len(ids)
