@@ -11,6 +11,7 @@ from test_client_core_support import GEN, ids_of, open_shard, out, published, re
 
 from flux import errors
 from flux import protocol as P
+from flux.client.types import PublishAck
 
 # -- publishing ----------------------------------------------------------------------------
 
@@ -174,6 +175,28 @@ def test_a_batch_larger_than_a_frame_is_split_and_acked_whole() -> None:
         assert not batch.done
         published(core, conn, frame, list(range(256 * n, 256 * n + len(ids_of(frame)))))
     assert [a.offset for a in batch.result()] == list(range(600))
+
+
+def test_a_batch_s_acks_read_as_a_list_of_publish_acks() -> None:
+    """publish_many's result is a read-only sequence whose acks are made as read: it
+    indexes, slices, iterates and compares like the list of PublishAcks it stands for."""
+    core = ready_core()
+    batch = core.publish_many("t", [b"a", b"b", b"c"], ["a", "b", "c"], 0.0)
+    conn = open_shard(core)
+    [frame] = out(core, conn)
+    published(core, conn, frame, [4, 9, 5], duplicates=[1])
+    acks = batch.result()
+    expected = [PublishAck("t", "a", 4, GEN, False), PublishAck("t", "b", 9, GEN, True),
+                PublishAck("t", "c", 5, GEN, False)]
+    assert len(acks) == 3 and list(acks) == expected and acks == expected
+    assert acks[0] == expected[0] and acks[-1] == expected[-1] and acks[1:] == expected[1:]
+    assert acks != expected[:2] and acks != "abc" and acks == batch.result()
+    assert [a.offset for a in reversed(acks)] == [5, 9, 4] and expected[1] in acks
+    assert acks.index(expected[2]) == 2 and repr(acks) == f"PublishAcks({expected!r})"
+    with pytest.raises(IndexError):
+        acks[3]
+    with pytest.raises(TypeError):
+        hash(acks)
 
 
 def test_only_refused_items_of_a_batch_are_retried_with_their_ids() -> None:

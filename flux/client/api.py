@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol, Self
 from flux import errors
 from flux.client.core import ClientCore
 from flux.client.subscription import SubState
-from flux.client.types import FetchResult, Message, PublishAck, SubscribeInfo, Waiter
+from flux.client.types import FetchResult, Message, PublishAck, PublishAcks, SubscribeInfo, Waiter
 
 
 class Shell(Protocol):
@@ -70,7 +70,7 @@ class ClientBase:
         return batch.result()[0]
 
     async def publish_many(self, topic: str, payloads: Iterable[bytes],
-                           ids: Iterable[str] | None = None) -> list[PublishAck]:
+                           ids: Iterable[str] | None = None) -> PublishAcks:
         """Publish several messages to one topic, in order; returns their acks.
 
         Every item is attempted; if any failed, the first error (in item order)

@@ -9,12 +9,11 @@ how to read the reply. Both carry their retry deadline and last error.
 
 from __future__ import annotations
 
-from itertools import repeat
 from operator import add
 from typing import Any, Literal
 
 from flux import errors, protocol
-from flux.client.types import FetchedMessage, FetchResult, PublishAck, SubscribeInfo, Waiter
+from flux.client.types import FetchedMessage, FetchResult, PublishAcks, SubscribeInfo, Waiter
 
 P = protocol
 ITEM_OVERHEAD = 8        # msgpack headers of one id and one payload in a PUBLISH group, at most
@@ -80,7 +79,7 @@ class PublishBatch(Waiter):
             return True
         return False
 
-    def result(self) -> list[PublishAck]:
+    def result(self) -> PublishAcks:
         """The acks in message order, or raise the first failure (in message order)."""
         if not self.done:
             raise RuntimeError("result() called before the batch finished")
@@ -88,11 +87,8 @@ class PublishBatch(Waiter):
             raise self._error
         if self.failures:
             raise self.failures[min(self.failures)]
-        n = len(self.ids)
-        # tuple.__new__ makes each named tuple in C: one ack per message is the hot path
-        return list(map(tuple.__new__, repeat(PublishAck, n), zip(  # type: ignore[arg-type]
-            repeat(self.topic, n), self.ids, self.offsets, self.generations, self.duplicates,
-            strict=True)))
+        return PublishAcks(self.topic, self.ids, self.offsets, self.generations,
+                           self.duplicates)
 
     @property
     def error(self) -> errors.FluxError | None:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar, cast
 from flux import errors
 from flux.client import asyncio as aio
 from flux.client import types
-from flux.client.types import FetchResult, PublishAck, SubscribeInfo
+from flux.client.types import FetchResult, PublishAck, PublishAcks, SubscribeInfo
 
 __all__ = ["Client", "Message", "Subscription", "connect"]
 
@@ -168,7 +168,7 @@ class Client:
         return self._run(self._client.publish(topic, payload, id))
 
     def publish_many(self, topic: str, payloads: Iterable[bytes],
-                     ids: Iterable[str] | None = None) -> list[PublishAck]:
+                     ids: Iterable[str] | None = None) -> PublishAcks:
         """Publish several messages to one topic in batched frames; returns their acks.
 
         Every item is attempted; the first error (in item order) is raised after

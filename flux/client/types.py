@@ -7,10 +7,11 @@ shell parks a task on; the core fills it and lists it in ``take_woken()``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from flux import errors
 
@@ -71,6 +72,58 @@ class PublishAck(NamedTuple):
     offset: int
     generation: int
     duplicate: bool
+
+
+class PublishAcks(Sequence[PublishAck]):
+    """The acks of a ``publish_many`` call, in message order.
+
+    A read-only sequence (``len``, indexing, slicing, iteration, ``==`` with any
+    sequence) whose :class:`PublishAck` items are made as they are read, so a
+    producer that does not look at its acks does not pay for one object a message.
+    """
+
+    __slots__ = ("_duplicates", "_generations", "_ids", "_offsets", "_topic")
+
+    def __init__(self, topic: str, ids: Sequence[str], offsets: Sequence[int],
+                 generations: Sequence[int], duplicates: Sequence[bool]) -> None:
+        self._topic = topic
+        self._ids = ids
+        self._offsets = offsets
+        self._generations = generations
+        self._duplicates = duplicates
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @overload
+    def __getitem__(self, index: int) -> PublishAck: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[PublishAck]: ...
+
+    def __getitem__(self, index: int | slice) -> PublishAck | list[PublishAck]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        i = range(len(self._ids))[index]  # negative indexes and IndexError as a list's
+        return PublishAck(self._topic, self._ids[i], self._offsets[i], self._generations[i],
+                          self._duplicates[i])
+
+    def __iter__(self) -> Iterator[PublishAck]:
+        n = len(self._ids)
+        # tuple.__new__ makes each named tuple in C
+        return map(tuple.__new__, repeat(PublishAck, n), zip(  # type: ignore[arg-type]
+            repeat(self._topic, n), self._ids, self._offsets, self._generations,
+            self._duplicates, strict=True))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PublishAcks | list):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PublishAcks({list(self)!r})"
 
 
 @dataclass(frozen=True, slots=True)
