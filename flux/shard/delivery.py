@@ -70,10 +70,7 @@ class Delivery(ShardState):
         else:
             ids, payloads, times = self._columns(log, offsets)
             pushed = offsets
-        if sub.in_flight:
-            sub.in_flight.update(dict.fromkeys(pushed, 1))
-        else:  # the usual case once everything pushed was acked: build it in one step
-            sub.in_flight = dict.fromkeys(pushed, 1)
+        sub.in_flight.push_first(pushed)
         sub.add_deadlines(now + self.config.subscriber.timeout, pushed, 1)
         sub.credit -= n
         self.counters["delivered"] += n

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from flux.shard.inflight import InFlight
+
 Mode = Literal["push", "pull"]
 
 DEADLINE = 0
@@ -39,7 +41,7 @@ class Subscription:
     next_push: int = 0
     credit: int = 0
     max_in_flight: int = 1
-    in_flight: dict[int, int] = field(default_factory=dict)
+    in_flight: InFlight = field(default_factory=InFlight)
     # what this attachment was sent: offsets in [attached_from, next_push) except those
     # already acked when it attached (skipped, never pushed to it)
     attached_from: int = 0
@@ -88,10 +90,10 @@ class Subscription:
         in_flight = self.in_flight
         if not in_flight:
             return 0
-        first = next(iter(in_flight))
+        first = in_flight.first()
         if first > through:
             return 0
-        last = next(reversed(in_flight))
+        last = in_flight.last()
         n = len(in_flight)
         if not self.acked and first == self.cursor and last - first == n - 1:
             # the usual case: in flight is exactly the run cursor..last (increasing,
@@ -100,7 +102,7 @@ class Subscription:
                 in_flight.clear()
                 self.cursor = last + 1
                 return n
-            deque(map(in_flight.pop, range(first, through + 1)), maxlen=0)
+            in_flight.drop_through(through)
             self.cursor = through + 1
             return through + 1 - first
         due: list[int] = []
