@@ -382,7 +382,8 @@ def test_every_frame_carrying_large_messages_fits_max_frame_bytes() -> None:
 # -- the fast path and the per-item path agree ----------------------------------------------
 
 # mostly the usual items (short new or repeated ids, binary payloads), some odd ones
-_ODD_IDS: list[Any] = ["é" * 32, "x" * 33, "y" * 128, "z" * 129, "é" * 65, "", 0, None]
+_ODD_IDS: list[Any] = ["é" * 32, "x" * 33, "y" * 128, "z" * 129, "é" * 65, "w" * 300, "", 0,
+                        None]
 # with max_frame_bytes 1024, 766 bytes is the largest payload a 2-character id may carry
 _ODD_PAYLOADS: list[Any] = [b"r" * 700, b"s" * 766, "text", None]
 _ids = st.tuples(st.integers(0, 9), st.integers(0, 15)).map(

@@ -20,6 +20,7 @@ from flux.shard.state import (
     ShardState,
     Topic,
 )
+from flux.shard.topic import payload_lengths
 
 _BYTES = {bytes}
 # 32 characters are at most 128 bytes of UTF-8: longer ids need the exact check
@@ -85,19 +86,24 @@ class Publishing(ShardState):
             # a str check of every id, and their total length, at C speed (a str
             # subclass passes, as it does the per-item check)
             id_bytes = len("".join(ids))
-        except TypeError:
+            id_lengths = bytes(map(len, ids))  # (ValueError: an id of 256 or more characters)
+        except (TypeError, ValueError):
+            return None
+        longest_id = id_lengths[0]
+        if id_lengths.count(longest_id) != n:  # ids of one length are the usual case
+            longest_id = max(id_lengths)
+            if min(id_lengths) < 1:
+                return None
+        if longest_id < 1 or longest_id > _SHORT_ID:
             return None
         if set(map(type, payloads)) != _BYTES:
             return None
-        id_lengths = list(map(len, ids))
-        longest_id = max(id_lengths)
-        if min(id_lengths) < 1 or longest_id > _SHORT_ID:
-            return None
-        size = id_bytes + sum(map(len, payloads))
+        lens = payload_lengths(payloads)
+        size = id_bytes + sum(lens)
         max_message = self.config.max_frame_bytes - MESSAGE_FRAME_SLACK
         # usually even the whole group fits in one message's room (cheaper than max())
         if (size - id_bytes + longest_id > max_message
-                and max(map(len, payloads)) + longest_id > max_message):
+                and max(lens) + longest_id > max_message):
             return None
         if topic.held_bytes(now) + size + id_bytes > self.config.topic.max_bytes:
             return None
@@ -109,9 +115,9 @@ class Publishing(ShardState):
                 return None  # a duplicate (in the window or the group): the slow path says which
             chunk = tuple(ids)  # one tuple held by both the log and the dedup window
             dedup.remember_all(chunk, first, now, id_bytes, keys)
-            log.extend(chunk, payloads, now, size)
+            log.extend(chunk, payloads, now, size, lens)
         else:
-            log.extend(ids, payloads, now, size)
+            log.extend(ids, payloads, now, size, lens)
         counts[name] = count
         self.counters["published"] += n
         return [list(range(first, first + n)), [], []]

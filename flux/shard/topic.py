@@ -21,6 +21,17 @@ _ONE_BYTE = [bytes((n,)) for n in range(256)]  # the lengths of one short payloa
 PACK_BELOW = 1024  # runs of payloads this large on average are held unpacked
 
 
+def payload_lengths(payloads: Sequence[bytes]) -> bytes | array[int]:
+    """The lengths of ``payloads`` as :meth:`TopicLog.extend` keeps them: one byte each
+    when all are under 256 bytes (the usual case), else 4 bytes each."""
+    if len(payloads) == 1 and len(payloads[0]) < 256:
+        return _ONE_BYTE[len(payloads[0])]
+    try:
+        return bytes(map(len, payloads))
+    except ValueError:  # a payload of 256 bytes or more
+        return array("I", map(len, payloads))
+
+
 class Entry(NamedTuple):
     """A held message. ``stored_at`` is on the shard's monotonic clock."""
 
@@ -78,18 +89,16 @@ class TopicLog:
         return self.extend([message_id], [payload], now)
 
     def extend(self, ids: Sequence[str], payloads: Sequence[bytes], now: float,
-               size: int | None = None) -> int:
+               size: int | None = None, lens: bytes | array[int] | None = None) -> int:
         """Store several messages at once (one chunk); returns the offset of the first.
-        ``size``: their id and payload lengths summed, if the caller already knows it."""
+        ``size``: their id and payload lengths summed, and ``lens``:
+        :func:`payload_lengths` of them, if the caller already has them."""
         offset = self._next
         if ids:
             self._first.append(offset)
             self._ids.append(tuple(ids))
-            try:
-                lens: bytes | array[int] = (_ONE_BYTE[len(payloads[0])] if len(payloads) == 1
-                                            else bytes(map(len, payloads)))
-            except (IndexError, ValueError):  # a payload of 256 bytes or more
-                lens = array("I", map(len, payloads))
+            if lens is None:
+                lens = payload_lengths(payloads)
             large = type(lens) is not bytes and sum(lens) >= PACK_BELOW * len(lens)
             self._packed.append(tuple(payloads) if large else _packer.pack(payloads))
             self._lens.append(lens)
