@@ -82,10 +82,17 @@ class InFlight(MutableMapping[int, int]):
 
     def pop(self, offset: int, default: int | None = None) -> int | None:  # type: ignore[override]
         """Remove ``offset``; its pushes, or ``default`` if it was not in flight."""
-        if offset not in self:
-            return default
-        pushes = self[offset]
-        del self[offset]
+        flight = self._map
+        if flight is None:
+            if type(offset) is not int or not self._lo <= offset < self._hi:
+                return default
+            if offset == self._lo:  # acks in order: the run shrinks from its low end
+                self._lo += 1
+                return 1
+            flight = self._as_dict()
+        pushes = flight.pop(offset, default)
+        if not flight:
+            self.clear()
         return pushes
 
     def __iter__(self) -> Iterator[int]:

@@ -213,6 +213,26 @@ def test_subscriber_left_on_an_old_generation_is_not_live() -> None:
     assert "liveness/stale-generation" in s.end().rules()
 
 
+def test_a_subscriber_never_subscribed_is_not_live_unless_it_asked_past_the_end() -> None:
+    """A from_offset past the end of the topic's final generation is refused every time
+    (OffsetOutOfRange), rightly; one inside it must be subscribed by the end."""
+    for from_offset, rules in ((3, []), (2, ["liveness/never-subscribed"]),
+                               (None, ["liveness/never-subscribed"])):
+        s = Story().hello(0.0)
+        s.h.meta["liveness"] = [{"subscriber": "c1/n", "topic": "t", "from_offset": from_offset}]
+        s.publish(0.1, "a", 0).publish(0.2, "b", 1)
+        assert s.end().rules() == rules, from_offset
+    # left on an old generation whose topic reached offset 3, when the new one did not
+    s = Story().hello(0.0)
+    s.h.meta["liveness"] = [{"subscriber": "c1/n", "topic": "t", "from_offset": 3}]
+    for offset, message_id in enumerate("abc"):
+        s.publish(0.1, message_id, offset)
+    s.subscribe(0.2, start=3, cursor=3)
+    s.add(h.FaultInjected(0.3, "crash", "shard-0", "instant")).hello(0.4, G2)
+    s.publish(0.5, "d", 0, generation=G2)
+    assert s.end().rules() == []
+
+
 def test_publish_after_heal_that_never_succeeds_is_not_live() -> None:
     s = clean()
     s.h.meta["canaries"] = [["t", "canary-t"]]

@@ -22,6 +22,10 @@ FOUND = [
     # a router fault due at the very moment of the heal started after it, so nothing
     # restarted the router and the liveness canary was never acked (a simulator bug)
     ("crashes", 90, None),
+    # a reader with from_offset=3 after two shard restarts left its topic with fewer
+    # messages: OffsetOutOfRange every time, rightly, yet the liveness check wanted it
+    # subscribed (a checker bug)
+    ("cleanup", 137, "pause:shard-0@5.538+4.151,pause:shard-0@18.913+4.089"),
 ]
 
 CASES = [(scenario, seed, None) for scenario in SCENARIOS
