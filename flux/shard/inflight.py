@@ -131,7 +131,7 @@ class InFlight(MutableMapping[int, int]):
         """Remove every offset up to ``through``, when they are exactly the offsets
         ``first()..through`` (a prefix with no gaps)."""
         if self._map is None:
-            self._lo = through + 1
+            self._lo = min(through + 1, self._hi)
             return
         deque(map(self._map.pop, range(next(iter(self._map)), through + 1), repeat(None)), 0)
         if not self._map:
