@@ -38,10 +38,11 @@ class Story:
 
     def subscribe(self, t: float, session: int = 1, *, generation: int = G, created: bool = True,
                   start: int = 0, cursor: int = 0, asked: int | None = None,
-                  subscriber: str = "c1/n") -> Story:
+                  subscriber: str = "c1/n", requested: float | None = None) -> Story:
         return self.add(h.Subscribed(t, subscriber, session, subscriber.split("/")[0], 0, "t",
                                      subscriber.split("/")[1], generation, created, start,
-                                     cursor, False, asked or 100, asked, t - 0.002, None))
+                                     cursor, False, asked or 100, asked,
+                                     t - 0.002 if requested is None else requested, None))
 
     def publish(self, t: float, message_id: str, offset: int, generation: int = G,
                 duplicate: bool = False) -> Story:
@@ -206,6 +207,18 @@ def test_recreated_subscription_proves_it_was_deleted() -> None:
     s.add(h.SessionEnded(1.0, "c1/n", 1, "t", "unsubscribed"))
     s.subscribe(2.0, 2, created=True)   # re-created after 1 s; inactive_time is 4 s
     assert "G6/deleted-too-early" in s.end().rules()
+
+
+def test_a_resume_below_a_cursor_confirmed_before_it_was_asked_for_breaks_g6() -> None:
+    """G6: acks confirmed before the SUBSCRIBE was sent are in the cursor it reports; acks
+    confirmed while its reply was held up on the way (a stall) may not be."""
+    for requested, rules in ((0.5, ["G6/cursor-moved-back"]), (0.1, [])):
+        s = clean()  # session 1: cursor 1 confirmed at t=0.132, cursor 2 at t=0.232
+        s.add(h.SessionEnded(0.3, "c1/n", 1, "t", "closed"))
+        s.subscribe(0.6, 2, created=False, cursor=0, requested=requested)
+        s.add(h.SessionEnded(0.61, "c1/n", 2, "t", "taken_over"))
+        s.subscribe(0.7, 3, created=False, cursor=2)
+        assert [r for r in s.end().rules() if r.startswith("G6")] == rules, requested
 
 
 def test_subscriber_left_on_an_old_generation_is_not_live() -> None:

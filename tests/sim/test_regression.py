@@ -26,6 +26,10 @@ FOUND = [
     # messages: OffsetOutOfRange every time, rightly, yet the liveness check wanted it
     # subscribed (a checker bug)
     ("cleanup", 137, "pause:shard-0@5.538+4.151,pause:shard-0@18.913+4.089"),
+    # a SUBSCRIBED reply held up by a stall reported the cursor of when the shard
+    # answered; acks confirmed meanwhile made the checker call it a cursor moving back
+    # (a checker bug: it now compares with what was confirmed before the request)
+    ("network", 525, "stall:shard-0->s5@1.602+0.796"),
 ]
 
 CASES = [(scenario, seed, None) for scenario in SCENARIOS

@@ -45,6 +45,11 @@ class _Confirmed:
                 best = cursor
         return best
 
+    def cursor_sent_before(self, t: float) -> int:
+        """The highest cursor confirmed to any session before ``t``: the shard had moved
+        it there before it could see a request sent at ``t``, however slow the links."""
+        return max((cursor for at, _, cursor in self.cursors if at < t), default=-1)
+
     def acked(self, offset: int, session: int, t: float) -> bool:
         if offset < self.cursor(session, t):
             return True
@@ -72,11 +77,13 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
                            f"{e.subscriber} asked for max_in_flight={e.asked_max_in_flight}"
                            f" (cap {index.params.max_in_flight}); the shard granted"
                            f" {e.max_in_flight}")
-            before = confirmed.cursor(e.session, e.t)
+            # the shard answered the SUBSCRIBE some time after it was sent: a reply held up
+            # on its way (a stall) may report a cursor acks have moved past meanwhile
+            before = confirmed.cursor_sent_before(e.requested)
             if e.cursor < before:
                 report.add("G6", "cursor-moved-back", e.t,
                            f"{e.subscriber} resumed {inc.topic}/{inc.name} at cursor {e.cursor},"
-                           f" below the confirmed cursor {before}")
+                           f" below the cursor {before} confirmed before it asked")
             confirmed.cursors.append((e.t, e.session, e.cursor))
             continue
         assert isinstance(e, (h.Delivered, h.AckSent, h.AckConfirmed, h.AckRefused,
