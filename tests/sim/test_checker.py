@@ -126,6 +126,20 @@ def test_redelivery_after_a_confirmed_ack_is_caught() -> None:
     assert {"G1/redelivered-acked", "G4/redelivered-after-ack"} <= set(s.rules())
 
 
+def test_a_push_of_an_offset_acked_before_the_session_was_asked_for_breaks_g1() -> None:
+    """G1: a new session never gets an offset whose ack was confirmed before its
+    SUBSCRIBE was sent; an ack confirmed after that may cross a held-up push."""
+    for requested, rules in ((0.4, ["G1/redelivered-acked"]), (0.2, [])):
+        s = Story().hello(0.0).subscribe(0.01)
+        s.publish(0.1, "a", 0).publish(0.1, "b", 1)
+        s.deliver(0.15, 0, "a").deliver(0.15, 1, "b").ack(0.3, 1, 0)  # offset 1 confirmed
+        s.add(h.SessionEnded(0.35, "c1/n", 1, "t", "taken_over"))
+        s.subscribe(0.5, 2, created=False, cursor=0, requested=requested)
+        s.deliver(0.55, 0, "a", session=2).deliver(0.55, 1, "b", session=2)
+        rules_seen = [r for r in s.end().rules() if r == "G1/redelivered-acked"]
+        assert rules_seen == rules, requested
+
+
 def test_redelivery_before_the_ack_timeout_is_early() -> None:
     s = Story().hello(0.0).subscribe(0.01).publish(0.1, "a", 0)
     s.deliver(0.12, 0, "a").deliver(0.5, 0, "a", attempt=2).ack(0.6, 0, 1).end()

@@ -50,11 +50,15 @@ class _Confirmed:
         it there before it could see a request sent at ``t``, however slow the links."""
         return max((cursor for at, _, cursor in self.cursors if at < t), default=-1)
 
-    def acked(self, offset: int, session: int, t: float) -> bool:
-        if offset < self.cursor(session, t):
+    def acked(self, offset: int, session: int, since: float) -> bool:
+        """Whether the shard surely knew ``offset`` acked before it pushed it to ``session``:
+        confirmed to that session (replies on one connection keep their order), or to
+        another one before ``since``, when ``session``'s SUBSCRIBE was sent (a push of
+        it can only follow that, however slow the links)."""
+        mine = max((c for _, where, c in self.cursors if where == session), default=-1)
+        if offset < max(mine, self.cursor_sent_before(since)):
             return True
-        return any(self._before(t, session, at, where)
-                   for at, where in self.offsets.get(offset, ()))
+        return any(where == session or at < since for at, where in self.offsets.get(offset, ()))
 
 
 def check(index: Index, report: Report) -> None:
@@ -129,7 +133,7 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
         return
     if inc.known_start and e.offset < inc.start:
         report.add("G6", "below-start", e.t, f"{where} is below the subscription's start {inc.start}")
-    if confirmed.acked(e.offset, e.session, e.t):
+    if confirmed.acked(e.offset, e.session, session.sub.requested):
         report.add("G1", "redelivered-acked", e.t,
                    f"{where} attempt {e.attempt} after the shard confirmed its ack")
     if e.attempt == 1:
