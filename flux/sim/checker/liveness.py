@@ -4,8 +4,8 @@ Every subscription the workload keeps alive must, by the end, have been given
 every message acked in its topic's final generation from its start on; publishes
 made after the heal must be acked. A subscriber asking for a ``from_offset`` past
 the end of its topic's final generation is refused (OffsetOutOfRange) every time,
-rightly, so it need not be subscribed at the end. Acked messages of a generation that ended
-are counted as lost-and-explained (G7), never as violations.
+rightly, so it need not be subscribed at the end. Acked messages of a generation
+that ended are counted as lost-and-explained (G7), never as violations.
 """
 
 from __future__ import annotations
@@ -46,20 +46,12 @@ def check(index: Index, report: Report) -> None:
     last_session: dict[str, Session] = {}
     for session in index.sessions.values():
         last_session[session.sub.subscriber] = session
-    def past_the_end(spec: dict[str, Any]) -> bool:
-        """Whether ``spec``'s from_offset lies past what its topic's final generation
-        is known to hold (every acked offset of it, plus one)."""
-        from_offset, topic = spec.get("from_offset"), spec["topic"]
-        if from_offset is None or topic not in final:
-            return False
-        return bool(from_offset > max(acked[(topic, final[topic])]) + 1)
-
     for spec in history.meta.get("liveness", []):
         subscriber, topic = spec["subscriber"], spec["topic"]
         found = last_session.get(subscriber)
         if (found is None or found.sub.topic != topic
                 or latest_generation.get(found.sub.shard, found.sub.generation)
-                != found.sub.generation) and past_the_end(spec):
+                != found.sub.generation) and _past_the_end(spec, acked, final):
             continue  # refused with OffsetOutOfRange in the final generation, rightly
         if found is None or found.sub.topic != topic:
             report.add("liveness", "never-subscribed", index.end_at,
@@ -124,3 +116,13 @@ def _missed_by_crash(index: Index, acked: dict[tuple[str, int], dict[int, str]],
             start = starts.get(key, 0)
             missed += sum(1 for o in offsets if o >= start and o not in got)
     return missed
+
+
+def _past_the_end(spec: dict[str, Any], acked: dict[tuple[str, int], dict[int, str]],
+                  final: dict[str, int]) -> bool:
+    """Whether ``spec``'s from_offset lies past what its topic's final generation is
+    known to hold (every acked offset of it, plus one)."""
+    from_offset, topic = spec.get("from_offset"), spec["topic"]
+    if from_offset is None or topic not in final:
+        return False
+    return bool(from_offset > max(acked[(topic, final[topic])]) + 1)
