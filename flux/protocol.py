@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain, repeat
 from typing import Any, Final, overload
 
 import msgpack
 
 from flux import errors
 
-VERSION: Final = 2
+VERSION: Final = 3
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 HEADER = struct.Struct(">I")
 
@@ -37,7 +38,7 @@ SUBSCRIBED: Final = 21    # [SUBSCRIBED, rid, sid, {reply}]
 UNSUBSCRIBE: Final = 22   # [UNSUBSCRIBE, rid, sid]
 UNSUBSCRIBED: Final = 23  # [UNSUBSCRIBED, rid, sid]
 CREDIT: Final = 24        # [CREDIT, sid, n]
-DELIVER: Final = 30       # [DELIVER, sid, generation, attempt, offsets, ids, payloads, timestamps]
+DELIVER: Final = 30       # [DELIVER, sid, generation, attempt, offsets, ids, payloads, times]
 SUB_ENDED: Final = 31     # [SUB_ENDED, sid, code, message]
 ACK: Final = 40           # [ACK, rid, sid, generation, [offset, ...], through]
 ACKED: Final = 41         # [ACKED, rid, sid, cursor, [[offset, code, message], ...]]
@@ -94,6 +95,68 @@ def _pack_body(frame: list[Any] | tuple[Any, ...]) -> bytes:
                          *payloads.parts, _packer.pack(frame[7])))
     body: bytes = _packer.pack(frame)
     return body
+
+
+# -- offsets as a first offset or an array (PUBLISHED, DELIVER), store times as runs -------
+
+
+def offsets_field(offsets: Sequence[int]) -> int | list[int]:
+    """An ``offsets`` field: the first offset of a contiguous run (a ``range``), else
+    the offsets as an array."""
+    if type(offsets) is range:
+        return offsets.start
+    return offsets if type(offsets) is list else list(offsets)
+
+
+def time_runs(times: Iterable[float]) -> list[float | int]:
+    """DELIVER's ``times``: per-message store times as runs, ``[time, count, ...]``."""
+    runs: list[float | int] = []
+    last: float | None = None
+    for t in times:
+        if t == last:
+            runs[-1] += 1
+        else:
+            runs += (t, 1)
+            last = t
+    return runs
+
+
+def offsets_of(offsets: int | list[int], count: int) -> Sequence[int]:
+    """The ``count`` offsets an ``offsets`` field (PUBLISHED, DELIVER) stands for."""
+    if isinstance(offsets, int):
+        return range(offsets, offsets + count)
+    return offsets
+
+
+def deliver_times(runs: list[Any]) -> Iterator[float]:
+    """Per-message store times from a DELIVER's ``times`` runs."""
+    if len(runs) == 2:
+        return repeat(runs[0], runs[1])
+    return chain.from_iterable(map(repeat, runs[0::2], runs[1::2]))
+
+
+def check_deliver(frame: list[Any]) -> int:
+    """The message count of a well-formed DELIVER; ValueError for any other shape."""
+    if len(frame) != 8:
+        raise ValueError("DELIVER needs eight fields")
+    _, _, generation, attempt, offsets, ids, payloads, runs = frame
+    if type(ids) is not list or type(runs) is not list \
+            or type(payloads) not in (list, PackedPayloads):
+        raise ValueError("DELIVER's ids, payloads and times must be arrays")
+    count = len(ids)
+    if type(generation) is not int or type(attempt) is not int or attempt < 1:
+        raise ValueError("DELIVER needs an integer generation and an attempt >= 1")
+    first_ok = type(offsets) is int and offsets >= 0
+    if not (first_ok or (type(offsets) is list and len(offsets) == count)) \
+            or len(payloads) != count:
+        raise ValueError("DELIVER needs a first offset or an offset per message, and a"
+                         " payload per id")
+    counts = runs[1::2]
+    if len(runs) % 2 or not set(map(type, counts)) <= {int} or sum(counts) != count \
+            or (counts and min(counts) < 1):
+        raise ValueError("DELIVER's times must be [time, count, ...] runs covering every"
+                         " message")
+    return count
 
 
 def array_header(count: int) -> bytes:

@@ -127,7 +127,7 @@ core.receive(c, [P.SUBSCRIBE, 4, 2, {"topic": "t", "name": "s"}], 0.0)  # takes 
 frames = [f for _, fs, _ in core.take_output() for f in fs]
 offsets, duplicates, _ = next(f for f in frames if f[0] == P.PUBLISHED and f[1] == 2)[3][0]
 cursor = next(f for f in frames if f[0] == P.SUBSCRIBED and f[1] == 4)[3]["cursor"]
-print(json.dumps({"retry": [offsets[0], 0 in duplicates], "cursor": cursor}))
+print(json.dumps({"retry": [P.offsets_of(offsets, 1)[0], 0 in duplicates], "cursor": cursor}))
 """
 
 

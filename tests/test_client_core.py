@@ -227,6 +227,18 @@ def test_a_refused_item_fails_the_batch_with_the_first_error_after_all_finish() 
         batch.result()
 
 
+def test_a_first_offset_answers_every_item_of_its_group() -> None:
+    """PUBLISHED's short form: one integer stands for consecutive offsets of all items."""
+    core = ready_core()
+    batch = core.publish_many("t", [b"a", b"b", b"c"], ["a", "b", "c"], 0.0)
+    conn = open_shard(core)
+    [frame] = out(core, conn)
+    published(core, conn, frame, 7)
+    assert batch.done
+    assert batch.offsets == [7, 8, 9] and batch.duplicates == [False] * 3
+    assert [ack.offset for ack in batch.result()] == [7, 8, 9]
+
+
 @pytest.mark.parametrize("results", [
     [[[0, 1], [], []], [[0], [], []]],      # a result too many
     [[[0], [], []]],                         # an offset too few
@@ -234,6 +246,10 @@ def test_a_refused_item_fails_the_batch_with_the_first_error_after_all_finish() 
     [[[0, 1], [5], []]],                     # duplicate index out of range
     [[[0, -1], [], [[1, 41]]]],              # refused entry too short
     [[[0, 1], []]],                          # not [offsets, duplicates, refused]
+    [[-1, [], []]],                          # a negative first offset
+    [[0, [1], []]],                          # a first offset, yet a duplicate
+    [[0, [], [[1, 41, "busy"]]]],            # a first offset, yet a refusal
+    [[0.0, [], []]],                         # a float first offset
 ])
 def test_a_malformed_published_fails_the_batch_with_protocol_error(results: list[object]) -> None:
     core = ready_core()

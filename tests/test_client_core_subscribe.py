@@ -249,10 +249,17 @@ def test_cumulative_ack_never_covers_an_offset_the_user_did_not_ack(
 
 
 @pytest.mark.parametrize("frame", [
-    [P.DELIVER, 0, GEN, 1, [0, 1], ["a"], [b"a", b"b"], [1.0, 1.0]],   # unequal lengths
+    [P.DELIVER, 0, GEN, 1, [0, 1], ["a"], [b"a", b"b"], [1.0, 2]],     # unequal lengths
+    [P.DELIVER, 0, GEN, 1, 0, ["a"], [b"a", b"b"], [1.0, 1]],          # a payload too many
     [P.DELIVER, 0, GEN, 1, [0], ["a"], [b"a"]],                        # an array missing
-    [P.DELIVER, 0, GEN, "1", [0], ["a"], [b"a"], [1.0]],               # attempt not an int
+    [P.DELIVER, 0, GEN, "1", [0], ["a"], [b"a"], [1.0, 1]],            # attempt not an int
     [P.DELIVER, 0, GEN, 1, 0, "a", b"a", 1.0],                         # not arrays
+    [P.DELIVER, 0, GEN, 1, -1, ["a"], [b"a"], [1.0, 1]],               # a negative first offset
+    [P.DELIVER, 0, GEN, 1, 0.0, ["a"], [b"a"], [1.0, 1]],              # a float first offset
+    [P.DELIVER, 0, GEN, 1, 0, ["a", "b"], [b"a", b"b"], [1.0, 1]],     # runs cover too few
+    [P.DELIVER, 0, GEN, 1, 0, ["a"], [b"a"], [1.0, 1, 2.0]],           # half a run
+    [P.DELIVER, 0, GEN, 1, 0, ["a"], [b"a"], [1.0, 2, 2.0, -1]],       # a negative count
+    [P.DELIVER, 0, GEN, 1, 0, ["a"], [b"a"], [1.0, 1.0]],              # a float count
 ])
 def test_a_malformed_deliver_closes_the_connection(frame: list[object]) -> None:
     core = ready_core()

@@ -15,7 +15,7 @@ from flux.client.core import ClientCore
 from flux.client.subscription import SubState
 
 GEN = 7
-SHARD_HELLO = {"version": 2, "role": "shard", "index": 0, "shard_count": 1, "generation": GEN,
+SHARD_HELLO = {"version": P.VERSION, "role": "shard", "index": 0, "shard_count": 1, "generation": GEN,
                "heartbeat": 5.0, "max_frame_bytes": P.DEFAULT_MAX_FRAME_BYTES}
 
 
@@ -26,8 +26,8 @@ def ready_core(**kwargs: Any) -> ClientCore:
     assert router.role == "router" and router.address == ("r", 1)
     core.connected(router.id, 0.0)
     [hello] = core.take_output(router.id, 0.0) or []
-    assert hello[0] == P.HELLO and hello[2] == {"version": 2, "role": "client"}
-    core.receive(router.id, [P.HELLO_OK, hello[1], {"version": 2, "shard_count": 1,
+    assert hello[0] == P.HELLO and hello[2] == {"version": P.VERSION, "role": "client"}
+    core.receive(router.id, [P.HELLO_OK, hello[1], {"version": P.VERSION, "shard_count": 1,
                                                      "shards": [[0, "s:1", GEN]]}], 0.0)
     assert core.ready.done and core.take_closes() == [router.id]
     return core
@@ -46,7 +46,7 @@ def open_shard(core: ClientCore, now: float = 0.0) -> Conn:
 def answer_router(core: ClientCore, router: Conn, now: float) -> None:
     core.connected(router.id, now)
     [hello] = core.take_output(router.id, now) or []
-    core.receive(router.id, [P.HELLO_OK, hello[1], {"version": 2, "shard_count": 1,
+    core.receive(router.id, [P.HELLO_OK, hello[1], {"version": P.VERSION, "shard_count": 1,
                                                      "shards": [[0, "s:1", GEN]]}], now)
 
 
@@ -93,9 +93,12 @@ def deliver(core: ClientCore, conn: Conn, sid: int, *items: tuple[int, int],
             runs.append([item])
     for run in runs:
         offsets = [o for o, _ in run]
-        core.receive(conn.id, [P.DELIVER, sid, generation, run[0][1], offsets,
+        # a contiguous run goes as its first offset, as the shard sends it
+        field = offsets[0] if offsets == list(range(offsets[0], offsets[0] + len(offsets))) \
+            else offsets
+        core.receive(conn.id, [P.DELIVER, sid, generation, run[0][1], field,
                                [f"id{o}" for o in offsets], [b"p%d" % o for o in offsets],
-                               [1.5] * len(offsets)], 0.0)
+                               [1.5, len(offsets)]], 0.0)
 
 
 def ids_of(frame: list[Any]) -> list[str]:
@@ -103,7 +106,7 @@ def ids_of(frame: list[Any]) -> list[str]:
     return [i for group in frame[2] for i in group[1]]
 
 
-def published(core: ClientCore, conn: Conn, frame: list[Any], offsets: list[int],
+def published(core: ClientCore, conn: Conn, frame: list[Any], offsets: int | list[int],
               duplicates: list[int] = (), refused: list[list[Any]] = (),  # type: ignore[assignment]
               now: float = 0.0) -> None:
     """Answer a one-group PUBLISH frame."""

@@ -135,7 +135,7 @@ async def test_wrong_shard_refreshes_the_map_and_retries(autojump_clock: object)
     with trio.fail_after(60):
         async with cluster(shards=2) as c:
             # the router first claims one shard; shard 0 refuses the topics it does not own
-            c.router.map_override = {"version": 2, "shard_count": 1, "shards": [
+            c.router.map_override = {"version": P.VERSION, "shard_count": 1, "shards": [
                 [0, "shard0:7100", c.shards[0].core.generation]]}
             async with c.client() as client:
                 topic = next(t for t in (f"t{i}" for i in range(100)) if c.shard_for(t).index == 1)

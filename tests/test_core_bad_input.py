@@ -199,7 +199,7 @@ def test_wrong_shard_for_every_request_naming_a_topic() -> None:
     assert (offsets, duplicates) == ([P.REFUSED, P.REFUSED], [])
     assert [r[:2] for r in refused] == [[0, errors.WrongShard.code], [1, errors.WrongShard.code]]
     assert "belongs to shard 1" in refused[0][2]
-    assert ok == [[0], [], []]
+    assert ok == [0, [], []]
     for frame in ([P.SUBSCRIBE, 7, 1, {"topic": theirs, "name": "s"}],
                   [P.FETCH, 7, {"topic": theirs}],
                   [P.COMMIT, 7, {"topic": theirs, "name": "s", "generation": GEN, "offset": 0}]):

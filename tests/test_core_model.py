@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import event as _hypothesis_event
 from hypothesis.errors import InvalidArgument
-from test_core_support import make_config
+from test_core_support import deliver_messages, make_config
 
 from flux import errors
 from flux import protocol as P
@@ -173,15 +173,15 @@ class ShardState:
                 if o not in sub.acked and o not in att.delivered]
 
     def _on_deliver(self, conn: int, frame: list[Any]) -> None:
-        _, sid, generation, attempt, offsets, ids, payloads, times = frame
+        _, sid, generation, attempt, _, _, _, _ = frame
         assert generation == GEN
-        assert type(attempt) is int and attempt >= 1
-        assert len(offsets) == len(ids) == len(payloads) == len(times) > 0
+        messages = deliver_messages(frame)
+        offsets = [m[0] for m in messages]
         att = self.atts.get((conn, sid))
         assert att is not None and att.live, f"DELIVER to a detached sid {sid} on {conn}"
         if attempt > 1:
             assert offsets == sorted(offsets), "G1: redeliveries due together in offset order"
-        for offset, mid, payload, ts in zip(offsets, ids, payloads, times, strict=True):
+        for offset, mid, payload, ts in messages:
             assert offset >= att.sub.start, "G2: delivered before the subscription's start"
             assert offset not in att.sub.acked and offset >= att.sub.cursor(), \
                 "G1: delivered an offset the subscription acked"

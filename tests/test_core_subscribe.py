@@ -99,7 +99,7 @@ def test_deliver_items_carry_offset_id_payload_timestamp_and_attempt() -> None:
     shard.after(2.5)
     client.publish("m", payload=b"body")
     [frame] = client.take(P.DELIVER)
-    assert frame == [P.DELIVER, 9, GEN, 1, [0], ["m"], [b"body"], [2.5]]
+    assert frame == [P.DELIVER, 9, GEN, 1, 0, ["m"], [b"body"], [2.5, 1]]
 
 
 def test_first_deliveries_are_strictly_increasing_across_publishes_and_acks() -> None:
@@ -175,8 +175,8 @@ def test_window_is_limited_by_credit_and_credit_grants_more() -> None:
     assert client.deliveries(1) == [(0, 1), (1, 1)]
     client.ack(1, 0, 1)
     assert client.deliveries(1) == []
-    assert client.credit(1, 3) == [[P.DELIVER, 1, GEN, 1, [2, 3, 4], ["m2", "m3", "m4"],
-                                    [b"m2", b"m3", b"m4"], [0.0, 0.0, 0.0]]]
+    assert client.credit(1, 3) == [[P.DELIVER, 1, GEN, 1, 2, ["m2", "m3", "m4"],
+                                    [b"m2", b"m3", b"m4"], [0.0, 3]]]
     assert client.deliveries(1) == [(2, 1), (3, 1), (4, 1)]
     client.credit(1, 10)
     assert client.deliveries(1) == [(5, 1)]
@@ -269,7 +269,7 @@ def test_delivery_timestamp_is_wall_time_of_storage() -> None:
     shard.advance(3.5)
     client.publish("a")
     [frame] = client.take(P.DELIVER)
-    assert frame[7] == [1_700_000_003.5]
+    assert frame[7] == [1_700_000_003.5, 1]
     assert client.fetch()[2]["messages"][0][3] == 1_700_000_003.5
 
 

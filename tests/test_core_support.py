@@ -278,6 +278,9 @@ def item_rows(groups: list[list[Any]], reply: list[Any]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     for (_, ids, _), result in zip(groups, results, strict=True):
         offsets, duplicates, refused = result
+        if type(offsets) is int:  # a first offset: every item stored new
+            assert offsets >= 0 and not duplicates and not refused, result
+            offsets = list(P.offsets_of(offsets, len(ids)))
         assert len(offsets) == len(ids), (ids, result)
         assert duplicates == sorted(set(duplicates)), result
         assert [r[0] for r in refused] == sorted({r[0] for r in refused}), result
@@ -296,8 +299,9 @@ def item_rows(groups: list[list[Any]], reply: list[Any]) -> list[list[Any]]:
 
 def deliver_messages(frame: list[Any]) -> list[tuple[int, str, bytes, float]]:
     """A DELIVER frame's messages as (offset, id, payload, timestamp); checks its shape."""
-    assert frame[0] == P.DELIVER and len(frame) == 8, frame
-    assert type(frame[3]) is int and frame[3] >= 1, frame
+    assert frame[0] == P.DELIVER, frame
+    count = P.check_deliver(frame)
+    assert count > 0, frame
     offsets, ids, payloads, times = frame[4:]
-    assert len(offsets) == len(ids) == len(payloads) == len(times) > 0, frame
-    return list(zip(offsets, ids, payloads, times, strict=True))
+    return list(zip(P.offsets_of(offsets, count), ids, payloads, P.deliver_times(times),
+                    strict=True))

@@ -6,6 +6,7 @@ a kind is added to flux.protocol without one.
 
 from __future__ import annotations
 
+import itertools
 import re
 import struct
 from pathlib import Path
@@ -65,7 +66,7 @@ shard_hello_ok = body(
     version=k(P.VERSION), role=k("shard"), index=st.integers(0, 63), shard_count=st.integers(1, 64),
     generation=generation, heartbeat=st.floats(0.01, 60), max_frame_bytes=u32)
 publish_group = fixed(topic, st.lists(message_id, max_size=4), st.lists(payload, max_size=4))
-publish_result = fixed(st.lists(offset | k(P.REFUSED), max_size=4),
+publish_result = fixed(offset | st.lists(offset | k(P.REFUSED), max_size=4),
                        st.lists(st.integers(0, 3), max_size=2),
                        st.lists(fixed(st.integers(0, 3), code, text), max_size=2))
 subscribe_options = body(
@@ -101,9 +102,11 @@ FRAMES: dict[int, st.SearchStrategy[list[Any]]] = {
     P.UNSUBSCRIBE: fixed(k(P.UNSUBSCRIBE), rid, sid),
     P.UNSUBSCRIBED: fixed(k(P.UNSUBSCRIBED), rid, sid),
     P.CREDIT: fixed(k(P.CREDIT), sid, st.integers(0, 2**30)),
-    P.DELIVER: fixed(k(P.DELIVER), sid, generation, st.integers(1, 10), st.lists(offset, max_size=4),
-                     st.lists(message_id, max_size=4), st.lists(payload, max_size=4),
-                     st.lists(timestamp, max_size=4)),
+    P.DELIVER: fixed(k(P.DELIVER), sid, generation, st.integers(1, 10),
+                     offset | st.lists(offset, max_size=4), st.lists(message_id, max_size=4),
+                     st.lists(payload, max_size=4),
+                     st.lists(fixed(timestamp, st.integers(1, 4)), max_size=2).map(
+                         lambda runs: [x for run in runs for x in run])),
     P.SUB_ENDED: fixed(k(P.SUB_ENDED), sid, st.sampled_from([61, 62]), text),
     P.ACK: fixed(k(P.ACK), rid, sid, generation, st.lists(offset, max_size=5), offset | k(-1)),
     P.ACKED: fixed(k(P.ACKED), rid, sid, offset, st.lists(fixed(offset, code, text), max_size=3)),
@@ -226,12 +229,14 @@ def test_protocol_md_example_bytes_are_what_encode_produces() -> None:
     text = PROTOCOL_MD.read_text()
     examples = {
         "PING [4, 1]": [P.PING, 1],
-        'HELLO [1, 1, {"version": 2, "role": "client"}]':
+        'HELLO [1, 1, {"version": 3, "role": "client"}]':
             [P.HELLO, 1, {"version": P.VERSION, "role": "client"}],
         'PUBLISH [10, 2, [["orders.eu", ["order-17"], [b"hi"]]]]':
             [P.PUBLISH, 2, [["orders.eu", ["order-17"], [b"hi"]]]],
-        "PUBLISHED [11, 2, 0xfedcba9876543210, [[[0], [], []]]]":
-            [P.PUBLISHED, 2, 0xFEDCBA9876543210, [[[0], [], []]]],
+        "PUBLISHED [11, 2, 0xfedcba9876543210, [[0, [], []]]]":
+            [P.PUBLISHED, 2, 0xFEDCBA9876543210, [[0, [], []]]],
+        'DELIVER [30, 1, 0xfedcba9876543210, 1, 5, ["a", "b"], [b"x", b"y"], [1764000000.5, 2]]':
+            [P.DELIVER, 1, 0xFEDCBA9876543210, 1, 5, ["a", "b"], [b"x", b"y"], [1764000000.5, 2]],
         "ACK [40, 3, 1, 0xfedcba9876543210, [0], -1]":
             [P.ACK, 3, 1, 0xFEDCBA9876543210, [0], -1],
     }
@@ -535,3 +540,39 @@ def test_decoder_stays_usable_after_an_undecodable_frame_in_its_buffer() -> None
     assert caught.value.complete_frames == [[P.PING, 1]]
     with pytest.raises(errors.ProtocolError):  # still corrupt, and no BufferError: the
         decoder.feed(b"more")                  # buffer the frame was read from can grow
+
+
+# -- offsets as a first offset or an array, store times as runs --------------------------
+
+
+@given(st.lists(st.sampled_from([0.0, 1.5, 2.5, 1e9 + 0.25]), max_size=40))
+def test_time_runs_give_back_every_time_in_order(times: list[float]) -> None:
+    runs = P.time_runs(times)
+    assert list(P.deliver_times(runs)) == times
+    counts = runs[1::2]
+    assert all(type(c) is int and c >= 1 for c in counts) and sum(counts) == len(times)
+    # maximal runs: no two neighbours share a time
+    assert all(a != b for a, b in itertools.pairwise(runs[0::2]))
+
+
+@given(st.integers(0, 2**40), st.integers(0, 300))
+def test_a_contiguous_run_goes_as_its_first_offset_and_comes_back_whole(first: int, n: int) -> None:
+    offsets = range(first, first + n)
+    field = P.offsets_field(offsets)
+    assert field == first
+    assert list(P.offsets_of(field, n)) == list(offsets)
+    assert P.offsets_field([first, first + 2]) == [first, first + 2]
+    assert P.offsets_of([first, first + 2], 2) == [first, first + 2]
+
+
+@given(st.integers(1, 300), st.integers(1, 4))
+def test_check_deliver_counts_the_messages_of_either_form(n: int, runs: int) -> None:
+    cut = sorted({0, n, *range(1, n, max(1, n // runs))})
+    times = [x for a, b in itertools.pairwise(cut) for x in (float(a), b - a)]
+    ids = [f"m{i}" for i in range(n)]
+    payloads = [b"p"] * n
+    assert P.check_deliver([P.DELIVER, 1, 7, 1, 5, ids, payloads, times]) == n
+    assert P.check_deliver([P.DELIVER, 1, 7, 2, list(range(0, 2 * n, 2)), ids, payloads,
+                            times]) == n
+    with pytest.raises(ValueError, match="runs"):
+        P.check_deliver([P.DELIVER, 1, 7, 1, 5, ids, payloads, [*times, 9.0, 1]])

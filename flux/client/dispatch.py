@@ -295,6 +295,8 @@ class Dispatch(Pushes):
         else:
             woken = self._woken
             for parts, (offsets, duplicates, refused) in zip(layout, results, strict=True):
+                if type(offsets) is int:  # every item stored, from this offset on
+                    offsets = range(offsets, offsets + sum(p.hi - p.lo for p in parts))
                 base = 0
                 for part in parts:
                     part.in_flight = False
@@ -481,10 +483,14 @@ def _check_published(layout: list[list[PublishPart]], results: Any) -> None:
     for parts, result in zip(layout, results, strict=True):
         offsets, duplicates, refused = result
         n = sum(part.hi - part.lo for part in parts)
-        if type(offsets) is not list or len(offsets) != n:
-            raise ValueError(f"a group of {n} items got {len(offsets)} offsets")
         if type(duplicates) is not list or type(refused) is not list:
             raise TypeError("duplicates and refused must be arrays")
+        if type(offsets) is int:  # a first offset: every item stored new
+            if offsets < 0 or duplicates or refused:
+                raise ValueError("a first offset stands for items all stored new")
+            continue
+        if type(offsets) is not list or len(offsets) != n:
+            raise ValueError(f"a group of {n} items got {len(offsets)} offsets")
         if n and not set(map(type, offsets)) <= {int}:  # no per-item Python loop
             raise TypeError("offsets must be integers")
         if duplicates and (not set(map(type, duplicates)) <= {int} or min(duplicates) < 0

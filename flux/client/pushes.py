@@ -52,19 +52,14 @@ class Pushes(Routing):
             self._wake(sub)
 
     def _on_deliver(self, conn: Conn, frame: list[Any]) -> None:
-        _, sid, generation, attempt, offsets, ids, payloads, timestamps = frame
-        count = len(offsets)
-        if type(generation) is not int or type(attempt) is not int or attempt < 1 \
-                or type(offsets) is not list or len(ids) != count or len(payloads) != count \
-                or len(timestamps) != count or type(ids) is not list \
-                or type(payloads) is not list or type(timestamps) is not list:
-            raise ValueError("DELIVER needs a generation, an attempt and four arrays of"
-                             " equal length")
+        count = P.check_deliver(frame)
+        _, sid, generation, attempt, offsets, ids, payloads, times = frame
         sub = conn.subs.get(sid)
         if sub is None or sub.status != "active":
             return
-        woke, credit_back = sub.deliver(sid, generation, attempt, offsets, ids, payloads,
-                                        timestamps)
+        woke, credit_back = sub.deliver(sid, generation, attempt,
+                                        P.offsets_of(offsets, count), ids, payloads,
+                                        P.deliver_times(times))
         sub.credit_owed += credit_back
         if woke:
             self._wake(sub)

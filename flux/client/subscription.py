@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice, repeat, takewhile
 from typing import Any, Literal
 
@@ -64,14 +64,14 @@ class AckSession:
         if offset >= self.next_offset:
             self.next_offset = offset + 1
 
-    def deliver_first(self, offsets: list[int]) -> None:
+    def deliver_first(self, offsets: Sequence[int]) -> None:
         """First deliveries of one frame: :meth:`deliver` of each, in bulk when they
         continue where the last ones stopped (the usual case)."""
         if not offsets:
             return
         first = offsets[0]
         if first >= self.next_offset and first >= self.confirmed \
-                and offsets == list(range(first, first + len(offsets))):
+                and (type(offsets) is range or offsets == list(range(first, first + len(offsets)))):
             # nothing at or above next_offset was delivered or acked here yet
             self.order.extend(offsets)
             self.next_offset = first + len(offsets)
@@ -249,11 +249,11 @@ class SubState(Wakeable):
 
     # -- messages in -------------------------------------------------------------------
 
-    def deliver(self, sid: int, generation: int, attempt: int, offsets: list[int],
+    def deliver(self, sid: int, generation: int, attempt: int, offsets: Sequence[int],
                 ids: list[str], payloads: list[bytes],
-                timestamps: list[float]) -> tuple[bool, int]:
-        """A DELIVER frame (parallel arrays, one attempt); returns (buffer was empty and now
-        is not, credit to give back)."""
+                timestamps: Iterable[float]) -> tuple[bool, int]:
+        """A DELIVER frame (parallel columns, one attempt; ``timestamps`` may be an
+        iterator); returns (buffer was empty and now is not, credit to give back)."""
         session = self.session
         if session is None or session.sid != sid:
             return False, 0

@@ -48,38 +48,36 @@ class Delivery(ShardState):
             return
         stop = min(end, start + room)
         acked = sub.acked
+        offsets: range | list[int] = range(start, stop)
         if acked and max(acked) >= start:
-            offsets = [o for o in range(start, stop) if o not in acked]
-            if len(offsets) < stop - start:  # skipped some: fill the room further on
+            skipping = [o for o in offsets if o not in acked]
+            if len(skipping) < stop - start:  # skipped some: fill the room further on
                 for o in range(stop, end):
-                    if len(offsets) >= room:
+                    if len(skipping) >= room:
                         break
                     if o not in acked:
-                        offsets.append(o)
-                stop = offsets[-1] + 1 if offsets else stop
-        else:
-            offsets = list(range(start, stop))
+                        skipping.append(o)
+                stop = skipping[-1] + 1 if skipping else stop
+                offsets = skipping
         sub.next_push = stop
         if not offsets:
             return
         n = len(offsets)
         payloads: Sequence[bytes]
-        if n == stop - start:  # the usual case: a contiguous run of offsets
+        if type(offsets) is range:  # the usual case: a contiguous run of offsets
             ids, payloads, times = log.span(start, stop, self.epoch)
-            pushed: range | list[int] = range(start, stop)
         else:
             ids, payloads, times = self._columns(log, offsets)
-            pushed = offsets
-        sub.in_flight.push_first(pushed)
-        sub.add_deadlines(now + self.config.subscriber.timeout, pushed, 1)
+        sub.in_flight.push_first(offsets)
+        sub.add_deadlines(now + self.config.subscriber.timeout, offsets, 1)
         sub.credit -= n
         self.counters["delivered"] += n
         self._deliver(session, sub.session[1], 1, offsets, ids, payloads, times)
         self._schedule(sub)
 
-    def _columns(self, log: TopicLog, offsets: list[int]
-                 ) -> tuple[list[str], list[bytes], list[float]]:
-        """Ids, payloads and timestamps of held ``offsets`` (not a contiguous run)."""
+    def _columns(self, log: TopicLog, offsets: Sequence[int]
+                 ) -> tuple[list[str], list[bytes], list[float | int]]:
+        """Ids, payloads and store-time runs of held ``offsets`` (not a contiguous run)."""
         ids: list[str] = []
         payloads: list[bytes] = []
         times: list[float] = []
@@ -90,11 +88,12 @@ class Delivery(ShardState):
             ids.append(entry.id)
             payloads.append(entry.payload)
             times.append(epoch + entry.stored_at)
-        return ids, payloads, times
+        return ids, payloads, P.time_runs(times)
 
-    def _deliver(self, session: Session, sid: int, attempt: int, offsets: list[int],
-                 ids: list[str], payloads: Sequence[bytes], times: list[float]) -> None:
-        """Queue DELIVER frames for these columns, split so no frame nears max_frame_bytes."""
+    def _deliver(self, session: Session, sid: int, attempt: int, offsets: Sequence[int],
+                 ids: list[str], payloads: Sequence[bytes], times: list[float | int]) -> None:
+        """Queue DELIVER frames for these columns (``offsets`` a range when contiguous,
+        ``times`` as runs), split so no frame nears max_frame_bytes."""
         budget = self.config.max_frame_bytes // 2
         generation = self.generation
         n = len(offsets)
@@ -102,20 +101,22 @@ class Delivery(ShardState):
                 else sum(map(len, payloads)))
         # joining the ids (at most 128 bytes each) counts them faster than len() per id
         if n * 40 + len("".join(ids)) + size <= budget:
-            session.out.append([P.DELIVER, sid, generation, attempt, offsets, ids, payloads,
-                                times])
+            session.out.append([P.DELIVER, sid, generation, attempt, P.offsets_field(offsets),
+                                ids, payloads, times])
             return
         payloads = list(payloads)  # rare: split item by item
+        each = list(P.deliver_times(times))
         start = size = 0
-        for i in range(n):
-            item_size = len(payloads[i]) + len(ids[i]) + 40
-            if size + item_size > budget and i > start:
-                session.out.append([P.DELIVER, sid, generation, attempt, offsets[start:i],
-                                    ids[start:i], payloads[start:i], times[start:i]])
-                start, size = i, 0
-            size += item_size
-        session.out.append([P.DELIVER, sid, generation, attempt, offsets[start:],
-                            ids[start:], payloads[start:], times[start:]])
+        for i in range(n + 1):
+            if i < n:
+                item_size = len(payloads[i]) + len(ids[i]) + 40
+                if size + item_size <= budget or i == start:
+                    size += item_size
+                    continue
+            session.out.append([P.DELIVER, sid, generation, attempt,
+                                P.offsets_field(offsets[start:i]), ids[start:i],
+                                payloads[start:i], P.time_runs(each[start:i])])
+            start, size = i, item_size if i < n else 0
 
     def _schedule(self, sub: Subscription) -> None:
         """Make sure the timer heap wakes ``sub`` at its earliest timer."""

@@ -120,7 +120,7 @@ class Publishing(ShardState):
             log.extend(ids, payloads, now, size, lens)
         counts[name] = count
         self.counters["published"] += n
-        return [list(range(first, first + n)), [], []]
+        return [first, [], []]  # every item stored, at first .. first + n - 1
 
     def _publish_slow(self, topic: Topic, ids: list[Any], payloads: list[Any],
                       counts: dict[str, int], now: float) -> list[Any]:
@@ -196,4 +196,6 @@ class Publishing(ShardState):
             topic.dedup.remember_all(stored, first, now)
             self.counters["published"] += len(new_ids)
         self.counters["duplicates"] += len(duplicates)
+        if len(new_ids) == len(ids):  # every item stored new: the first offset stands for all
+            return [offsets[0], [], []]
         return [offsets, duplicates, refused]

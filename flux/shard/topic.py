@@ -149,13 +149,14 @@ class TopicLog:
         return Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])
 
     def span(self, start: int, stop: int, epoch: float = 0.0
-             ) -> tuple[list[str], P.PackedPayloads | list[bytes], list[float]]:
+             ) -> tuple[list[str], P.PackedPayloads | list[bytes], list[float | int]]:
         """Ids, payloads (packed, as DELIVER carries them, unless some are held
-        unpacked) and store times (plus ``epoch``) of the held offsets ``start`` to
-        ``stop - 1`` (the caller makes sure they are held)."""
+        unpacked) and store times (plus ``epoch``, as DELIVER's ``[time, count, ...]``
+        runs, one per chunk) of the held offsets ``start`` to ``stop - 1`` (the caller
+        makes sure they are held)."""
         ids: list[str] = []
         parts: list[bytes | memoryview] = []
-        times: list[float] = []
+        times: list[float | int] = []
         size = 0
         k = self._chunk(start)
         if any(type(self._packed[j]) is tuple for j in range(k, self._chunk(stop - 1) + 1)):
@@ -172,24 +173,24 @@ class TopicLog:
                 size += sum(lens[a:b])
             packed = cast(bytes, self._packed[k])  # checked above: no chunk here is a tuple
             parts.append(memoryview(packed)[self._position(k, a):self._position(k, b)])
-            times += [epoch + self._at[k]] * (b - a)
+            times += (epoch + self._at[k], b - a)
             pos = first + b
             k += 1
         return ids, P.PackedPayloads(parts, stop - start, size), times
 
     def _span_unpacked(self, k: int, start: int, stop: int, epoch: float
-                       ) -> tuple[list[str], list[bytes], list[float]]:
+                       ) -> tuple[list[str], list[bytes], list[float | int]]:
         """:meth:`span` as plain lists, from chunk ``k`` on."""
         ids: list[str] = []
         payloads: list[bytes] = []
-        times: list[float] = []
+        times: list[float | int] = []
         pos = start
         while pos < stop:
             first, chunk_ids = self._first[k], self._ids[k]
             a, b = pos - first, min(stop - first, len(chunk_ids))
             ids += chunk_ids[a:b]
             payloads += self._payloads(k, a, b)
-            times += [epoch + self._at[k]] * (b - a)
+            times += (epoch + self._at[k], b - a)
             pos = first + b
             k += 1
         return ids, payloads, times

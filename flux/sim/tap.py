@@ -142,8 +142,9 @@ class WireTap:
         if kind == P.DELIVER:
             s = self.sessions.get(frame[1])
             if s is not None:
-                _, _, generation, attempt, offsets, ids, _payloads, timestamps = frame
-                for offset, message_id, timestamp in zip(offsets, ids, timestamps, strict=True):
+                _, _, generation, attempt, offsets, ids, _payloads, times = frame
+                for offset, message_id, timestamp in zip(P.offsets_of(offsets, len(ids)),
+                                                         ids, P.deliver_times(times), strict=True):
                     self._add(h.Delivered(now, s.subscriber, s.id, s.topic, generation, offset,
                                           message_id, attempt, timestamp))
         elif kind == P.PUBLISHED:
@@ -179,8 +180,8 @@ class WireTap:
         for group, (offsets, duplicates, refused) in zip(pending[1], frame[3], strict=False):
             dups = set(duplicates)
             codes = {index: code for index, code, _message in refused}
-            for index, ((topic, message_id), offset) in enumerate(zip(group, offsets,
-                                                                      strict=False)):
+            for index, ((topic, message_id), offset) in enumerate(
+                    zip(group, P.offsets_of(offsets, len(group)), strict=False)):
                 if index in codes:
                     self._add(h.PublishFailed(now, self.client, rid, topic, message_id,
                                               error_name(codes[index])))

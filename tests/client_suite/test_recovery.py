@@ -49,7 +49,7 @@ async def test_retry_after_a_lost_reply_reuses_the_id(
             await on_client_loop(client, lose_first_published)
             ack = await client.publish(topic, b"once")  # a generated id, drawn once
             page = await client.fetch(topic, 0)
-    assert lost and lost[0][3] == [[[0], [], []]]
+    assert lost and lost[0][3] == [[0, [], []]]
     assert (ack.offset, ack.duplicate) == (0, True)  # the retry carried the same id (G3)
     assert [(m.offset, m.id) for m in page.messages] == [(0, ack.id)]
 

@@ -151,7 +151,7 @@ async def test_acks_for_unknown_offsets_and_subscriptions_are_refused(broker: Br
                 "topic": topic, "name": "acks", "read_old": True, "credit": 10}])
             assert sub[0] == P.SUBSCRIBED, sub
             deliver = await conn.recv_kind(P.DELIVER)
-            assert deliver[3:5] == [1, [0]]  # attempt 1, offsets
+            assert deliver[3:5] == [1, 0]  # attempt 1, first offset
             acked = await conn.request([P.ACK, 11, 1, generation, [0, 999], -1])
             assert acked[0] == P.ACKED
             assert [(r[0], r[1]) for r in acked[4]] == [(999, errors.NotDelivered.code)]

@@ -148,7 +148,7 @@ async def test_restarted_router_adopts_shards_through_adopt_on_a_new_control_por
         async with await RawConn.open(before[0][1]) as conn:
             await conn.hello()
             reply = await conn.request([P.PUBLISH, 1, [[topic, ["x"], [b"x"]]]])
-            assert reply[3] == [[[0], [], []]]
+            assert reply[3] == [[0, [], []]]
 
 
 class CuttableHost(RealHost):

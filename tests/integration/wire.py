@@ -105,7 +105,7 @@ def item_result(reply: list[Any], group: int = 0, index: int = 0) -> list[Any]:
     for i, code, message in refused:
         if i == index:
             return [code, message, None]
-    return [0, offsets[index], index in duplicates]
+    return [0, protocol.offsets_of(offsets, index + 1)[index], index in duplicates]
 
 
 def owned_topic(shard: int, shard_count: int = 2, prefix: str = "t") -> str:

@@ -141,7 +141,10 @@ def reverse_first_deliveries() -> contextlib.AbstractContextManager[Any]:
             if session is not None and len(session.out) > before:
                 frame = session.out[-1]
                 if frame[0] == protocol.DELIVER:  # reversed copies: columns may be shared
-                    frame[4:8] = [column[::-1] for column in frame[4:8]]
+                    _, _, _, _, offsets, ids, payloads, times = frame
+                    frame[4:8] = [list(protocol.offsets_of(offsets, len(ids)))[::-1],
+                                  ids[::-1], payloads[::-1],
+                                  protocol.time_runs(list(protocol.deliver_times(times))[::-1])]
         return push_new
     return _wrap(ShardCore, "_push_new", make)
 
