@@ -3,7 +3,8 @@
 A :class:`History` is metadata (seed, scenario, broker config, fault plan) plus
 a list of events: publishes, subscribe replies, deliveries, acks, session ends,
 faults and phases, and optionally *oracle* facts the broker itself reports
-(cleanup trims) where the runner can see them. Plain data only: no trio here.
+(cleanup trims, subscription deletions) where the runner can see them. Plain data
+only: no trio here.
 """
 
 from __future__ import annotations
@@ -259,6 +260,20 @@ class SubscriptionGone(Event):
     generation: int
     topic: str
     name: str
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class EphemeralGone(Event):
+    """Oracle: a shard deleted the ephemeral subscription of client session ``session``
+    because that session ended there (an UNSUBSCRIBE, the connection closing, two silent
+    heartbeat periods, a message out of pushes), perhaps before the client heard of it."""
+
+    kind: ClassVar[str] = "ephemeral_deleted"
+    shard: int
+    generation: int
+    topic: str
+    session: int
 
 
 @_event

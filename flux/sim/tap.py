@@ -42,6 +42,9 @@ class Recorder:
         self.clock: Callable[[], float] = clock if clock is not None else trio.current_time
         self.sessions = itertools.count(1)
         self.publish_tries: dict[tuple[str, str, str], int] = {}  # (client, topic, id)
+        # (connection, sid) -> session, for every ephemeral session on a connection the
+        # simulated network numbered: the oracle names the session a shard deleted by it
+        self.ephemeral: dict[tuple[int, int], int] = {}
         self.stopped = False
 
     def add(self, event: h.Event) -> None:
@@ -61,11 +64,13 @@ class _Session:
 
 class WireTap:
     """Decodes both directions of one connection and records events (sans-IO: feed it
-    the bytes a client sends and receives, and tell it when the connection ends)."""
+    the bytes a client sends and receives, and tell it when the connection ends).
+    ``connection`` is the simulated network's number of the connection, if it has one."""
 
-    def __init__(self, recorder: Recorder, client: str) -> None:
+    def __init__(self, recorder: Recorder, client: str, connection: int | None = None) -> None:
         self.rec = recorder
         self.client = client
+        self.connection = connection
         self.shard = -1
         self.out_decoder: P.FrameDecoder | None = P.FrameDecoder(1 << 30)
         self.in_decoder: P.FrameDecoder | None = P.FrameDecoder(1 << 30)
@@ -216,6 +221,8 @@ class WireTap:
             self._add(h.SessionEnded(now, old.subscriber, old.id, old.topic, "replaced"))
         s = _Session(next(self.rec.sessions), subscriber, opts["topic"], body["generation"])
         self.sessions[sid] = s
+        if name is None and self.connection is not None:
+            self.rec.ephemeral[(self.connection, sid)] = s.id
         self._add(h.Subscribed(now, subscriber, s.id, self.client, self.shard, s.topic, name,
                                body["generation"], bool(body["created"]), body["start_offset"],
                                body["cursor"], bool(body.get("reset", False)),
@@ -255,7 +262,7 @@ class TapStream(trio.abc.HalfCloseableStream):
 
     def __init__(self, inner: SimStream, recorder: Recorder, client: str) -> None:
         self.inner = inner
-        self.tap = WireTap(recorder, client)
+        self.tap = WireTap(recorder, client, inner.conn_id)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         # recorded before it leaves: an ack is "sent" from the moment it may arrive

@@ -23,7 +23,7 @@ from flux.router.state import MemoryStateStore
 from flux.shard.server import ShardServer
 from flux.sim import history as h
 from flux.sim.faults import Fault
-from flux.sim.network import Network
+from flux.sim.network import Network, SimStream
 from flux.sim.simhost import SimHost
 from flux.sim.tap import Recorder, TappedHost
 
@@ -48,6 +48,8 @@ class World:
         self.router = RouterSupervisor(self, nursery)
         self._faults: trio.Nursery | None = None
         self._healed = False  # no fault starts after the heal
+        # (generation, topic, key) -> (connection, sid) of each live ephemeral subscription
+        self._ephemeral: dict[tuple[int, str, str], tuple[int, int]] = {}
 
     def new_host(self, name: str) -> SimHost:
         n = self._incarnations.get(name, 0)
@@ -67,13 +69,29 @@ class World:
         self.failures.append(f"{what} at t={trio.current_time():.6f}: {leaf_errors(exc)}")
         self.tracebacks.append("".join(traceback.format_exception(exc)).rstrip())
 
-    def oracle(self, shard: int, generation: int, event: tuple[Any, ...]) -> None:
+    def oracle(self, shard: int, generation: int, server: ShardServer,
+               event: tuple[Any, ...]) -> None:
         """The shard core's observer hook: cleanup facts for the G5/G6 checks."""
         now = trio.current_time()
         if event[0] == "trimmed":
             self.record(h.Trimmed(now, shard, generation, event[1], event[2], event[3]))
-        elif event[0] == "deleted_subscription" and not str(event[2]).startswith("~"):
-            self.record(h.SubscriptionGone(now, shard, generation, event[1], event[2]))
+        elif event[0] == "created":
+            made = _ephemeral_key(event[2])
+            if made is not None:
+                # which connection made it: once the shard deletes it, it may be gone
+                connection = _connection_id(server, made[0])
+                if connection is not None:
+                    self._ephemeral[(generation, event[1], event[2])] = (connection, made[1])
+        elif event[0] == "deleted_subscription":
+            if not str(event[2]).startswith("~"):
+                self.record(h.SubscriptionGone(now, shard, generation, event[1], event[2]))
+                return
+            made = self._ephemeral.pop((generation, event[1], event[2]), None)
+            # no session if its SUBSCRIBED reply has not reached the client (yet): the
+            # checker counts an ephemeral subscription as held only from that reply on
+            session = self.recorder.ephemeral.get(made) if made is not None else None
+            if session is not None:
+                self.record(h.EphemeralGone(now, shard, generation, event[1], session))
 
     # -- faults ------------------------------------------------------------------------
 
@@ -157,6 +175,22 @@ def leaf_errors(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def _ephemeral_key(key: Any) -> tuple[int, int] | None:
+    """(shard connection, client sid) of an ephemeral subscription's key ``~conn.sid``;
+    None for a named subscription."""
+    if not isinstance(key, str) or not key.startswith("~"):
+        return None
+    conn, _, sid = key[1:].partition(".")
+    return (int(conn), int(sid)) if conn.isdigit() and sid.isdigit() else None
+
+
+def _connection_id(server: ShardServer, conn: int) -> int | None:
+    """The simulated network's number of shard connection ``conn`` (the client's end of
+    it, which the wire tap sees, has the same)."""
+    c = server.conns.get(conn)
+    return c.stream.conn_id if c is not None and isinstance(c.stream, SimStream) else None
+
+
 def _directions(target: str) -> list[tuple[str, str]]:
     if "<->" in target:
         a, b = target.split("<->")
@@ -185,7 +219,7 @@ class SimLauncher(TaskLauncher):
             generation = host.random.getrandbits(64)
         config = config_mod.from_dict(shard.spec.config)
         server = ShardServer(host, shard.spec, config, pid=shard.pid, generation=generation)
-        server.core.on_event = functools.partial(world.oracle, index, generation)
+        server.core.on_event = functools.partial(world.oracle, index, generation, server)
         world.shards[index] = (host, shard)
         try:
             await server.run(shard.stop, task_status)

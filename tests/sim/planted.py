@@ -174,6 +174,20 @@ def delete_inactive_at_once() -> contextlib.AbstractContextManager[Any]:
     return _wrap(ShardCore, "_cleanup_subscribers", make)
 
 
+def drop_attached_ephemeral() -> contextlib.AbstractContextManager[Any]:
+    """G6: subscriber cleanup also deletes ephemeral subscriptions idle for a second,
+    their session still attached and told nothing (G5 then lets their messages go)."""
+    def make(f: Any) -> Any:
+        def cleanup(self: ShardCore, now: float) -> None:
+            f(self, now)
+            for topic in list(self.topics.values()):
+                for sub in list(topic.subs.values()):
+                    if sub.ephemeral and sub.active and now - sub.last_activity >= 1.0:
+                        self._delete_subscription(sub)
+        return cleanup
+    return _wrap(ShardCore, "_cleanup_subscribers", make)
+
+
 def reuse_generation() -> contextlib.AbstractContextManager[Any]:
     """G7: a restarted shard keeps generation 1, so clients mix two logs' offsets."""
     def make(f: Any) -> Any:
@@ -220,6 +234,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "ignore-max-in-flight": ignore_max_in_flight,
     "keep-inactive-forever": keep_inactive_forever,
     "delete-inactive-at-once": delete_inactive_at_once,
+    "drop-attached-ephemeral": drop_attached_ephemeral,
     "reuse-generation": reuse_generation,
     "impatient-heartbeat": impatient_heartbeat,
     "start-at-oldest": start_at_oldest,

@@ -203,6 +203,56 @@ def test_deleting_a_message_a_subscription_has_not_acked_breaks_g5() -> None:
     assert "G5/deleted-unacked" in s.end().rules()
 
 
+def _ephemeral(*, gone: float | None, trim_first: bool = False,
+               fault: bool = True, ended: float = 3.0) -> Story:
+    """Ephemeral session 1 of ``c1`` is pushed offset 0 and never acks it; the shard
+    deletes the subscription at ``gone`` (the oracle) and trims offset 0 at 2.5 (past
+    its ttl), while (with ``fault``) a partition keeps the client from hearing of it:
+    the client closes the session only at ``ended``."""
+    s = Story(oracle=True, liveness=False).hello(0.0)
+    s.add(h.Subscribed(0.01, "c1/~1", 1, "c1", 0, "t", None, G, True, 0, 0, False, 100, None,
+                       0.008, None))
+    s.publish(0.1, "a", 0).deliver(0.12, 0, "a", subscriber="c1/~1")
+    if fault:
+        s.add(h.FaultInjected(0.5, "partition", "shard-0->c1", "begin"))
+    trim = h.Trimmed(2.5, 0, G, "t", 0, 1)
+    if trim_first:
+        s.add(trim)
+    if gone is not None:
+        s.add(h.EphemeralGone(gone, 0, G, "t", 1))
+    if not trim_first:
+        s.add(trim)
+    s.add(h.SessionEnded(ended, "c1/~1", 1, "t", "closed"))
+    if fault:
+        s.add(h.FaultInjected(3.5, "partition", "shard-0->c1", "end"))
+    return s.end()
+
+
+def test_trimming_what_a_deleted_ephemeral_subscription_had_not_acked_is_allowed() -> None:
+    """G5: the shard deleted the ephemeral subscription (its session ended there, say an
+    UNSUBSCRIBE whose reply the partition holds), so its unacked messages may go, though
+    the client still counts the session as open when they are trimmed."""
+    report = check(_ephemeral(gone=1.0).h)
+    assert report.ok, report.summary()
+
+
+def test_trimming_what_a_live_ephemeral_subscription_has_not_acked_breaks_g5() -> None:
+    """G5: while the shard still has the ephemeral subscription, its unacked messages
+    are held: no word of a deletion, or one that came after the trim (even at the same
+    instant) excuses nothing."""
+    for gone, trim_first in ((None, False), (2.8, True), (2.5, True)):
+        rules = _ephemeral(gone=gone, trim_first=trim_first).rules()
+        assert rules == ["G5/deleted-unacked"], (gone, trim_first, rules)
+
+
+def test_deleting_an_ephemeral_subscription_whose_session_goes_on_breaks_g6() -> None:
+    """G6: a shard deletes an ephemeral subscription only when its session ends; with no
+    fault near, the client hears of that at once (or ended the session itself)."""
+    assert "G6/deleted-without-cause" in _ephemeral(gone=1.0, fault=False).rules()
+    assert _ephemeral(gone=1.0, fault=False, ended=1.01).rules() == []  # an UNSUBSCRIBED
+    assert _ephemeral(gone=1.0, fault=False, ended=0.9).rules() == []   # the client closed
+
+
 def test_deleting_a_subscription_before_inactive_time_breaks_g6() -> None:
     s = clean().add(h.SessionEnded(1.0, "c1/n", 1, "t", "unsubscribed"))
     s.add(h.SubscriptionGone(2.0, 0, G, "t", "n"))

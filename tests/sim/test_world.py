@@ -135,3 +135,29 @@ def test_a_reset_of_the_router_link_does_not_crash_the_shard() -> None:
     (before, after, failures), _ = in_world(body)
     assert failures == []
     assert before == after
+
+
+def test_the_oracle_names_the_session_of_each_ephemeral_subscription_a_shard_deletes() -> None:
+    """Two clients' ephemeral subscriptions on one topic and shard, both made with sid 1:
+    the shard's deletion of each (c1's connection closing under it, c2's UNSUBSCRIBE)
+    names that client's own session."""
+    async def body(world: World) -> None:
+        c1, c2 = world.client_host("c1"), world.client_host("c2")
+        async with connect(URL, host=c1) as one, connect(URL, host=c2) as two:
+            async with one.subscribe("a"), two.subscribe("a"):
+                await trio.sleep(0.5)
+                c1.drop_connections()  # as if c1's process died: no UNSUBSCRIBE
+                await trio.sleep(0.5)
+            await trio.sleep(0.5)
+        c2.drop_connections()
+
+    _, history = in_world(body)
+    sessions = {e.session: e.subscriber for e in history.of(h.Subscribed)}
+    gone = [(e.t, sessions[e.session]) for e in history.of(h.EphemeralGone)]
+    ended = {sessions[e.session]: e for e in history.of(h.SessionEnded)}
+    assert [who for _, who in gone][:2] == ["c1/~1", "c2/~1"], gone
+    assert (ended["c1/~1"].reason, ended["c2/~1"].reason) == ("closed", "unsubscribed")
+    for t, who in gone:
+        assert abs(ended[who].t - t) < 0.1, (who, t, ended[who])  # the client heard then
+    assert all(e.shard == shard_for("a", 2) and e.topic == "a"
+               for e in history.of(h.EphemeralGone))

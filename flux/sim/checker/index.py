@@ -89,6 +89,9 @@ class Incarnation:
     events: list[h.Event] = field(default_factory=list)   # every session's, in order
     deleted_at: float | None = None
     died_with_shard: bool = False     # deleted because its shard incarnation ended (G7)
+    # ephemeral: where in the history the oracle says its shard deleted it (an index into
+    # ``history.events``: a trim at the same instant may come before or after that)
+    deleted_event: int | None = None
 
     @property
     def key(self) -> tuple[str, int, str | None]:
@@ -117,7 +120,7 @@ class Index:
         self.stopped: dict[int, float] = {}   # generation -> when its shard stopped
         self.end_at = history.events[-1].t if history.events else 0.0
         open_faults: dict[tuple[str, str], float] = {}
-        for event in history:
+        for position, event in enumerate(history.events):
             if isinstance(event, h.Subscribed):
                 self._subscribed(event)
             elif isinstance(event, (h.Delivered, h.AckSent, h.AckConfirmed, h.AckRefused,
@@ -132,6 +135,14 @@ class Index:
                 inc = self._current.pop((event.topic, event.generation, event.name), None)
                 if inc is not None:
                     inc.deleted_at = event.t
+            elif isinstance(event, h.EphemeralGone):
+                session = self.sessions.get(event.session)
+                if session is not None:
+                    inc = session.incarnation
+                    if inc.name is None and inc.deleted_event is None \
+                            and inc.key == (event.topic, event.generation, None) \
+                            and session.sub.shard == event.shard:
+                        inc.deleted_event = position
             elif isinstance(event, h.ShardStopped):
                 self.stopped.setdefault(event.generation, event.t)
                 for key in [k for k in self._current if k[1] == event.generation]:

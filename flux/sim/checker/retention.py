@@ -1,8 +1,11 @@
 """Checks on what the broker deletes: messages only after ttl and acked-by-all (G5),
-subscriptions only after ``inactive_time`` and soon after it (G6).
+subscriptions only after ``inactive_time`` and soon after it, ephemeral ones only when
+their session ends (G6).
 
 Trims and subscription deletions are *oracle* facts the simulator reads from the
-shard; without them (chaos) only what clients see of G6 is checked.
+shard; without them (chaos) only what clients see of G6 is checked. An ephemeral
+subscription holds messages until its session ends, on the client's side or (by the
+oracle) on the shard's: the client may hear of that late, or never (a partition).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from flux.sim.checker.index import Incarnation, Index
 def check(index: Index, report: Report) -> None:
     _check_trims(index, report)
     _check_subscription_lifetimes(index, report)
+    _check_ephemeral_deletions(index, report)
 
 
 def _ack_times(inc: Incarnation) -> dict[int, float]:
@@ -50,7 +54,9 @@ def _check_trims(index: Index, report: Report) -> None:
         by_topic.setdefault((inc.topic, inc.generation), []).append(inc)
     ack_times = {id(inc): _ack_times(inc) for inc in index.incarnations}
     trimmed = 0
-    for trim in index.history.of(h.Trimmed):
+    for position, trim in enumerate(index.history.events):
+        if not isinstance(trim, h.Trimmed):
+            continue
         for offset in range(trim.first, trim.first + trim.count):
             trimmed += 1
             key = (trim.topic, trim.generation, offset)
@@ -63,7 +69,7 @@ def _check_trims(index: Index, report: Report) -> None:
                            f"{trim.topic}@{offset} deleted {trim.t - stored:.3f}s after it was"
                            f" stored (ttl={p.ttl:g}s)")
             for inc in by_topic.get((trim.topic, trim.generation), []):
-                if not _held_for(index, inc, offset, trim.t):
+                if not _held_for(index, inc, offset, trim.t, position):
                     continue
                 sent = ack_times[id(inc)].get(offset)
                 if sent is None or sent > trim.t:
@@ -74,21 +80,48 @@ def _check_trims(index: Index, report: Report) -> None:
     report.count("trimmed", trimmed)
 
 
-def _held_for(index: Index, inc: Incarnation, offset: int, t: float) -> bool:
-    """Whether ``inc`` certainly existed at ``t`` and had to ack ``offset`` first."""
+def _held_for(index: Index, inc: Incarnation, offset: int, t: float, position: int) -> bool:
+    """Whether ``inc`` certainly existed at ``t`` (event ``position`` of the history) and
+    had to ack ``offset`` first."""
     if offset < inc.start:
         return False
     if inc.deleted_at is not None and inc.deleted_at <= t:
         return False
     if inc.name is not None:
         return True
-    # ephemeral: only while its one session is surely attached
+    # ephemeral: not once its shard deleted it (the oracle's word: the client may not have
+    # heard of it yet, its session having ended on the shard's side) ...
+    if inc.deleted_event is not None and inc.deleted_event < position:
+        return False
+    # ... and only while its one session is surely attached
     session = inc.sessions[0]
     lat = index.params.latency
     if session.sub.t > t - lat:
         return False
     end = session.end
     return end is None or (end.reason != "lost" and end.t > t + lat)
+
+
+def _check_ephemeral_deletions(index: Index, report: Report) -> None:
+    """G6: a shard deletes an ephemeral subscription only when its session ends there
+    (UNSUBSCRIBE, the connection closing, two silent heartbeat periods, a message out
+    of pushes). With no fault near, the client hears of each of these within the latency
+    bound, or it ended the session itself: a deletion it never hears of is not one."""
+    lat = index.params.latency
+    for inc in index.incarnations:
+        if inc.deleted_event is None:
+            continue
+        gone = index.history.events[inc.deleted_event].t
+        session = inc.sessions[0]
+        heard_by = gone + 2 * lat
+        if heard_by >= index.end_at or (session.end is not None and session.end.t <= heard_by):
+            continue
+        since = gone - 2 * index.params.heartbeat - 2 * lat
+        if index.quiet((session.sub.client, session.host), since, heard_by):
+            report.add("G6", "deleted-without-cause", gone,
+                       f"{session.sub.subscriber} session {session.sub.session}: its shard"
+                       f" deleted the ephemeral subscription at {gone:.3f}, though no fault"
+                       f" touched it and the session had not ended by {heard_by:.3f}")
 
 
 def _check_subscription_lifetimes(index: Index, report: Report) -> None:
