@@ -258,11 +258,14 @@ class WireTap:
 
 
 class TapStream(trio.abc.HalfCloseableStream):
-    """Passes bytes through to ``inner`` and shows a copy of them to a :class:`WireTap`."""
+    """Passes bytes through to ``inner`` and shows a copy of them to a :class:`WireTap`.
+
+    ``inner`` is a simulated stream, or a socket stream in chaos runs (which have no
+    connection numbers: the oracle does not see their shards)."""
 
     def __init__(self, inner: SimStream, recorder: Recorder, client: str) -> None:
         self.inner = inner
-        self.tap = WireTap(recorder, client, inner.conn_id)
+        self.tap = WireTap(recorder, client, getattr(inner, "conn_id", None))
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         # recorded before it leaves: an ack is "sent" from the moment it may arrive
