@@ -44,7 +44,7 @@ ACK: Final = 40           # [ACK, rid, sid, generation, [offset, ...], through]
 ACKED: Final = 41         # [ACKED, rid, sid, cursor, [[offset, code, message], ...]]
 # pull path
 FETCH: Final = 50         # [FETCH, rid, {topic, name, generation, offset, max_messages, max_bytes}]
-FETCHED: Final = 51       # [FETCHED, rid, {generation, oldest, next, messages}]
+FETCHED: Final = 51       # [FETCHED, rid, {generation, oldest, next}, first, ids, payloads, times]
 COMMIT: Final = 52        # [COMMIT, rid, {topic, name, generation, offset}]
 COMMITTED: Final = 53     # [COMMITTED, rid, {cursor}]
 STATS: Final = 60         # [STATS, rid]
@@ -87,12 +87,15 @@ def encode_many(frames: list[Any]) -> bytes:
 
 
 def _pack_body(frame: list[Any] | tuple[Any, ...]) -> bytes:
-    if len(frame) == 8 and frame[0] == DELIVER and type(frame[6]) is PackedPayloads:
-        # the payloads are MessagePack already: splice them in, never re-encode them
-        payloads: PackedPayloads = frame[6]
-        head = _packer.pack(frame[:6])   # a 6-array: its first byte becomes an 8-array's
-        return b"".join((b"\x98", memoryview(head)[1:], array_header(payloads.length),
-                         *payloads.parts, _packer.pack(frame[7])))
+    n = len(frame)
+    if n >= 7 and type(frame[n - 2]) is PackedPayloads:
+        # DELIVER and FETCHED end with [..., payloads, times], the payloads often held as
+        # MessagePack already: splice them in, never re-encode them
+        payloads: PackedPayloads = frame[n - 2]
+        head = _packer.pack(frame[:n - 2])  # a short array: its first byte becomes the frame's
+        return b"".join((bytes((0x90 | n,)), memoryview(head)[1:],
+                         array_header(payloads.length), *payloads.parts,
+                         _packer.pack(frame[n - 1])))
     body: bytes = _packer.pack(frame)
     return body
 
@@ -135,27 +138,43 @@ def deliver_times(runs: list[Any]) -> Iterator[float]:
     return chain.from_iterable(map(repeat, runs[0::2], runs[1::2]))
 
 
+def check_fetched(frame: list[Any]) -> int:
+    """The message count of a well-formed FETCHED; ValueError for any other shape."""
+    if len(frame) != 7 or not isinstance(frame[2], dict):
+        raise ValueError("FETCHED needs seven fields, the third a map")
+    _, _, _, first, ids, payloads, runs = frame
+    if type(first) is not int or first < 0:
+        raise ValueError("FETCHED needs a first offset >= 0")
+    return _check_columns(ids, payloads, runs)
+
+
+def _check_columns(ids: Any, payloads: Any, runs: Any) -> int:
+    """The message count of ``ids``, ``payloads``, ``times`` columns (equal lengths, the
+    times as runs); ValueError for any other shape."""
+    if type(ids) is not list or type(runs) is not list \
+            or type(payloads) not in (list, PackedPayloads):
+        raise ValueError("ids, payloads and times must be arrays")
+    count = len(ids)
+    if len(payloads) != count:
+        raise ValueError(f"{count} ids but {len(payloads)} payloads")
+    counts = runs[1::2]
+    if len(runs) % 2 or not set(map(type, counts)) <= {int} or sum(counts) != count \
+            or (counts and min(counts) < 1):
+        raise ValueError("times must be [time, count, ...] runs covering every message")
+    return count
+
+
 def check_deliver(frame: list[Any]) -> int:
     """The message count of a well-formed DELIVER; ValueError for any other shape."""
     if len(frame) != 8:
         raise ValueError("DELIVER needs eight fields")
     _, _, generation, attempt, offsets, ids, payloads, runs = frame
-    if type(ids) is not list or type(runs) is not list \
-            or type(payloads) not in (list, PackedPayloads):
-        raise ValueError("DELIVER's ids, payloads and times must be arrays")
-    count = len(ids)
+    count = _check_columns(ids, payloads, runs)
     if type(generation) is not int or type(attempt) is not int or attempt < 1:
         raise ValueError("DELIVER needs an integer generation and an attempt >= 1")
     first_ok = type(offsets) is int and offsets >= 0
-    if not (first_ok or (type(offsets) is list and len(offsets) == count)) \
-            or len(payloads) != count:
-        raise ValueError("DELIVER needs a first offset or an offset per message, and a"
-                         " payload per id")
-    counts = runs[1::2]
-    if len(runs) % 2 or not set(map(type, counts)) <= {int} or sum(counts) != count \
-            or (counts and min(counts) < 1):
-        raise ValueError("DELIVER's times must be [time, count, ...] runs covering every"
-                         " message")
+    if not (first_ok or (type(offsets) is list and len(offsets) == count)):
+        raise ValueError("DELIVER needs a first offset or an offset per message")
     return count
 
 

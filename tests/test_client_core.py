@@ -6,12 +6,14 @@ No sockets, no clock, no trio: frames go in with ``receive``, come out of
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from test_client_core_support import GEN, ids_of, open_shard, out, published, ready_core, reopen_shard
 
 from flux import errors
 from flux import protocol as P
-from flux.client.types import PublishAck
+from flux.client.types import FetchedMessage, PublishAck
 
 # -- publishing ----------------------------------------------------------------------------
 
@@ -266,3 +268,40 @@ def test_generated_ids_of_a_batch_are_distinct_hex() -> None:
     batch = core.publish_many("t", [b"x"] * 50, None, 0.0)
     assert len(set(batch.ids)) == 50
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in batch.ids)
+
+
+def test_a_fetched_reply_becomes_fetched_messages() -> None:
+    core = ready_core()
+    call = core.fetch("t", 3, now=0.0)
+    conn = open_shard(core)
+    [frame] = out(core, conn)
+    assert frame[0] == P.FETCH
+    core.receive(conn.id, [P.FETCHED, frame[1], {"generation": GEN, "oldest": 1, "next": 9},
+                           3, ["c", "d", "e"], [b"x", b"y", b"z"], [1.5, 2, 2.5, 1]], 0.0)
+    result = call.result()
+    assert (result.oldest, result.next, result.generation) == (1, 9, GEN)
+    assert result.messages == [FetchedMessage("t", 3, GEN, "c", b"x", 1.5),
+                               FetchedMessage("t", 4, GEN, "d", b"y", 1.5),
+                               FetchedMessage("t", 5, GEN, "e", b"z", 2.5)]
+    m = result.messages[2]
+    assert (m.topic, m.offset, m.generation, m.id, m.payload, m.timestamp) == \
+        ("t", 5, GEN, "e", b"z", 2.5)
+    assert pickle.loads(pickle.dumps(m)) == m and type(pickle.loads(pickle.dumps(m))) is FetchedMessage
+
+
+@pytest.mark.parametrize("tail", [
+    [-1, [], [], []],                          # a negative first offset
+    [0, ["a"], [b"a", b"b"], [1.0, 2]],        # a payload too many
+    [0, ["a"], [b"a"], [1.0, 2]],              # runs cover too many
+    [0, ["a"], [b"a"]],                        # the times missing
+    [0.5, ["a"], [b"a"], [1.0, 1]],            # a float first offset
+])
+def test_a_malformed_fetched_fails_the_fetch_with_protocol_error(tail: list[object]) -> None:
+    core = ready_core()
+    call = core.fetch("t", 0, now=0.0)
+    conn = open_shard(core)
+    [frame] = out(core, conn)
+    core.receive(conn.id, [P.FETCHED, frame[1], {"generation": GEN, "oldest": 0, "next": 1},
+                           *tail], 0.0)
+    with pytest.raises(errors.ProtocolError):
+        call.result()

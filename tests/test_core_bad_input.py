@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_core_support import GEN, OK, TOPIC, Shard, item_rows
+from test_core_support import GEN, OK, TOPIC, Shard, fetched_messages, item_rows
 
 from flux import errors
 from flux import protocol as P
@@ -276,7 +276,7 @@ def test_no_decodable_frame_raises_or_loses_stored_data(frames: list[list[Any]])
         if client.closed:
             client = shard.connect()
     fetched = client.fetch(offset=0)
-    assert [m[1] for m in fetched[2]["messages"]][:2] == ["a", "b"]
+    assert [m[1] for m in fetched_messages(fetched)][:2] == ["a", "b"]
 
 
 @pytest.mark.parametrize("frame", [[], [None], ["1"], [True, 1], [1.0, 1], [[P.PING], 1]])

@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_core_support import GEN, OK, TOPIC, Shard, deliver_messages, item_rows
+from test_core_support import GEN, OK, TOPIC, Shard, deliver_messages, fetched_messages, item_rows
 
 from flux import errors
 from flux import protocol as P
@@ -58,7 +58,7 @@ def test_stored_payload_is_what_a_fetch_returns() -> None:
     client.publish("m1", payload=b"\x00\xffdata")
     reply = client.fetch(offset=0)
     assert reply[0] == P.FETCHED
-    [[offset, mid, payload, _ts]] = reply[2]["messages"]
+    [[offset, mid, payload, _ts]] = fetched_messages(reply)
     assert (offset, mid, payload) == (0, "m1", b"\x00\xffdata")
 
 
@@ -224,7 +224,7 @@ def test_bad_item_in_a_group_gets_its_own_error_and_others_are_stored() -> None:
         (3, errors.InvalidMessageId.code), (4, errors.InvalidMessageId.code),
         (6, errors.InvalidMessageId.code)]
     assert all(isinstance(message, str) and message for *_, message in refused)
-    assert [m[:3] for m in client.fetch()[2]["messages"]] == [[0, "ok1", b"x"], [1, "ok5", b"y"]]
+    assert [m[:3] for m in fetched_messages(client.fetch())] == [[0, "ok1", b"x"], [1, "ok5", b"y"]]
 
 
 def test_a_bad_topic_refuses_every_item_of_its_group_only() -> None:

@@ -6,7 +6,8 @@ inactive; subscriber passes every 10 s delete it 40 s after that.
 
 from __future__ import annotations
 
-from test_core_support import GEN, TOPIC, Shard
+import pytest
+from test_core_support import GEN, TOPIC, Shard, fetched_messages
 
 from flux import errors
 from flux import protocol as P
@@ -52,10 +53,10 @@ def test_fetch_returns_a_range_of_held_messages() -> None:
     client.publish("e")
     reply = client.fetch(offset=1, max_messages=2)
     assert reply[0] == P.FETCHED
-    assert reply[2] == {"generation": GEN, "oldest": 0, "next": 5,
-                        "messages": [[1, "b", b"b", 0.0], [2, "c", b"c", 0.0]]}
+    assert reply[2:] == [{"generation": GEN, "oldest": 0, "next": 5}, 1, ["b", "c"],
+                         [b"b", b"c"], [0.0, 2]]
     reply = client.fetch(offset=3)
-    assert reply[2]["messages"] == [[3, "d", b"d", 0.0], [4, "e", b"e", 2.0]]
+    assert fetched_messages(reply) == [[3, "d", b"d", 0.0], [4, "e", b"e", 2.0]]
 
 
 def test_fetch_past_the_end_is_empty_and_below_the_oldest_starts_there() -> None:
@@ -65,26 +66,26 @@ def test_fetch_past_the_end_is_empty_and_below_the_oldest_starts_there() -> None
     shard.advance(25.0)
     client = shard.connect()  # the first one was closed for silence (heartbeat 5)
     client.publish("c")
-    below = client.fetch(offset=0)[2]
-    assert (below["oldest"], below["next"]) == (2, 3)
-    assert [m[0] for m in below["messages"]] == [2]
-    assert client.fetch(offset=3)[2]["messages"] == []
-    assert client.fetch(offset=50)[2]["messages"] == []
+    below = client.fetch(offset=0)
+    assert (below[2]["oldest"], below[2]["next"]) == (2, 3)
+    assert [m[0] for m in fetched_messages(below)] == [2]
+    assert fetched_messages(client.fetch(offset=3)) == []
+    assert fetched_messages(client.fetch(offset=50)) == []
 
 
 def test_fetch_is_bounded_by_max_bytes_but_returns_at_least_one() -> None:
     shard = Shard(PULL)
     client = shard.connect()
     client.publish("a", "b", "c", payload=b"x" * 100)
-    assert [m[0] for m in client.fetch(offset=0, max_bytes=250)[2]["messages"]] == [0, 1]
-    assert [m[0] for m in client.fetch(offset=0, max_bytes=1)[2]["messages"]] == [0]
+    assert [m[0] for m in fetched_messages(client.fetch(offset=0, max_bytes=250))] == [0, 1]
+    assert [m[0] for m in fetched_messages(client.fetch(offset=0, max_bytes=1))] == [0]
 
 
 def test_fetch_of_an_unknown_topic_is_empty_and_creates_nothing() -> None:
     shard = Shard(PULL)
     client = shard.connect()
     reply = client.fetch(topic="no.such.topic")
-    assert reply[2] == {"generation": GEN, "oldest": 0, "next": 0, "messages": []}
+    assert reply[2:] == [{"generation": GEN, "oldest": 0, "next": 0}, 0, [], [], []]
     assert "no.such.topic" not in shard.stats()["topics"]
 
 
@@ -96,7 +97,7 @@ def test_fetch_with_another_generation_is_topic_reset() -> None:
     reply = client.fetch(generation=GEN - 1)
     assert reply[0] == P.ERROR and reply[2] == errors.TopicReset.code
     assert reply[4] == {"old": GEN - 1, "new": GEN}
-    assert client.fetch(generation=GEN)[2]["messages"] != []
+    assert fetched_messages(client.fetch(generation=GEN)) != []
 
 
 def test_fetch_with_an_unknown_subscription_name_is_unknown_subscription() -> None:
@@ -278,5 +279,14 @@ def test_fetch_of_zero_messages_reports_only_the_bounds() -> None:
     shard = Shard(PULL)
     client = shard.connect()
     client.publish("a", "b")
-    assert client.fetch(max_messages=0)[2] == {"generation": GEN, "oldest": 0, "next": 2,
-                                               "messages": []}
+    assert client.fetch(max_messages=0)[2:] == [{"generation": GEN, "oldest": 0, "next": 2},
+                                                0, [], [], []]
+
+
+@pytest.mark.parametrize("opts", [{"offset": -1}, {"max_messages": -1}, {"max_bytes": -1}])
+def test_negative_fetch_bounds_are_refused(opts: dict[str, int]) -> None:
+    shard = Shard(PULL)
+    client = shard.connect()
+    client.publish("a")
+    reply = client.fetch(**opts)
+    assert reply[0] == P.ERROR and reply[2] == errors.InvalidRequest.code

@@ -297,6 +297,15 @@ def item_rows(groups: list[list[Any]], reply: list[Any]) -> list[list[Any]]:
     return rows
 
 
+def fetched_messages(frame: list[Any]) -> list[list[Any]]:
+    """A FETCHED frame's messages as ``[offset, id, payload, timestamp]``; checks its shape."""
+    assert frame[0] == P.FETCHED, frame
+    count = P.check_fetched(frame)
+    first, ids, payloads, times = frame[3:]
+    return [list(m) for m in zip(range(first, first + count), ids, payloads,
+                                 P.deliver_times(times), strict=True)]
+
+
 def deliver_messages(frame: list[Any]) -> list[tuple[int, str, bytes, float]]:
     """A DELIVER frame's messages as (offset, id, payload, timestamp); checks its shape."""
     assert frame[0] == P.DELIVER, frame

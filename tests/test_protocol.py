@@ -81,9 +81,7 @@ subscribed_reply = body(
 fetch_options = body(
     topic=topic, name=maybe() | token, generation=maybe() | generation, offset=offset,
     max_messages=st.integers(0, 10_000), max_bytes=u32)
-fetched_reply = body(
-    generation=generation, oldest=offset, next=offset,
-    messages=st.lists(fixed(offset, message_id, payload, timestamp), max_size=4))
+fetched_reply = body(generation=generation, oldest=offset, next=offset)
 register_body = body(
     index=st.integers(0, 63), pid=st.integers(1, 2**22), generation=generation,
     address=k("127.0.0.1:7071"), advertise=maybe() | k("10.0.0.5:7071"), shard_count=st.integers(1, 64))
@@ -111,7 +109,10 @@ FRAMES: dict[int, st.SearchStrategy[list[Any]]] = {
     P.ACK: fixed(k(P.ACK), rid, sid, generation, st.lists(offset, max_size=5), offset | k(-1)),
     P.ACKED: fixed(k(P.ACKED), rid, sid, offset, st.lists(fixed(offset, code, text), max_size=3)),
     P.FETCH: fixed(k(P.FETCH), rid, fetch_options),
-    P.FETCHED: fixed(k(P.FETCHED), rid, fetched_reply),
+    P.FETCHED: fixed(k(P.FETCHED), rid, fetched_reply, offset, st.lists(message_id, max_size=4),
+                     st.lists(payload, max_size=4),
+                     st.lists(fixed(timestamp, st.integers(1, 4)), max_size=2).map(
+                         lambda runs: [x for run in runs for x in run])),
     P.COMMIT: fixed(k(P.COMMIT), rid, body(
         topic=topic, name=token, generation=maybe() | generation, offset=offset)),
     P.COMMITTED: fixed(k(P.COMMITTED), rid, body(cursor=offset)),

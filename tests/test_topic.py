@@ -79,24 +79,24 @@ def test_held_bytes_count_payload_and_id_and_drop_on_trim() -> None:
 
 def test_read_returns_a_range_from_start_bounded_by_count() -> None:
     log = _log_with(6)
-    assert [o for o, _ in log.read(2, 3, 1 << 20)] == [2, 3, 4]
-    assert [o for o, _ in log.read(5, 10, 1 << 20)] == [5]
-    assert log.read(6, 10, 1 << 20) == []
-    assert log.read(100, 10, 1 << 20) == []
+    assert list(log.fit(2, 3, 1 << 20)) == [2, 3, 4]
+    assert list(log.fit(5, 10, 1 << 20)) == [5]
+    assert list(log.fit(6, 10, 1 << 20)) == []
+    assert list(log.fit(100, 10, 1 << 20)) == []
 
 
 def test_read_from_a_trimmed_offset_starts_at_the_oldest_held() -> None:
     log = _log_with(6)
     log.trim(below=3, stored_before=100.0)
-    assert [o for o, _ in log.read(0, 2, 1 << 20)] == [3, 4]
+    assert list(log.fit(0, 2, 1 << 20)) == [3, 4]
 
 
 def test_read_is_bounded_by_bytes_but_returns_at_least_one() -> None:
     log = TopicLog()
     for i in range(4):
         log.append(f"i{i}", b"x" * 100, 0.0)  # 102 bytes each with the id
-    assert [o for o, _ in log.read(0, 10, 250)] == [0, 1]
-    assert [o for o, _ in log.read(0, 10, 1)] == [0]
+    assert list(log.fit(0, 10, 250)) == [0, 1]
+    assert list(log.fit(0, 10, 1)) == [0]
 
 
 def test_log_compacts_after_many_trims_without_changing_offsets() -> None:
@@ -109,7 +109,7 @@ def test_log_compacts_after_many_trims_without_changing_offsets() -> None:
     entry = log.get(2500)
     assert entry is not None and entry.id == "m2500"
     assert log.append("new", b"", 0.0) == 3000
-    assert [o for o, _ in log.read(0, 3, 1 << 20)] == [2500, 2501, 2502]
+    assert list(log.fit(0, 3, 1 << 20)) == [2500, 2501, 2502]
 
 
 @settings(max_examples=150, deadline=None)
@@ -264,8 +264,8 @@ def test_log_with_batches_matches_a_dict_model(ops: list[tuple[object, ...]]) ->
         for off in (oldest - 1, oldest, (oldest + next_offset) // 2, next_offset - 1, next_offset):
             entry = log.get(off)
             assert (tuple(entry) if entry is not None else None) == model.get(off)
-        assert [(o, tuple(e)) for o, e in log.read(oldest, 5, 1 << 20)] == \
-            [(o, model[o]) for o in range(oldest, min(oldest + 5, next_offset))]
+        assert list(log.fit(oldest, 5, 1 << 20)) == \
+            list(range(oldest, min(oldest + 5, next_offset)))
         if model:
             stop = min(next_offset, oldest + 700)
             ids, payloads, runs = log.span(oldest, stop)
@@ -391,7 +391,7 @@ def test_spans_of_packed_payloads_encode_exactly_as_plain_payloads(
     assert packed == payloads[start:stop]
     entry = log.get(start)
     assert entry is not None and entry.payload == payloads[start]
-    assert [e.payload for _, e in log.read(start, stop - start, 1 << 30)] == payloads[start:stop]
+    assert log.fit(start, stop - start, 1 << 30) == range(start, stop)
     assert log.held_bytes == sum(len(f"m{i}") + len(payloads[i])
                                  for i in range(trimmed, len(payloads)))
 
@@ -494,3 +494,28 @@ def test_dedup_structures_are_not_walked_by_the_cycle_collector() -> None:
     assert not any(map(gc.is_tracked, dedup._blocks))
     assert not any(map(gc.is_tracked, dedup._ids))
     assert dedup.get("m0-0", 20.0) == 60 and dedup.get("m19-2", 20.0) == 59
+
+
+@given(st.lists(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 300)), min_size=1,
+                         max_size=6), min_size=1, max_size=6),
+       st.integers(0, 40), st.integers(0, 40), st.integers(0, 12), st.integers(0, 900))
+def test_fit_takes_what_the_budgets_allow_and_at_least_one(
+        chunks: list[list[tuple[int, int]]], trimmed: int, start: int, max_messages: int,
+        max_bytes: int) -> None:
+    """FETCH's range: from max(start, oldest), at most max_messages, at most max_bytes of
+    payloads and ids, but one message at least when any is held there."""
+    log = TopicLog()
+    sizes: list[int] = []
+    for chunk in chunks:
+        ids = [f"{len(sizes) + i}".rjust(id_len, "i") for i, (id_len, _) in enumerate(chunk)]
+        log.extend(ids, [b"p" * n for _, n in chunk], 0.0)
+        sizes += [len(i) + n for i, (_, n) in zip(ids, chunk, strict=True)]
+    log.trim(min(trimmed, len(sizes)), 0.0)
+    first = max(start, log.oldest)
+    stop, used = first, 0
+    while stop < min(len(sizes), first + max_messages):
+        if used + sizes[stop] > max_bytes and stop > first:
+            break
+        used += sizes[stop]
+        stop += 1
+    assert log.fit(start, max_messages, max_bytes) == range(first, max(first, stop))

@@ -9,6 +9,7 @@ how to read the reply. Both carry their retry deadline and last error.
 
 from __future__ import annotations
 
+from itertools import repeat
 from operator import add
 from typing import Any, Literal
 
@@ -207,12 +208,16 @@ class Call(Waiter):
                 f"{P.KIND_NAMES.get(frame[0], frame[0])} does not answer {self.kind}")
         try:
             if self.kind == "fetch":
-                body = frame[2]
+                count = P.check_fetched(frame)
+                body, first, ids, payloads, times = frame[2:]
                 gen = int(body["generation"])
                 topic = str(self.topic)
-                return FetchResult(topic, gen, int(body["oldest"]), int(body["next"]), [
-                    FetchedMessage(topic, int(m[0]), gen, m[1], m[2], float(m[3]))
-                    for m in body["messages"]])
+                # FetchedMessage(...) of each, built by C code, as Message is
+                messages = list(map(tuple.__new__, repeat(FetchedMessage, count), zip(
+                    repeat(topic, count), range(first, first + count), repeat(gen, count),
+                    ids, payloads, P.deliver_times(times), strict=True)))
+                return FetchResult(topic, gen, int(body["oldest"]), int(body["next"]),
+                                   messages)
             if self.kind == "commit":
                 return int(frame[2]["cursor"])
             if self.kind == "stats":

@@ -148,13 +148,9 @@ class SubscribeInfo:
                    max_in_flight=int(body.get("max_in_flight", 0)))
 
 
-class Message(tuple[Any, ...]):
-    """A pushed message. ``attempt`` is 1 for a first delivery in this session.
-
-    ``await msg.ack()`` queues the ack (idempotent); it never raises: a refused
-    ack surfaces from the subscription's iterator. Immutable; a tuple underneath
-    (one is made per delivered message, in bulk, by C code).
-    """
+class StoredMessage(tuple[Any, ...]):
+    """What pushed and fetched messages share: where and when a message was stored, its
+    id and payload. Immutable; a tuple underneath (made in bulk, by C code)."""
 
     __slots__ = ()
 
@@ -165,9 +161,6 @@ class Message(tuple[Any, ...]):
         id: str
         payload: bytes
         timestamp: float
-        attempt: int
-        _session: object
-        _acker: Callable[[Message], None] | None
     else:
         topic = property(itemgetter(0), doc="the topic")
         offset = property(itemgetter(1), doc="the offset in the topic (of this generation)")
@@ -175,6 +168,26 @@ class Message(tuple[Any, ...]):
         id = property(itemgetter(3), doc="the message id")
         payload = property(itemgetter(4), doc="the payload bytes")
         timestamp = property(itemgetter(5), doc="when the shard stored it (epoch seconds)")
+
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        return tuple(self)
+
+
+class Message(StoredMessage):
+    """A pushed message. ``attempt`` is 1 for a first delivery in this session.
+
+    ``await msg.ack()`` queues the ack (idempotent); it never raises: a refused
+    ack surfaces from the subscription's iterator. Immutable; a tuple underneath
+    (one is made per delivered message, in bulk, by C code).
+    """
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        attempt: int
+        _session: object
+        _acker: Callable[[Message], None] | None
+    else:
         attempt = property(itemgetter(6), doc="push number in this session (1: first)")
         _session = property(itemgetter(7))
         _acker = property(itemgetter(8))
@@ -184,9 +197,6 @@ class Message(tuple[Any, ...]):
                 acker: Callable[[Message], None] | None = None) -> Message:
         return tuple.__new__(cls, (topic, offset, generation, id, payload, timestamp, attempt,
                                    session, acker))
-
-    def __getnewargs__(self) -> tuple[Any, ...]:
-        return tuple(self)
 
     async def ack(self) -> None:
         """Queue the ack of this message; it is sent coalesced with others."""
@@ -199,16 +209,20 @@ class Message(tuple[Any, ...]):
                 f" attempt={self.attempt} {len(self.payload)}B>")
 
 
-@dataclass(frozen=True, slots=True)
-class FetchedMessage:
-    """A message read through the pull path (FETCH); nothing to ack, COMMIT instead."""
+class FetchedMessage(StoredMessage):
+    """A message read through the pull path (FETCH); nothing to ack, COMMIT instead.
+    One is made per message of a FETCHED, in bulk."""
 
-    topic: str
-    offset: int
-    generation: int
-    id: str
-    payload: bytes
-    timestamp: float
+    __slots__ = ()
+
+    def __new__(cls, topic: str, offset: int, generation: int, id: str, payload: bytes,
+                timestamp: float) -> FetchedMessage:
+        return tuple.__new__(cls, (topic, offset, generation, id, payload, timestamp))
+
+    def __repr__(self) -> str:
+        return (f"FetchedMessage(topic={self.topic!r}, offset={self.offset},"
+                f" generation={self.generation:#x}, id={self.id!r},"
+                f" payload={self.payload!r}, timestamp={self.timestamp!r})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ What the Spark source and replay tools use; pull subscriptions get no pushes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from flux import errors
@@ -55,17 +56,21 @@ class Pull(ShardState):
         topic = self.topics.get(name)
         if opts.get("name") is not None:
             self._pull_sub(topic, opts.get("name"), now)
-        messages: list[list[Any]] = []
         oldest = next_offset = 0
+        first = offset
+        ids: list[str] = []
+        payloads: Sequence[bytes] = []
+        times: list[float | int] = []
         if topic is not None:
             log = topic.log
             oldest, next_offset = log.oldest, log.next_offset
-            if max_messages:
-                for off, entry in log.read(offset, max_messages, max_bytes):
-                    messages.append([off, entry.id, entry.payload, self.epoch + entry.stored_at])
+            span = log.fit(offset, max_messages, max_bytes)
+            first = span.start
+            if span:
+                ids, payloads, times = log.span(span.start, span.stop, self.epoch)
         session.out.append([P.FETCHED, rid, {
-            "generation": self.generation, "oldest": oldest, "next": next_offset,
-            "messages": messages}])
+            "generation": self.generation, "oldest": oldest, "next": next_offset},
+            first, ids, payloads, times])
 
     def _commit(self, session: Session, frame: list[Any], now: float) -> None:
         rid, opts = frame[1], _map(frame, 2)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
+from operator import add
 from typing import NamedTuple, cast
 
 import msgpack
@@ -195,29 +197,29 @@ class TopicLog:
             k += 1
         return ids, payloads, times
 
-    def read(self, start: int, max_messages: int, max_bytes: int) -> list[tuple[int, Entry]]:
-        """Held messages from ``start`` on: at most ``max_messages``, and about
-        ``max_bytes`` of payload (always at least one if any is held)."""
-        out: list[tuple[int, Entry]] = []
+    def fit(self, start: int, max_messages: int, max_bytes: int) -> range:
+        """The held offsets a read from ``start`` returns: at most ``max_messages``, and
+        at most ``max_bytes`` of payloads and ids (always one at least, if any is held
+        and ``max_messages`` > 0). Starts at ``max(start, oldest)``."""
         offset = max(start, self.oldest)
-        if offset >= self._next:
-            return out
-        size = 0
-        for k in range(self._chunk(offset), len(self._first)):
-            first, ids, lens, at = self._first[k], self._ids[k], self._lens[k], self._at[k]
-            a = offset - first
-            b = min(len(ids), a + max_messages - len(out))
-            for i in range(a, b):  # how many fit the byte budget
-                size += lens[i] + len(ids[i])
-                if size > max_bytes and (out or i > a):
-                    b = i
-                    break
-            for i, payload in enumerate(self._payloads(k, a, b), a):
-                out.append((first + i, Entry(ids[i], payload, at)))
-            if b < len(ids) or len(out) >= max_messages:
-                return out
-            offset = first + len(ids)
-        return out
+        limit = min(self._next, offset + max(0, max_messages))
+        if offset >= limit:
+            return range(offset, offset)
+        stop, size = offset, 0
+        k = self._chunk(offset)
+        while stop < limit:
+            first, ids, lens = self._first[k], self._ids[k], self._lens[k]
+            a, b = stop - first, min(len(ids), limit - first)
+            chunk_size = sum(lens[a:b]) + len("".join(ids[a:b]))
+            if size + chunk_size > max_bytes:  # the budget ends in this chunk: where?
+                sizes = list(accumulate(map(add, lens[a:b], map(len, ids[a:b])),
+                                        initial=size))
+                fits = bisect_right(sizes, max_bytes) - 1  # items of a..b within budget
+                return range(offset, max(stop + fits, offset + 1))
+            size += chunk_size
+            stop = first + b
+            k += 1
+        return range(offset, stop)
 
     def trim(self, below: int, stored_before: float, most: int | None = None) -> int:
         """Drop held messages with offset < ``below`` stored at or before
