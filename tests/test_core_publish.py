@@ -379,6 +379,22 @@ def test_every_frame_carrying_large_messages_fits_max_frame_bytes() -> None:
         assert decoder.feed(P.encode(frame)) == [frame]
 
 
+def test_a_split_push_keeps_each_message_its_offset_and_store_time() -> None:
+    """A push too large for one frame is cut into frames of consecutive offsets, each with
+    the store-time runs of its own messages."""
+    shard = Shard({"max_frame_bytes": 1024, "message.cleanup_time": 1000.0,
+                   "subscriber.cleanup_time": 1000.0})
+    client = shard.connect()
+    for t, ids in ((1.0, ["a", "b"]), (2.0, ["c"]), (3.0, ["d", "e"])):
+        shard.advance(t)
+        client.publish(*ids, payload=b"x" * 300)
+    client.subscribe(1, name="s", read_old=True, credit=100)
+    frames = client.take(P.DELIVER)
+    assert len(frames) > 1 and all(type(f[4]) is int for f in frames)
+    assert [(o, mid, ts) for f in frames for o, mid, _, ts in deliver_messages(f)] == \
+        [(0, "a", 1.0), (1, "b", 1.0), (2, "c", 2.0), (3, "d", 3.0), (4, "e", 3.0)]
+
+
 # -- the fast path and the per-item path agree ----------------------------------------------
 
 # mostly the usual items (short new or repeated ids, binary payloads), some odd ones

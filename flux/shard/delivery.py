@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from itertools import pairwise
 
 from flux import errors
 from flux.shard.state import (
@@ -105,18 +106,18 @@ class Delivery(ShardState):
                                 ids, payloads, times])
             return
         payloads = list(payloads)  # rare: split item by item
+        cuts, size = [0], 0
+        for i in range(n):
+            item_size = len(payloads[i]) + len(ids[i]) + 40
+            if size + item_size > budget and i > cuts[-1]:
+                cuts.append(i)
+                size = 0
+            size += item_size
+        cuts.append(n)
         each = list(P.deliver_times(times))
-        start = size = 0
-        for i in range(n + 1):
-            if i < n:
-                item_size = len(payloads[i]) + len(ids[i]) + 40
-                if size + item_size <= budget or i == start:
-                    size += item_size
-                    continue
-            session.out.append([P.DELIVER, sid, generation, attempt,
-                                P.offsets_field(offsets[start:i]), ids[start:i],
-                                payloads[start:i], P.time_runs(each[start:i])])
-            start, size = i, item_size if i < n else 0
+        for a, b in pairwise(cuts):
+            session.out.append([P.DELIVER, sid, generation, attempt, P.offsets_field(offsets[a:b]),
+                                ids[a:b], payloads[a:b], P.time_runs(each[a:b])])
 
     def _schedule(self, sub: Subscription) -> None:
         """Make sure the timer heap wakes ``sub`` at its earliest timer."""
