@@ -59,10 +59,21 @@ class Story:
         return self.add(h.Consumed(t, subscriber, "t", generation, offset, message_id, attempt))
 
     def ack(self, t: float, offset: int, cursor: int, session: int = 1,
-            generation: int = G) -> Story:
-        self.add(h.AckSent(t, "c1/n", session, "t", generation, (offset,), -1))
-        return self.add(h.AckConfirmed(t + 0.002, "c1/n", session, "t", generation, (offset,),
-                                       -1, cursor))
+            generation: int = G, subscriber: str = "c1/n") -> Story:
+        self.ack_sent(t, offset, session, generation, subscriber)
+        return self.ack_confirmed(t + 0.002, offset, cursor, session, generation, subscriber,
+                                  sent=t)
+
+    def ack_sent(self, t: float, offset: int, session: int = 1, generation: int = G,
+                 subscriber: str = "c1/n") -> Story:
+        return self.add(h.AckSent(t, subscriber, session, "t", generation, (offset,), -1))
+
+    def ack_confirmed(self, t: float, offset: int, cursor: int, session: int = 1,
+                      generation: int = G, subscriber: str = "c1/n", *,
+                      sent: float) -> Story:
+        """The ACKED reply, at ``t``, to the ACK of ``offset`` sent at ``sent``."""
+        return self.add(h.AckConfirmed(t, subscriber, session, "t", generation, (offset,), -1,
+                                       cursor, sent))
 
     def end(self, t: float = 10.0) -> Story:
         self.add(h.Phase(1.0 if not self.h.events else min(t, 5.0), "heal"))
@@ -285,6 +296,54 @@ def test_a_resume_below_a_cursor_confirmed_before_it_was_asked_for_breaks_g6() -
         assert [r for r in s.end().rules() if r.startswith("G6")] == rules, requested
 
 
+def _held_up_ack(sent: float) -> Story:
+    """Session 1 (client c1) is pushed offset 2 and acks it at ``sent``; a stall of the
+    shard->c1 link from 0.34 holds the ACKED reply (cursor 3) until 0.9. Meanwhile c2
+    takes the subscription over (cursor 3), acks offset 3 and gets cursor 4 at 0.632."""
+    s = clean()  # session 1: cursor 1 confirmed at 0.132, cursor 2 at 0.232
+    s.h.meta["liveness"] = []
+    s.publish(0.3, "c", 2).deliver(0.32, 2, "c")
+    if sent < 0.34:
+        s.ack_sent(sent, 2)
+    s.add(h.FaultInjected(0.34, "stall", "shard-0->c1", "begin"))
+    s.subscribe(0.5, 2, created=False, cursor=3, subscriber="c2/n")
+    s.publish(0.6, "d", 3).deliver(0.62, 3, "d", session=2, subscriber="c2/n")
+    s.ack(0.63, 3, 4, session=2, subscriber="c2/n")
+    if sent >= 0.34:
+        s.ack_sent(sent, 2)
+    s.add(h.FaultInjected(0.9, "stall", "shard-0->c1", "end"))
+    s.ack_confirmed(0.9, 2, 3, sent=sent)
+    s.add(h.SessionEnded(0.9, "c1/n", 1, "t", "taken_over"))
+    return s.end()
+
+
+def test_an_ack_reply_held_up_past_a_takeover_is_no_cursor_moving_back() -> None:
+    """G6: an ACKED reports the cursor of when the shard answered it, which may be any
+    time before it arrives (a stall): acks another session got confirmed meanwhile need
+    not be in it, only those confirmed before the ACK was sent."""
+    report = check(_held_up_ack(0.33).h)
+    assert report.ok, report.summary()
+
+
+def test_an_ack_reply_below_a_cursor_confirmed_before_the_ack_was_sent_breaks_g6() -> None:
+    """G6: the shard had cursor 4 before it could see an ACK sent after that was
+    confirmed (to any session), so its ACKED cannot report cursor 3."""
+    assert "G6/cursor-moved-back" in _held_up_ack(0.7).rules()
+
+
+def test_an_ack_reply_below_one_earlier_on_its_own_session_breaks_g6() -> None:
+    """G6: one connection keeps the order of replies, so an ACKED that arrives after
+    another on its session reports a cursor at least as high, however close the two
+    (here the second ACK was sent before the first reply came: no other rule applies)."""
+    for second, rules in ((4, []), (2, ["G6/cursor-moved-back"])):
+        s = clean()  # session 1 acks 0 and 1: cursor 2 confirmed at 0.232
+        s.publish(0.3, "c", 2).publish(0.3, "d", 3)
+        s.deliver(0.32, 2, "c").deliver(0.32, 3, "d")
+        s.ack_sent(0.33, 2).ack_sent(0.331, 3)
+        s.ack_confirmed(0.34, 2, 3, sent=0.33).ack_confirmed(0.341, 3, second, sent=0.331)
+        assert [r for r in s.end().rules() if r.startswith("G6")] == rules, second
+
+
 def test_subscriber_left_on_an_old_generation_is_not_live() -> None:
     s = clean().add(h.FaultInjected(0.3, "crash", "shard-0", "instant")).hello(0.4, G2, "c2")
     assert "liveness/stale-generation" in s.end().rules()
@@ -320,6 +379,7 @@ def test_publish_after_heal_that_never_succeeds_is_not_live() -> None:
     h.PublishAttempted(1.5, "p", 3, "t", "x", 2),
     h.Subscribed(2.0, "c/n", 4, "c", 1, "t", None, G, True, 0, 0, False, 5, None, 1.9, G2),
     h.AckSent(3.0, "c/n", 4, "t", G, (1, 2), -1),
+    h.AckConfirmed(3.5, "c/n", 4, "t", G, (1,), -1, 3, 3.0),
     h.FaultInjected(4.0, "partition", "a->b", "begin"),
 ])
 def test_events_round_trip_through_json(event: h.Event, tmp_path: Any) -> None:
