@@ -264,6 +264,34 @@ def test_deleting_an_ephemeral_subscription_whose_session_goes_on_breaks_g6() ->
     assert _ephemeral(gone=1.0, fault=False, ended=0.9).rules() == []   # the client closed
 
 
+def _named_gone(trim_first: bool, gone: float = 5.0) -> Story:
+    """Subscription ``n`` is pushed offset 0 and unsubscribes at 0.5 without acking it;
+    its shard deletes it at ``gone`` (past inactive_time) and trims offset 0 at 5.0."""
+    s = Story(oracle=True, liveness=False).hello(0.0).subscribe(0.01)
+    s.publish(0.1, "a", 0).deliver(0.12, 0, "a")
+    s.add(h.SessionEnded(0.5, "c1/n", 1, "t", "unsubscribed"))
+    trim, deletion = h.Trimmed(5.0, 0, G, "t", 0, 1), h.SubscriptionGone(gone, 0, G, "t", "n")
+    for event in (trim, deletion) if trim_first else (deletion, trim):
+        s.add(event)
+    return s.end(20.0)
+
+
+def test_trimming_what_a_deleted_named_subscription_had_not_acked_is_allowed() -> None:
+    """G5: once its shard deleted the subscription (the oracle), its unacked messages
+    may go, at the same instant too if the deletion came first."""
+    for gone in (4.9, 5.0):
+        report = check(_named_gone(trim_first=False, gone=gone).h)
+        assert report.ok, (gone, report.summary())
+
+
+def test_trimming_what_a_named_subscription_has_not_acked_before_deleting_it_breaks_g5() -> None:
+    """G5: a trim before the deletion in the history broke the rule, even at the same
+    instant (the shard's cleanup still had the subscription's cursor to respect)."""
+    for gone in (5.0, 5.1):
+        rules = _named_gone(trim_first=True, gone=gone).rules()
+        assert rules == ["G5/deleted-unacked"], (gone, rules)
+
+
 def test_deleting_a_subscription_before_inactive_time_breaks_g6() -> None:
     s = clean().add(h.SessionEnded(1.0, "c1/n", 1, "t", "unsubscribed"))
     s.add(h.SubscriptionGone(2.0, 0, G, "t", "n"))

@@ -89,7 +89,7 @@ class Incarnation:
     events: list[h.Event] = field(default_factory=list)   # every session's, in order
     deleted_at: float | None = None
     died_with_shard: bool = False     # deleted because its shard incarnation ended (G7)
-    # ephemeral: where in the history the oracle says its shard deleted it (an index into
+    # where in the history the oracle says its shard deleted it (an index into
     # ``history.events``: a trim at the same instant may come before or after that)
     deleted_event: int | None = None
 
@@ -134,7 +134,7 @@ class Index:
             elif isinstance(event, h.SubscriptionGone):
                 inc = self._current.pop((event.topic, event.generation, event.name), None)
                 if inc is not None:
-                    inc.deleted_at = event.t
+                    inc.deleted_at, inc.deleted_event = event.t, position
             elif isinstance(event, h.EphemeralGone):
                 session = self.sessions.get(event.session)
                 if session is not None:
@@ -147,7 +147,8 @@ class Index:
                 self.stopped.setdefault(event.generation, event.t)
                 for key in [k for k in self._current if k[1] == event.generation]:
                     inc = self._current.pop(key)
-                    inc.deleted_at, inc.died_with_shard = event.t, True
+                    inc.deleted_at, inc.deleted_event = event.t, position
+                    inc.died_with_shard = True
             elif isinstance(event, h.FaultInjected):
                 self._fault(event, open_faults)
             elif isinstance(event, h.Phase) and event.name == "heal":
