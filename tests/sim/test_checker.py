@@ -298,6 +298,44 @@ def test_deleting_a_subscription_before_inactive_time_breaks_g6() -> None:
     assert "G6/deleted-too-early" in Story.rules(s)
 
 
+def _held_up_pushes(*, partition: bool) -> Story:
+    """Subscription ``n`` never acks offset 0: pushes at 27.01 and 28.51 (period 1.5),
+    the third sent at 30.01 and SubscriptionInactive at 30.51, when its timeout ran out.
+    With ``partition``, c1<->shard-0 holds both from 29.0 until 31.0; without, they
+    arrive at 31.0 anyway (late). The shard deletes it at 34.6 (inactive_time 4 s)."""
+    s = Story(oracle=True, liveness=False).hello(0.0).subscribe(26.0).publish(26.5, "a", 0)
+    s.deliver(27.01, 0, "a").deliver(28.51, 0, "a", attempt=2)
+    if partition:
+        s.add(h.FaultInjected(29.0, "partition", "c1<->shard-0", "begin"))
+        s.add(h.FaultInjected(31.0, "partition", "c1<->shard-0", "end"))
+    s.deliver(31.0, 0, "a", attempt=3)
+    s.add(h.SessionEnded(31.0, "c1/n", 1, "t", "inactive"))
+    s.add(h.SubscriptionGone(34.6, 0, G, "t", "n"))
+    return s.end(40.0)
+
+
+def test_a_deletion_after_pushes_held_up_by_a_partition_is_not_too_early() -> None:
+    """G6: a push that arrives when a partition heals may have been sent long before,
+    so it shows the session attached only as late as the last push over a quiet link."""
+    report = check(_held_up_pushes(partition=True).h)
+    assert report.ok, report.summary()
+    assert "G6/deleted-too-early" in _held_up_pushes(partition=False).rules()
+
+
+def test_a_deletion_within_inactive_time_of_a_confirmed_ack_is_too_early() -> None:
+    """G6: the shard handled a confirmed ACK after it was sent, attached, however long
+    its reply took: inactive_time runs from then at the earliest."""
+    s = Story(oracle=True, liveness=False).hello(0.0).subscribe(26.0).publish(26.5, "a", 0)
+    s.deliver(27.01, 0, "a")
+    s.add(h.FaultInjected(29.0, "partition", "c1<->shard-0", "begin"))
+    s.ack_sent(30.9, 0)
+    s.add(h.FaultInjected(31.0, "partition", "c1<->shard-0", "end"))
+    s.ack_confirmed(31.0, 0, 1, sent=30.9)
+    s.add(h.SessionEnded(31.05, "c1/n", 1, "t", "unsubscribed"))
+    s.add(h.SubscriptionGone(34.6, 0, G, "t", "n"))
+    assert "G6/deleted-too-early" in s.end(40.0).rules()
+
+
 def test_keeping_an_inactive_subscription_too_long_breaks_g6() -> None:
     s = Story(oracle=True, liveness=False).hello(0.0).subscribe(0.01)
     s.add(h.SessionEnded(1.0, "c1/n", 1, "t", "unsubscribed"))

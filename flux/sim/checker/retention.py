@@ -126,7 +126,6 @@ def _check_ephemeral_deletions(index: Index, report: Report) -> None:
 def _check_subscription_lifetimes(index: Index, report: Report) -> None:
     p = index.params
     oracle = bool(index.history.meta.get("oracle", False))
-    lat = p.latency
     by_key: dict[tuple[str, int, str | None], list[Incarnation]] = {}
     for inc in index.incarnations:
         if inc.name is not None:
@@ -134,8 +133,8 @@ def _check_subscription_lifetimes(index: Index, report: Report) -> None:
     for incs in by_key.values():
         for i, inc in enumerate(incs):
             successor = incs[i + 1] if i + 1 < len(incs) else None
-            evidence = max(s.last_evidence for s in inc.sessions)
-            earliest = evidence - lat + p.inactive_time
+            evidence = max(index.last_attached(s) for s in inc.sessions)
+            earliest = evidence + p.inactive_time
             gone = inc.deleted_at
             if gone is None and successor is not None:
                 gone = successor.created_at  # deleted at the latest when re-created
