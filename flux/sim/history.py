@@ -156,7 +156,8 @@ class AckSent(Event):
 @_event
 @dataclass(frozen=True, slots=True)
 class AckConfirmed(Event):
-    """The shard confirmed acks; ``cursor`` is the subscription's lowest unacked offset."""
+    """The shard confirmed acks (the ACKED reply to the ACK sent at ``requested``, its
+    AckSent); ``cursor`` is the subscription's lowest unacked offset when it answered."""
 
     kind: ClassVar[str] = "ack_confirmed"
     subscriber: str
@@ -166,6 +167,7 @@ class AckConfirmed(Event):
     offsets: tuple[int, ...]    # explicit offsets the shard accepted
     through: int
     cursor: int
+    requested: float            # when the ACK was sent
 
 
 @_event

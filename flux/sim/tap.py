@@ -121,7 +121,7 @@ class WireTap:
             rid, sid, generation, offsets, through = frame[1:6]
             s = self.sessions.get(sid)
             if s is not None:
-                self.pending[rid] = ("ack", s, tuple(offsets), through)
+                self.pending[rid] = ("ack", s, tuple(offsets), through, now)
                 self._add(h.AckSent(now, s.subscriber, s.id, s.topic, generation,
                                     tuple(offsets), through))
 
@@ -199,11 +199,11 @@ class WireTap:
         pending = self.pending.pop(rid, None)
         if pending is None or pending[0] != "ack":
             return
-        _, s, offsets, through = pending
+        _, s, offsets, through, sent = pending
         refused_offsets = {item[0] for item in refused}
         accepted = tuple(o for o in offsets if o not in refused_offsets)
         self._add(h.AckConfirmed(now, s.subscriber, s.id, s.topic, s.generation, accepted,
-                                 through, cursor))
+                                 through, cursor, sent))
         for offset, code, _message in refused:
             self._add(h.AckRefused(now, s.subscriber, s.id, s.topic, s.generation, offset,
                                    error_name(code)))

@@ -59,10 +59,21 @@ class Story:
         return self.add(h.Consumed(t, subscriber, "t", generation, offset, message_id, attempt))
 
     def ack(self, t: float, offset: int, cursor: int, session: int = 1,
-            generation: int = G) -> Story:
-        self.add(h.AckSent(t, "c1/n", session, "t", generation, (offset,), -1))
-        return self.add(h.AckConfirmed(t + 0.002, "c1/n", session, "t", generation, (offset,),
-                                       -1, cursor))
+            generation: int = G, subscriber: str = "c1/n") -> Story:
+        self.ack_sent(t, offset, session, generation, subscriber)
+        return self.ack_confirmed(t + 0.002, offset, cursor, session, generation, subscriber,
+                                  sent=t)
+
+    def ack_sent(self, t: float, offset: int, session: int = 1, generation: int = G,
+                 subscriber: str = "c1/n") -> Story:
+        return self.add(h.AckSent(t, subscriber, session, "t", generation, (offset,), -1))
+
+    def ack_confirmed(self, t: float, offset: int, cursor: int, session: int = 1,
+                      generation: int = G, subscriber: str = "c1/n", *,
+                      sent: float) -> Story:
+        """The ACKED reply, at ``t``, to the ACK of ``offset`` sent at ``sent``."""
+        return self.add(h.AckConfirmed(t, subscriber, session, "t", generation, (offset,), -1,
+                                       cursor, sent))
 
     def end(self, t: float = 10.0) -> Story:
         self.add(h.Phase(1.0 if not self.h.events else min(t, 5.0), "heal"))
@@ -253,10 +264,76 @@ def test_deleting_an_ephemeral_subscription_whose_session_goes_on_breaks_g6() ->
     assert _ephemeral(gone=1.0, fault=False, ended=0.9).rules() == []   # the client closed
 
 
+def _named_gone(trim_first: bool, gone: float = 5.0) -> Story:
+    """Subscription ``n`` is pushed offset 0 and unsubscribes at 0.5 without acking it;
+    its shard deletes it at ``gone`` (past inactive_time) and trims offset 0 at 5.0."""
+    s = Story(oracle=True, liveness=False).hello(0.0).subscribe(0.01)
+    s.publish(0.1, "a", 0).deliver(0.12, 0, "a")
+    s.add(h.SessionEnded(0.5, "c1/n", 1, "t", "unsubscribed"))
+    trim, deletion = h.Trimmed(5.0, 0, G, "t", 0, 1), h.SubscriptionGone(gone, 0, G, "t", "n")
+    for event in (trim, deletion) if trim_first else (deletion, trim):
+        s.add(event)
+    return s.end(20.0)
+
+
+def test_trimming_what_a_deleted_named_subscription_had_not_acked_is_allowed() -> None:
+    """G5: once its shard deleted the subscription (the oracle), its unacked messages
+    may go, at the same instant too if the deletion came first."""
+    for gone in (4.9, 5.0):
+        report = check(_named_gone(trim_first=False, gone=gone).h)
+        assert report.ok, (gone, report.summary())
+
+
+def test_trimming_what_a_named_subscription_has_not_acked_before_deleting_it_breaks_g5() -> None:
+    """G5: a trim before the deletion in the history broke the rule, even at the same
+    instant (the shard's cleanup still had the subscription's cursor to respect)."""
+    for gone in (5.0, 5.1):
+        rules = _named_gone(trim_first=True, gone=gone).rules()
+        assert rules == ["G5/deleted-unacked"], (gone, rules)
+
+
 def test_deleting_a_subscription_before_inactive_time_breaks_g6() -> None:
     s = clean().add(h.SessionEnded(1.0, "c1/n", 1, "t", "unsubscribed"))
     s.add(h.SubscriptionGone(2.0, 0, G, "t", "n"))
     assert "G6/deleted-too-early" in Story.rules(s)
+
+
+def _held_up_pushes(*, partition: bool) -> Story:
+    """Subscription ``n`` never acks offset 0: pushes at 27.01 and 28.51 (period 1.5),
+    the third sent at 30.01 and SubscriptionInactive at 30.51, when its timeout ran out.
+    With ``partition``, c1<->shard-0 holds both from 29.0 until 31.0; without, they
+    arrive at 31.0 anyway (late). The shard deletes it at 34.6 (inactive_time 4 s)."""
+    s = Story(oracle=True, liveness=False).hello(0.0).subscribe(26.0).publish(26.5, "a", 0)
+    s.deliver(27.01, 0, "a").deliver(28.51, 0, "a", attempt=2)
+    if partition:
+        s.add(h.FaultInjected(29.0, "partition", "c1<->shard-0", "begin"))
+        s.add(h.FaultInjected(31.0, "partition", "c1<->shard-0", "end"))
+    s.deliver(31.0, 0, "a", attempt=3)
+    s.add(h.SessionEnded(31.0, "c1/n", 1, "t", "inactive"))
+    s.add(h.SubscriptionGone(34.6, 0, G, "t", "n"))
+    return s.end(40.0)
+
+
+def test_a_deletion_after_pushes_held_up_by_a_partition_is_not_too_early() -> None:
+    """G6: a push that arrives when a partition heals may have been sent long before,
+    so it shows the session attached only as late as the last push over a quiet link."""
+    report = check(_held_up_pushes(partition=True).h)
+    assert report.ok, report.summary()
+    assert "G6/deleted-too-early" in _held_up_pushes(partition=False).rules()
+
+
+def test_a_deletion_within_inactive_time_of_a_confirmed_ack_is_too_early() -> None:
+    """G6: the shard handled a confirmed ACK after it was sent, attached, however long
+    its reply took: inactive_time runs from then at the earliest."""
+    s = Story(oracle=True, liveness=False).hello(0.0).subscribe(26.0).publish(26.5, "a", 0)
+    s.deliver(27.01, 0, "a")
+    s.add(h.FaultInjected(29.0, "partition", "c1<->shard-0", "begin"))
+    s.ack_sent(30.9, 0)
+    s.add(h.FaultInjected(31.0, "partition", "c1<->shard-0", "end"))
+    s.ack_confirmed(31.0, 0, 1, sent=30.9)
+    s.add(h.SessionEnded(31.05, "c1/n", 1, "t", "unsubscribed"))
+    s.add(h.SubscriptionGone(34.6, 0, G, "t", "n"))
+    assert "G6/deleted-too-early" in s.end(40.0).rules()
 
 
 def test_keeping_an_inactive_subscription_too_long_breaks_g6() -> None:
@@ -283,6 +360,54 @@ def test_a_resume_below_a_cursor_confirmed_before_it_was_asked_for_breaks_g6() -
         s.add(h.SessionEnded(0.61, "c1/n", 2, "t", "taken_over"))
         s.subscribe(0.7, 3, created=False, cursor=2)
         assert [r for r in s.end().rules() if r.startswith("G6")] == rules, requested
+
+
+def _held_up_ack(sent: float) -> Story:
+    """Session 1 (client c1) is pushed offset 2 and acks it at ``sent``; a stall of the
+    shard->c1 link from 0.34 holds the ACKED reply (cursor 3) until 0.9. Meanwhile c2
+    takes the subscription over (cursor 3), acks offset 3 and gets cursor 4 at 0.632."""
+    s = clean()  # session 1: cursor 1 confirmed at 0.132, cursor 2 at 0.232
+    s.h.meta["liveness"] = []
+    s.publish(0.3, "c", 2).deliver(0.32, 2, "c")
+    if sent < 0.34:
+        s.ack_sent(sent, 2)
+    s.add(h.FaultInjected(0.34, "stall", "shard-0->c1", "begin"))
+    s.subscribe(0.5, 2, created=False, cursor=3, subscriber="c2/n")
+    s.publish(0.6, "d", 3).deliver(0.62, 3, "d", session=2, subscriber="c2/n")
+    s.ack(0.63, 3, 4, session=2, subscriber="c2/n")
+    if sent >= 0.34:
+        s.ack_sent(sent, 2)
+    s.add(h.FaultInjected(0.9, "stall", "shard-0->c1", "end"))
+    s.ack_confirmed(0.9, 2, 3, sent=sent)
+    s.add(h.SessionEnded(0.9, "c1/n", 1, "t", "taken_over"))
+    return s.end()
+
+
+def test_an_ack_reply_held_up_past_a_takeover_is_no_cursor_moving_back() -> None:
+    """G6: an ACKED reports the cursor of when the shard answered it, which may be any
+    time before it arrives (a stall): acks another session got confirmed meanwhile need
+    not be in it, only those confirmed before the ACK was sent."""
+    report = check(_held_up_ack(0.33).h)
+    assert report.ok, report.summary()
+
+
+def test_an_ack_reply_below_a_cursor_confirmed_before_the_ack_was_sent_breaks_g6() -> None:
+    """G6: the shard had cursor 4 before it could see an ACK sent after that was
+    confirmed (to any session), so its ACKED cannot report cursor 3."""
+    assert "G6/cursor-moved-back" in _held_up_ack(0.7).rules()
+
+
+def test_an_ack_reply_below_one_earlier_on_its_own_session_breaks_g6() -> None:
+    """G6: one connection keeps the order of replies, so an ACKED that arrives after
+    another on its session reports a cursor at least as high, however close the two
+    (here the second ACK was sent before the first reply came: no other rule applies)."""
+    for second, rules in ((4, []), (2, ["G6/cursor-moved-back"])):
+        s = clean()  # session 1 acks 0 and 1: cursor 2 confirmed at 0.232
+        s.publish(0.3, "c", 2).publish(0.3, "d", 3)
+        s.deliver(0.32, 2, "c").deliver(0.32, 3, "d")
+        s.ack_sent(0.33, 2).ack_sent(0.331, 3)
+        s.ack_confirmed(0.34, 2, 3, sent=0.33).ack_confirmed(0.341, 3, second, sent=0.331)
+        assert [r for r in s.end().rules() if r.startswith("G6")] == rules, second
 
 
 def test_subscriber_left_on_an_old_generation_is_not_live() -> None:
@@ -320,6 +445,7 @@ def test_publish_after_heal_that_never_succeeds_is_not_live() -> None:
     h.PublishAttempted(1.5, "p", 3, "t", "x", 2),
     h.Subscribed(2.0, "c/n", 4, "c", 1, "t", None, G, True, 0, 0, False, 5, None, 1.9, G2),
     h.AckSent(3.0, "c/n", 4, "t", G, (1, 2), -1),
+    h.AckConfirmed(3.5, "c/n", 4, "t", G, (1,), -1, 3, 3.0),
     h.FaultInjected(4.0, "partition", "a->b", "begin"),
 ])
 def test_events_round_trip_through_json(event: h.Event, tmp_path: Any) -> None:

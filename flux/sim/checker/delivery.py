@@ -23,27 +23,25 @@ class _State:
 
 
 class _Confirmed:
-    """Acks the shard confirmed to any session of one subscription, with when and where.
+    """Acks and cursors the shard confirmed to any session of one subscription, with
+    when (the reply's arrival) and where.
 
-    Replies on one connection arrive in the order the shard sent them; across two
-    connections only events further apart than the latency bound are ordered.
+    The shard's cursor never moves back. Replies on one connection arrive in the order
+    the shard sent them; across connections a reply may be held up for any time (a
+    stall), so only a reply that arrived before a request was sent surely came from
+    an earlier state of the shard than that request's answer.
     """
 
-    def __init__(self, latency: float) -> None:
-        self.latency = latency
+    def __init__(self) -> None:
         self.cursors: list[tuple[float, int, int]] = []      # (t, session, cursor)
         self.offsets: dict[int, list[tuple[float, int]]] = {}  # offset -> [(t, session)]
 
-    def _before(self, t: float, session: int, at: float, where: int) -> bool:
-        return where == session or at < t - self.latency
-
-    def cursor(self, session: int, t: float) -> int:
-        """The highest cursor surely confirmed before ``t`` as seen from ``session``."""
-        best = -1
-        for at, where, cursor in self.cursors:
-            if cursor > best and self._before(t, session, at, where):
-                best = cursor
-        return best
+    def cursor_before(self, session: int, sent: float) -> int:
+        """The highest cursor the shard surely had before it answered a request that
+        ``session`` sent at ``sent``: one confirmed earlier to that session (its
+        connection keeps order) or to any session before ``sent``."""
+        return max((cursor for at, where, cursor in self.cursors
+                    if where == session or at < sent), default=-1)
 
     def cursor_sent_before(self, t: float) -> int:
         """The highest cursor confirmed to any session before ``t``: the shard had moved
@@ -55,8 +53,7 @@ class _Confirmed:
         confirmed to that session (replies on one connection keep their order), or to
         another one before ``since``, when ``session``'s SUBSCRIBE was sent (a push of
         it can only follow that, however slow the links)."""
-        mine = max((c for _, where, c in self.cursors if where == session), default=-1)
-        if offset < max(mine, self.cursor_sent_before(since)):
+        if offset < self.cursor_before(session, since):
             return True
         return any(where == session or at < since for at, where in self.offsets.get(offset, ()))
 
@@ -70,7 +67,7 @@ def check(index: Index, report: Report) -> None:
 
 def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
     states: dict[int, _State] = {}
-    confirmed = _Confirmed(index.params.latency)
+    confirmed = _Confirmed()
     redeliveries = 0
     for e in inc.events:
         if isinstance(e, h.Subscribed):
@@ -106,10 +103,13 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
         elif isinstance(e, h.AckConfirmed):
             for o in set(e.offsets) | {o for o in st.delivered if o <= e.through}:
                 confirmed.offsets.setdefault(o, []).append((e.t, e.session))
-            before = confirmed.cursor(e.session, e.t)
+            # the shard answered the ACK some time after it was sent: a reply held up on
+            # its way may arrive after another session's acks moved the cursor on
+            before = confirmed.cursor_before(e.session, e.requested)
             if e.cursor < before:
                 report.add("G6", "cursor-moved-back", e.t,
-                           f"{e.subscriber}: ACKED cursor {e.cursor} below earlier cursor {before}")
+                           f"{e.subscriber}: ACKED cursor {e.cursor} below the cursor {before}"
+                           " confirmed before the ACK was sent")
             confirmed.cursors.append((e.t, e.session, e.cursor))
         elif isinstance(e, h.AckRefused) and e.error == "NotDelivered" \
                 and e.offset in st.delivered and session.end is None:

@@ -65,15 +65,6 @@ class Session:
         asked = self.sub.asked_max_in_flight
         return min(asked, cap) if asked else cap
 
-    @property
-    def last_evidence(self) -> float:
-        """The last time the shard showed this session attached (a reply or a push)."""
-        t = self.sub.t
-        for e in self.events:
-            if isinstance(e, (h.Delivered, h.AckConfirmed)):
-                t = max(t, e.t)
-        return t
-
 
 @dataclass(eq=False)
 class Incarnation:
@@ -89,7 +80,7 @@ class Incarnation:
     events: list[h.Event] = field(default_factory=list)   # every session's, in order
     deleted_at: float | None = None
     died_with_shard: bool = False     # deleted because its shard incarnation ended (G7)
-    # ephemeral: where in the history the oracle says its shard deleted it (an index into
+    # where in the history the oracle says its shard deleted it (an index into
     # ``history.events``: a trim at the same instant may come before or after that)
     deleted_event: int | None = None
 
@@ -134,7 +125,7 @@ class Index:
             elif isinstance(event, h.SubscriptionGone):
                 inc = self._current.pop((event.topic, event.generation, event.name), None)
                 if inc is not None:
-                    inc.deleted_at = event.t
+                    inc.deleted_at, inc.deleted_event = event.t, position
             elif isinstance(event, h.EphemeralGone):
                 session = self.sessions.get(event.session)
                 if session is not None:
@@ -147,7 +138,8 @@ class Index:
                 self.stopped.setdefault(event.generation, event.t)
                 for key in [k for k in self._current if k[1] == event.generation]:
                     inc = self._current.pop(key)
-                    inc.deleted_at, inc.died_with_shard = event.t, True
+                    inc.deleted_at, inc.deleted_event = event.t, position
+                    inc.died_with_shard = True
             elif isinstance(event, h.FaultInjected):
                 self._fault(event, open_faults)
             elif isinstance(event, h.Phase) and event.name == "heal":
@@ -190,6 +182,22 @@ class Index:
         else:  # an instant fault
             self.disturbances.append(Disturbance(event.fault, _hosts(event.target), event.t,
                                                  event.t))
+
+    def last_attached(self, session: Session) -> float:
+        """A time at which the shard surely had ``session`` attached, as late as the
+        history shows: when it handled the SUBSCRIBE or an ACK it confirmed (after they
+        were sent, however slow the links), or sent a reply or push that arrived at
+        ``t`` over a link no fault touched (within the latency bound before ``t``)."""
+        lat = self.params.latency
+        hosts = (session.sub.client, session.host)
+        latest = session.sub.requested
+        for e in (session.sub, *session.events):
+            if isinstance(e, h.AckConfirmed):
+                latest = max(latest, e.requested)
+            if isinstance(e, (h.Subscribed, h.Delivered, h.AckConfirmed)) and e.t - lat > latest \
+                    and self.quiet(hosts, e.t - lat, e.t):
+                latest = e.t - lat
+        return latest
 
     def quiet(self, hosts: tuple[str, ...], t1: float, t2: float) -> bool:
         """No fault touched any of ``hosts`` between ``t1`` and ``t2`` (with a margin)."""

@@ -85,15 +85,14 @@ def _held_for(index: Index, inc: Incarnation, offset: int, t: float, position: i
     had to ack ``offset`` first."""
     if offset < inc.start:
         return False
-    if inc.deleted_at is not None and inc.deleted_at <= t:
+    # not once its shard deleted it (the oracle's word; for an ephemeral one the client
+    # may not have heard of it yet, its session having ended on the shard's side): by
+    # history order, so a trim at the same instant but before the deletion is checked
+    if inc.deleted_event is not None and inc.deleted_event < position:
         return False
     if inc.name is not None:
         return True
-    # ephemeral: not once its shard deleted it (the oracle's word: the client may not have
-    # heard of it yet, its session having ended on the shard's side) ...
-    if inc.deleted_event is not None and inc.deleted_event < position:
-        return False
-    # ... and only while its one session is surely attached
+    # ephemeral: only while its one session is surely attached
     session = inc.sessions[0]
     lat = index.params.latency
     if session.sub.t > t - lat:
@@ -109,7 +108,7 @@ def _check_ephemeral_deletions(index: Index, report: Report) -> None:
     bound, or it ended the session itself: a deletion it never hears of is not one."""
     lat = index.params.latency
     for inc in index.incarnations:
-        if inc.deleted_event is None:
+        if inc.name is not None or inc.deleted_event is None:
             continue
         gone = index.history.events[inc.deleted_event].t
         session = inc.sessions[0]
@@ -127,7 +126,6 @@ def _check_ephemeral_deletions(index: Index, report: Report) -> None:
 def _check_subscription_lifetimes(index: Index, report: Report) -> None:
     p = index.params
     oracle = bool(index.history.meta.get("oracle", False))
-    lat = p.latency
     by_key: dict[tuple[str, int, str | None], list[Incarnation]] = {}
     for inc in index.incarnations:
         if inc.name is not None:
@@ -135,8 +133,8 @@ def _check_subscription_lifetimes(index: Index, report: Report) -> None:
     for incs in by_key.values():
         for i, inc in enumerate(incs):
             successor = incs[i + 1] if i + 1 < len(incs) else None
-            evidence = max(s.last_evidence for s in inc.sessions)
-            earliest = evidence - lat + p.inactive_time
+            evidence = max(index.last_attached(s) for s in inc.sessions)
+            earliest = evidence + p.inactive_time
             gone = inc.deleted_at
             if gone is None and successor is not None:
                 gone = successor.created_at  # deleted at the latest when re-created
