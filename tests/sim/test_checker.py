@@ -257,6 +257,27 @@ def test_an_old_generation_reply_late_over_a_quiet_link_breaks_g7() -> None:
     assert "G7/two-incarnations" in s.end().rules()
 
 
+def test_an_old_generation_publish_ack_held_up_is_not_two_incarnations() -> None:
+    """G7: a publish sent before the crash may be acked by the old generation long after
+    the new one answered, when a partition held the PUBLISHED reply."""
+    s = _crash_and_restart()
+    s.add(h.PublishAttempted(0.25, "p", 7, "t", "x", 1))
+    _partition(s, 0.26, 2.0, client="p")
+    s.add(h.PublishAcked(2.0, "p", 7, "t", "x", G, 2, False))
+    report = check(s.end().h)
+    assert "G7/two-incarnations" not in report.rules(), report.summary()
+
+
+def test_an_old_generation_acking_a_publish_sent_after_the_new_one_answered_breaks_g7() -> None:
+    """G7: a PUBLISHED reply names the generation that stored the message: the old one
+    stored a publish sent after the new one answered, however long its reply was held."""
+    s = _crash_and_restart()
+    s.add(h.PublishAttempted(0.5, "p", 7, "t", "x", 1))
+    _partition(s, 0.45, 2.0, client="p")
+    s.add(h.PublishAcked(2.0, "p", 7, "t", "x", G, 2, False))
+    assert "G7/two-incarnations" in s.end().rules()
+
+
 def test_an_old_generation_subscribed_reply_to_a_later_subscribe_breaks_g7() -> None:
     """G7: a SUBSCRIBED names the shard and its generation too: the old generation answered
     a SUBSCRIBE sent after the new one answered a HELLO."""

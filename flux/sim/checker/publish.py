@@ -90,10 +90,10 @@ def _check_generations(index: Index, report: Report) -> None:
 
 
 def _check_overlap(index: Index, report: Report) -> None:
-    """Each reply of a shard incarnation (HELLO_OK, SUBSCRIBED: they name the shard and its
-    generation) shows it up at the instant it sent that reply, some time between when the
-    request was sent (the shard handled it first) and when the reply arrived; over a link
-    no fault touched, also within the latency bound before the arrival. So generation g was
+    """Each reply of a shard incarnation that names its generation (HELLO_OK, SUBSCRIBED,
+    PUBLISHED; the first two also name the shard) shows it up when it sent that reply:
+    after the request was sent (the shard handled it first), before the reply arrived,
+    and over a link no fault touched, within the latency bound before the arrival. So generation g was
     up at some instant no later than ``early[g]`` (its first reply's arrival) and at some
     instant no earlier than ``late[g]`` (the latest such lower bound): it was up throughout
     between them. Two incarnations that were never up at once can be put one after the
@@ -104,16 +104,32 @@ def _check_overlap(index: Index, report: Report) -> None:
     late: dict[tuple[int, int], float] = {}
     generations: dict[int, list[int]] = {}
     flagged: set[tuple[int, int, int]] = set()
+    shard_of: dict[int, int | None] = {}   # generation -> shard (None: named by two)
+    attempted: dict[tuple[str, int, str, str], float] = {}
     for e in index.history:
-        if isinstance(e, (h.ShardHello, h.Subscribed)):
-            shard, sent = e.shard, e.requested
-        else:
+        client: str
+        if isinstance(e, h.PublishAttempted):
+            attempted.setdefault((e.producer, e.op, e.topic, e.id), e.t)
             continue
-        if shard < 0:
+        if isinstance(e, (h.ShardHello, h.Subscribed)):
+            shard, sent, client = e.shard, e.requested, e.client
+            if shard < 0:
+                continue
+            shard_of[e.generation] = shard if shard_of.get(e.generation, shard) == shard \
+                else None
+        elif isinstance(e, h.PublishAcked):
+            # the PUBLISHED reply to the request whose items the tap recorded as attempts
+            # (the earliest attempt with its request id is no later than that request)
+            found = shard_of.get(e.generation)
+            if found is None:
+                continue
+            shard, client = found, e.producer
+            sent = attempted.get((e.producer, e.op, e.topic, e.id))
+        else:
             continue
         key = (shard, e.generation)
         after = -math.inf if sent is None else sent
-        if e.t - lat > after and index.quiet((e.client, f"shard-{shard}"), e.t - lat, e.t):
+        if e.t - lat > after and index.quiet((client, f"shard-{shard}"), e.t - lat, e.t):
             after = e.t - lat
         if key not in early:
             early[key], late[key] = e.t, after
@@ -128,7 +144,7 @@ def _check_overlap(index: Index, report: Report) -> None:
                 continue
             flagged.add(pair)
             report.add("G7", "two-incarnations", e.t,
-                       f"{e.client} reached shard {shard} generation {e.generation:#x}, up at"
+                       f"{client} reached shard {shard} generation {e.generation:#x}, up at"
                        f" or after {late[key]:.6f}, while generation {other:#x} was up at or"
                        f" before {early[o]:.6f} and at or after {late[o]:.6f}; it was up"
                        f" at or before {early[key]:.6f}: both were up at once")
