@@ -217,6 +217,7 @@ class ShardHello(Event):
     client: str
     shard: int
     generation: int
+    requested: float | None = None  # when the HELLO was sent (None: not recorded)
 
 
 # -- the world -------------------------------------------------------------------------

@@ -103,7 +103,9 @@ class WireTap:
 
     def _out_frame(self, frame: list[Any], now: float) -> None:
         kind = frame[0]
-        if kind == P.PUBLISH:
+        if kind == P.HELLO:
+            self.pending[frame[1]] = ("hello", now)
+        elif kind == P.PUBLISH:
             rid, groups = frame[1], frame[2]
             items = [[(topic, message_id) for message_id in ids] for topic, ids, _ in groups]
             self.pending[rid] = ("publish", items)
@@ -170,10 +172,12 @@ class WireTap:
             if s is not None:
                 self._add(h.SessionEnded(now, s.subscriber, s.id, s.topic, "unsubscribed"))
         elif kind == P.HELLO_OK:
+            pending = self.pending.pop(frame[1], None)
             body = frame[2]
             if body.get("role") == "shard":
                 self.shard = body["index"]
-                self._add(h.ShardHello(now, self.client, self.shard, body["generation"]))
+                sent = pending[1] if pending is not None and pending[0] == "hello" else None
+                self._add(h.ShardHello(now, self.client, self.shard, body["generation"], sent))
         elif kind == P.ERROR:
             self._error(frame, now)
 

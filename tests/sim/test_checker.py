@@ -33,8 +33,9 @@ class Story:
         self.h.add(event)
         return self
 
-    def hello(self, t: float, generation: int = G, client: str = "c1") -> Story:
-        return self.add(h.ShardHello(t, client, 0, generation))
+    def hello(self, t: float, generation: int = G, client: str = "c1",
+              requested: float | None = None) -> Story:
+        return self.add(h.ShardHello(t, client, 0, generation, requested))
 
     def subscribe(self, t: float, session: int = 1, *, generation: int = G, created: bool = True,
                   start: int = 0, cursor: int = 0, asked: int | None = None,
@@ -198,6 +199,92 @@ def test_delivery_of_another_generation_on_a_session_breaks_g7() -> None:
 def test_an_old_generation_answering_after_a_new_one_breaks_g7() -> None:
     s = clean().add(h.FaultInjected(0.3, "crash", "shard-0", "instant"))
     s.hello(0.4, G2, client="c2").hello(0.5, G, client="c3")
+    assert "G7/two-incarnations" in s.end().rules()
+
+
+def _crash_and_restart() -> Story:
+    """Generation G serves shard 0 until it crashes at 0.3; c2 reaches the new generation
+    G2 with a HELLO sent at 0.39, answered at 0.4."""
+    s = clean().add(h.FaultInjected(0.3, "crash", "shard-0", "instant"))
+    return s.hello(0.4, G2, client="c2", requested=0.39)
+
+
+def _partition(s: Story, begin: float, end: float, client: str = "c3") -> Story:
+    s.add(h.FaultInjected(begin, "partition", f"{client}<->shard-0", "begin"))
+    return s.add(h.FaultInjected(end, "partition", f"{client}<->shard-0", "end"))
+
+
+def test_an_old_generation_reply_held_up_past_the_new_one_is_not_two_incarnations() -> None:
+    """G7: a HELLO sent before the crash may have its HELLO_OK held by a partition until
+    long after the new generation answered; the old incarnation sent it while it was up."""
+    s = _crash_and_restart()
+    s.add(h.FaultInjected(0.26, "partition", "c3<->shard-0", "begin"))
+    s.hello(2.0, G, client="c3", requested=0.25)
+    s.add(h.FaultInjected(2.0, "partition", "c3<->shard-0", "end"))
+    s.hello(2.5, G2, client="c3", requested=2.45)
+    s.hello(2.6, G2, requested=2.55).subscribe(2.7, session=2, generation=G2, requested=2.65)
+    report = check(s.end().h)
+    assert report.ok, report.summary()
+
+
+def test_an_old_generation_seen_only_after_the_new_one_is_not_two_incarnations() -> None:
+    """G7: the partition held every reply of the old generation, so the new one was seen
+    first; seeing the new one again afterwards is no return of an old incarnation."""
+    s = Story(liveness=False).add(h.FaultInjected(0.01, "partition", "c1<->shard-0", "begin"))
+    s.add(h.FaultInjected(0.3, "crash", "shard-0", "instant"))
+    s.hello(0.4, G2, client="c2", requested=0.39)
+    s.hello(2.0, G, client="c1", requested=0.0)
+    s.add(h.FaultInjected(2.0, "partition", "c1<->shard-0", "end"))
+    s.hello(2.5, G2, client="c2", requested=2.45)
+    report = check(s.end().h)
+    assert report.ok, report.summary()
+
+
+def test_an_old_generation_answering_a_hello_sent_after_the_new_one_answered_breaks_g7() -> None:
+    """G7: however long a partition held it, a reply to a HELLO sent after the new
+    generation had answered comes from an old incarnation still up after the new one."""
+    s = _crash_and_restart()
+    s.add(h.FaultInjected(0.45, "partition", "c3<->shard-0", "begin"))
+    s.hello(2.0, G, client="c3", requested=0.5)
+    s.add(h.FaultInjected(2.0, "partition", "c3<->shard-0", "end"))
+    assert "G7/two-incarnations" in s.end().rules()
+
+
+def test_an_old_generation_reply_late_over_a_quiet_link_breaks_g7() -> None:
+    """G7: over a link no fault touched, a reply arrives within the latency bound of being
+    sent, so one arriving well after the new generation answered was sent after it too."""
+    s = _crash_and_restart().hello(0.6, G, client="c3", requested=0.25)
+    assert "G7/two-incarnations" in s.end().rules()
+
+
+def test_an_old_generation_publish_ack_held_up_is_not_two_incarnations() -> None:
+    """G7: a publish sent before the crash may be acked by the old generation long after
+    the new one answered, when a partition held the PUBLISHED reply."""
+    s = _crash_and_restart()
+    s.add(h.PublishAttempted(0.25, "p", 7, "t", "x", 1))
+    _partition(s, 0.26, 2.0, client="p")
+    s.add(h.PublishAcked(2.0, "p", 7, "t", "x", G, 2, False))
+    report = check(s.end().h)
+    assert "G7/two-incarnations" not in report.rules(), report.summary()
+
+
+def test_an_old_generation_acking_a_publish_sent_after_the_new_one_answered_breaks_g7() -> None:
+    """G7: a PUBLISHED reply names the generation that stored the message: the old one
+    stored a publish sent after the new one answered, however long its reply was held."""
+    s = _crash_and_restart()
+    s.add(h.PublishAttempted(0.5, "p", 7, "t", "x", 1))
+    _partition(s, 0.45, 2.0, client="p")
+    s.add(h.PublishAcked(2.0, "p", 7, "t", "x", G, 2, False))
+    assert "G7/two-incarnations" in s.end().rules()
+
+
+def test_an_old_generation_subscribed_reply_to_a_later_subscribe_breaks_g7() -> None:
+    """G7: a SUBSCRIBED names the shard and its generation too: the old generation answered
+    a SUBSCRIBE sent after the new one answered a HELLO."""
+    s = _crash_and_restart()
+    s.add(h.FaultInjected(0.45, "partition", "c1<->shard-0", "begin"))
+    s.subscribe(2.0, session=2, created=False, requested=0.5)
+    s.add(h.FaultInjected(2.0, "partition", "c1<->shard-0", "end"))
     assert "G7/two-incarnations" in s.end().rules()
 
 

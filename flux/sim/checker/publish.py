@@ -3,6 +3,8 @@ message (G2), and one live incarnation per shard index (G7)."""
 
 from __future__ import annotations
 
+import math
+
 from flux.sim import history as h
 from flux.sim.checker import Report
 from flux.sim.checker.index import Index
@@ -66,26 +68,83 @@ def check(index: Index, report: Report) -> None:
 
 
 def _check_generations(index: Index, report: Report) -> None:
-    """A shard index has one incarnation at a time: an old generation never answers again."""
+    """G7: a shard index has one incarnation at a time, so two generations of one shard
+    were never both up at once, and a shard changes generation only when a fault
+    (on it, or on the router that restarts it) explains it."""
+    _check_overlap(index, report)
     current: dict[int, tuple[int, float]] = {}
     retired: dict[int, set[int]] = {}
-    lat = index.params.latency
     for e in index.history.of(h.ShardHello):
         now = current.get(e.shard)
-        if now is not None and now[0] == e.generation:
+        if now is None or now[0] == e.generation or e.generation in retired.get(e.shard, set()):
+            if now is None:
+                current[e.shard] = (e.generation, e.t)
             continue
-        if e.generation in retired.get(e.shard, set()):
-            if now is not None and e.t <= now[1] + lat:
-                continue  # an answer the old incarnation sent just before it died
-            report.add("G7", "two-incarnations", e.t,
-                       f"{e.client} reached shard {e.shard} generation {e.generation:#x} after a"
-                       f" newer generation {now[0] if now else 0:#x} had served it")
-            continue
-        if now is not None:
-            retired.setdefault(e.shard, set()).add(now[0])
-            hosts = (f"shard-{e.shard}", "router")
-            if index.quiet(hosts, now[1], e.t):
-                report.add("G7", "restart-without-cause", e.t,
-                           f"shard {e.shard} changed generation {now[0]:#x} -> {e.generation:#x}"
-                           " with no fault on it or the router")
+        retired.setdefault(e.shard, set()).add(now[0])
+        hosts = (f"shard-{e.shard}", "router")
+        if index.quiet(hosts, now[1], e.t):
+            report.add("G7", "restart-without-cause", e.t,
+                       f"shard {e.shard} changed generation {now[0]:#x} -> {e.generation:#x}"
+                       " with no fault on it or the router")
         current[e.shard] = (e.generation, e.t)
+
+
+def _check_overlap(index: Index, report: Report) -> None:
+    """Each reply of a shard incarnation that names its generation (HELLO_OK, SUBSCRIBED,
+    PUBLISHED; the first two also name the shard) shows it up when it sent that reply:
+    after the request was sent (the shard handled it first), before the reply arrived,
+    and over a link no fault touched, within the latency bound before the arrival. So generation g was
+    up at some instant no later than ``early[g]`` (its first reply's arrival) and at some
+    instant no earlier than ``late[g]`` (the latest such lower bound): it was up throughout
+    between them. Two incarnations that were never up at once can be put one after the
+    other only if ``late`` of the first is before ``early`` of the second; when neither
+    order fits, both were up at once, however long any frame was held on the way."""
+    lat = index.params.latency
+    early: dict[tuple[int, int], float] = {}
+    late: dict[tuple[int, int], float] = {}
+    generations: dict[int, list[int]] = {}
+    flagged: set[tuple[int, int, int]] = set()
+    shard_of: dict[int, int | None] = {}   # generation -> shard (None: named by two)
+    attempted: dict[tuple[str, int, str, str], float] = {}
+    for e in index.history:
+        client: str
+        if isinstance(e, h.PublishAttempted):
+            attempted.setdefault((e.producer, e.op, e.topic, e.id), e.t)
+            continue
+        if isinstance(e, (h.ShardHello, h.Subscribed)):
+            shard, sent, client = e.shard, e.requested, e.client
+            if shard < 0:
+                continue
+            shard_of[e.generation] = shard if shard_of.get(e.generation, shard) == shard \
+                else None
+        elif isinstance(e, h.PublishAcked):
+            # the PUBLISHED reply to the request whose items the tap recorded as attempts
+            # (the earliest attempt with its request id is no later than that request)
+            found = shard_of.get(e.generation)
+            if found is None:
+                continue
+            shard, client = found, e.producer
+            sent = attempted.get((e.producer, e.op, e.topic, e.id))
+        else:
+            continue
+        key = (shard, e.generation)
+        after = -math.inf if sent is None else sent
+        if e.t - lat > after and index.quiet((client, f"shard-{shard}"), e.t - lat, e.t):
+            after = e.t - lat
+        if key not in early:
+            early[key], late[key] = e.t, after
+            generations.setdefault(shard, []).append(e.generation)
+        else:
+            early[key], late[key] = min(early[key], e.t), max(late[key], after)
+        for other in generations[shard]:
+            o = (shard, other)
+            pair = (shard, min(other, e.generation), max(other, e.generation))
+            if other == e.generation or pair in flagged \
+                    or not (late[key] > early[o] and late[o] > early[key]):
+                continue
+            flagged.add(pair)
+            report.add("G7", "two-incarnations", e.t,
+                       f"{client} reached shard {shard} generation {e.generation:#x}, up at"
+                       f" or after {late[key]:.6f}, while generation {other:#x} was up at or"
+                       f" before {early[o]:.6f} and at or after {late[o]:.6f}; it was up"
+                       f" at or before {early[key]:.6f}: both were up at once")
