@@ -100,7 +100,8 @@ def _pack_body(frame: list[Any] | tuple[Any, ...]) -> bytes:
     return body
 
 
-# -- offsets as a first offset or an array (PUBLISHED, DELIVER), store times as runs -------
+# -- offsets as a first offset or an array (PUBLISHED, DELIVER), store times as runs
+# (DELIVER, FETCHED) ---------------------------------------------------------------------
 
 
 def offsets_field(offsets: Sequence[int]) -> int | list[int]:
@@ -112,7 +113,8 @@ def offsets_field(offsets: Sequence[int]) -> int | list[int]:
 
 
 def time_runs(times: Iterable[float]) -> list[float | int]:
-    """DELIVER's ``times``: per-message store times as runs, ``[time, count, ...]``."""
+    """A ``times`` field (DELIVER, FETCHED): per-message store times as runs,
+    ``[time, count, ...]``."""
     runs: list[float | int] = []
     last: float | None = None
     for t in times:
@@ -131,8 +133,8 @@ def offsets_of(offsets: int | list[int], count: int) -> Sequence[int]:
     return offsets
 
 
-def deliver_times(runs: list[Any]) -> Iterator[float]:
-    """Per-message store times from a DELIVER's ``times`` runs."""
+def times_of(runs: list[Any]) -> Iterator[float]:
+    """Per-message store times from a ``times`` field's runs (DELIVER, FETCHED)."""
     if len(runs) == 2:
         return repeat(runs[0], runs[1])
     return chain.from_iterable(map(repeat, runs[0::2], runs[1::2]))

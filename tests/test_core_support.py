@@ -303,7 +303,7 @@ def fetched_messages(frame: list[Any]) -> list[list[Any]]:
     count = P.check_fetched(frame)
     first, ids, payloads, times = frame[3:]
     return [list(m) for m in zip(range(first, first + count), ids, payloads,
-                                 P.deliver_times(times), strict=True)]
+                                 P.times_of(times), strict=True)]
 
 
 def deliver_messages(frame: list[Any]) -> list[tuple[int, str, bytes, float]]:
@@ -312,5 +312,5 @@ def deliver_messages(frame: list[Any]) -> list[tuple[int, str, bytes, float]]:
     count = P.check_deliver(frame)
     assert count > 0, frame
     offsets, ids, payloads, times = frame[4:]
-    return list(zip(P.offsets_of(offsets, count), ids, payloads, P.deliver_times(times),
+    return list(zip(P.offsets_of(offsets, count), ids, payloads, P.times_of(times),
                     strict=True))

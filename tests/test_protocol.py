@@ -549,7 +549,7 @@ def test_decoder_stays_usable_after_an_undecodable_frame_in_its_buffer() -> None
 @given(st.lists(st.sampled_from([0.0, 1.5, 2.5, 1e9 + 0.25]), max_size=40))
 def test_time_runs_give_back_every_time_in_order(times: list[float]) -> None:
     runs = P.time_runs(times)
-    assert list(P.deliver_times(runs)) == times
+    assert list(P.times_of(runs)) == times
     counts = runs[1::2]
     assert all(type(c) is int and c >= 1 for c in counts) and sum(counts) == len(times)
     # maximal runs: no two neighbours share a time

@@ -269,10 +269,10 @@ def test_log_with_batches_matches_a_dict_model(ops: list[tuple[object, ...]]) ->
         if model:
             stop = min(next_offset, oldest + 700)
             ids, payloads, runs = log.span(oldest, stop)
-            assert list(zip(ids, payloads, P.deliver_times(runs), strict=True)) == \
+            assert list(zip(ids, payloads, P.times_of(runs), strict=True)) == \
                 [model[o] for o in range(oldest, stop)]
             _, _, wall = log.span(oldest, stop, 1000.0)
-            assert list(P.deliver_times(wall)) == [1000.0 + t for t in P.deliver_times(runs)]
+            assert list(P.times_of(wall)) == [1000.0 + t for t in P.times_of(runs)]
 
 
 _block_ids = st.sampled_from([1, 2, 5, BLOCK_IDS])

@@ -59,7 +59,7 @@ class Pushes(Routing):
             return
         woke, credit_back = sub.deliver(sid, generation, attempt,
                                         P.offsets_of(offsets, count), ids, payloads,
-                                        P.deliver_times(times))
+                                        P.times_of(times))
         sub.credit_owed += credit_back
         if woke:
             self._wake(sub)

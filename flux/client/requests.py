@@ -215,7 +215,7 @@ class Call(Waiter):
                 # FetchedMessage(...) of each, built by C code, as Message is
                 messages = list(map(tuple.__new__, repeat(FetchedMessage, count), zip(
                     repeat(topic, count), range(first, first + count), repeat(gen, count),
-                    ids, payloads, P.deliver_times(times), strict=True)))
+                    ids, payloads, P.times_of(times), strict=True)))
                 return FetchResult(topic, gen, int(body["oldest"]), int(body["next"]),
                                    messages)
             if self.kind == "commit":

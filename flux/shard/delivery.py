@@ -114,7 +114,7 @@ class Delivery(ShardState):
                 size = 0
             size += item_size
         cuts.append(n)
-        each = list(P.deliver_times(times))
+        each = list(P.times_of(times))
         for a, b in pairwise(cuts):
             session.out.append([P.DELIVER, sid, generation, attempt, P.offsets_field(offsets[a:b]),
                                 ids[a:b], payloads[a:b], P.time_runs(each[a:b])])

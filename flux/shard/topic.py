@@ -153,7 +153,7 @@ class TopicLog:
     def span(self, start: int, stop: int, epoch: float = 0.0
              ) -> tuple[list[str], P.PackedPayloads | list[bytes], list[float | int]]:
         """Ids, payloads (packed, as DELIVER carries them, unless some are held
-        unpacked) and store times (plus ``epoch``, as DELIVER's ``[time, count, ...]``
+        unpacked) and store times (plus ``epoch``, as ``[time, count, ...]``
         runs, one per chunk) of the held offsets ``start`` to ``stop - 1`` (the caller
         makes sure they are held)."""
         ids: list[str] = []

@@ -151,7 +151,7 @@ class WireTap:
             if s is not None:
                 _, _, generation, attempt, offsets, ids, _payloads, times = frame
                 for offset, message_id, timestamp in zip(P.offsets_of(offsets, len(ids)),
-                                                         ids, P.deliver_times(times), strict=True):
+                                                         ids, P.times_of(times), strict=True):
                     self._add(h.Delivered(now, s.subscriber, s.id, s.topic, generation, offset,
                                           message_id, attempt, timestamp))
         elif kind == P.PUBLISHED:

@@ -144,7 +144,7 @@ def reverse_first_deliveries() -> contextlib.AbstractContextManager[Any]:
                     _, _, _, _, offsets, ids, payloads, times = frame
                     frame[4:8] = [list(protocol.offsets_of(offsets, len(ids)))[::-1],
                                   ids[::-1], payloads[::-1],
-                                  protocol.time_runs(list(protocol.deliver_times(times))[::-1])]
+                                  protocol.time_runs(list(protocol.times_of(times))[::-1])]
         return push_new
     return _wrap(ShardCore, "_push_new", make)
 
