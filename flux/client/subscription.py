@@ -37,7 +37,7 @@ class AckSession:
     """
 
     __slots__ = ("acked", "confirmed", "generation", "head", "next_offset", "order", "queued",
-                 "sid")
+                 "sent_top", "sid")
 
     def __init__(self, sid: int, generation: int, cursor: int) -> None:
         self.sid = sid
@@ -46,6 +46,7 @@ class AckSession:
         self.head = 0
         self.acked: set[int] = set()       # user-acked offsets >= ``confirmed``
         self.queued: list[int] = []        # user acks not sent yet
+        self.sent_top = -1                 # the highest ack taken for an ACK frame
         self.confirmed = cursor            # the shard's cursor: everything below is acked
         self.next_offset = cursor          # one past the highest offset delivered
 
@@ -80,7 +81,8 @@ class AckSession:
                 self.deliver(offset)
 
     def delivered(self, offset: int) -> bool:
-        """Whether ``offset`` was delivered here and is not known to be acked."""
+        """Whether ``offset`` was delivered here (an acked one may still count until
+        :meth:`low` moves past it; :meth:`is_acked` tells)."""
         order = self.order
         i = bisect_left(order, offset, self.head)
         return i < len(order) and order[i] == offset
@@ -131,6 +133,8 @@ class AckSession:
         queued = self.queued
         self.queued = []
         queued.sort()   # each offset once: ack() queues an offset only the first time
+        if queued[-1] > self.sent_top:
+            self.sent_top = queued[-1]
         below = bisect_left(queued, self.low())
         if below >= 2:
             return queued[below:], queued[below - 1]
@@ -144,7 +148,9 @@ class AckSession:
             acked = self.acked
             if not acked:
                 return
-            if cursor - old >= len(acked) and max(acked) < cursor:
+            # every ack is queued or was sent: sent_top and queued bound them from above
+            if cursor - old >= len(acked) and self.sent_top < cursor \
+                    and (not self.queued or max(self.queued) < cursor):
                 acked.clear()  # the usual case: every ack so far is confirmed
             elif cursor - old <= 4 * len(acked):
                 acked.difference_update(range(old, cursor))  # acked has nothing below ``old``
