@@ -1,8 +1,8 @@
-"""The ``flux`` command: serve a broker, publish, subscribe, simulate.
+"""The ``flux`` command: serve a broker, publish, subscribe, inspect, simulate.
 
 Each subcommand is a thin layer over the library: ``serve`` over
-``flux.router.main``, ``pub``/``sub`` over ``flux.client.trio``, ``sim`` over
-``flux.sim``. Errors a user can fix are printed in one line, without a traceback.
+``flux.router.main``, ``pub``/``sub``/``stats`` over ``flux.client.trio``, ``sim``
+over ``flux.sim``. Errors a user can fix are printed in one line, without a traceback.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def main() -> None:
       flux serve                          # router on 127.0.0.1:7070, one shard per CPU
       flux pub orders.eu 'hello'          # prints the offset it was stored at
       flux sub orders.eu --read-old       # prints messages as they arrive
+      flux stats                          # topics, subscriptions and their lag
     """
 
 
@@ -126,6 +127,30 @@ def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int
                 seen += 1
                 if count is not None and seen >= count:
                     break
+
+    _run(run)
+
+
+@main.command()
+@click.argument("pattern", default="*")
+@click.option("--url", default=DEFAULT_URL, show_default=True, help="The router's address.")
+@click.option("--json", "as_json", is_flag=True, help="Print every shard's reply as JSON.")
+def stats(pattern: str, url: str, as_json: bool) -> None:
+    """Show what each shard holds: topics, subscriptions (cursor, lag, in flight), counters.
+
+    PATTERN keeps the topics whose name matches it (a glob, e.g. 'orders.*').
+    """
+
+    from flux import stats_view
+    from flux.client.trio import connect
+
+    async def run() -> None:
+        async with connect(url, retry_deadline=10.0) as client:
+            replies = stats_view.select(await client.stats(), pattern)
+        if as_json:
+            click.echo(stats_view.as_json(replies))
+        else:
+            stats_view.show(replies, pattern)
 
     _run(run)
 

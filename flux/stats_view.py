@@ -1,0 +1,103 @@
+"""How ``flux stats`` shows what the shards hold: rich tables, or one JSON document.
+
+Input is :meth:`flux.client.api.ClientBase.stats` (each shard's STATS reply, by
+shard index); nothing here does I/O beyond printing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def select(stats: dict[int, dict[str, Any]], pattern: str) -> dict[int, dict[str, Any]]:
+    """The same replies with only the topics whose name matches ``pattern`` (a glob)."""
+    return {index: {**reply, "topics": {name: topic for name, topic in reply["topics"].items()
+                                        if fnmatch.fnmatchcase(name, pattern)}}
+            for index, reply in stats.items()}
+
+
+def as_json(stats: dict[int, dict[str, Any]]) -> str:
+    """One JSON document: ``{"shards": [reply, ...]}`` in shard order."""
+    return json.dumps({"shards": [stats[i] for i in sorted(stats)]}, indent=2, sort_keys=True)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def _bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+COUNTERS = ("published", "duplicates", "delivered", "redelivered", "acked", "trimmed")
+
+
+def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = (),
+           caption: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for column in columns:
+        table.add_column(column, justify="left" if column in left else "right", no_wrap=True)
+    return table
+
+
+def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
+    """Shards, their counters, topics and subscriptions, one table each (empty ones
+    left out); each fits 80 columns for short topic names."""
+    shards = _table("Shards", ("shard", "generation", "up", "sessions", "topics"),
+                    left=("generation",))
+    counters = _table("Counters (since the shard started)", ("shard", *COUNTERS))
+    topics = _table("Topics", ("topic", "shard", "oldest", "next", "held", "bytes", "dedup ids",
+                               "subs"), left=("topic",))
+    subs = _table("Subscriptions", ("topic", "name", "mode", "state", "cursor", "lag",
+                                    "in flight"), left=("topic", "name", "mode", "state"),
+                  caption="lag: offsets from the cursor to the topic's next offset")
+    for index in sorted(stats):
+        reply = stats[index]
+        shards.add_row(str(index), f"{reply['generation']:#018x}", _duration(reply["uptime"]),
+                       str(reply["sessions"]), str(len(reply["topics"])))
+        counted = reply.get("counters", {})
+        counters.add_row(str(index), *(f"{counted.get(key, 0):,}" for key in COUNTERS))
+        for name in sorted(reply["topics"]):
+            topic = reply["topics"][name]
+            topics.add_row(name, str(index), f"{topic['oldest']:,}", f"{topic['next_offset']:,}",
+                           f"{topic['held']:,}", _bytes(topic["held_bytes"]),
+                           f"{topic['dedup_ids']:,}", str(len(topic["subscriptions"])))
+            for sub_name in sorted(topic["subscriptions"]):
+                sub = topic["subscriptions"][sub_name]
+                shown = "(ephemeral)" if sub["ephemeral"] else sub_name
+                state = "active" if sub["active"] else "inactive"
+                subs.add_row(name, shown, sub["mode"], state, f"{sub['cursor']:,}",
+                             f"{max(0, topic['next_offset'] - sub['cursor']):,}",
+                             f"{sub['in_flight']:,}")
+    return [t for t in (shards, counters, topics, subs) if t.row_count]
+
+
+def show(stats: dict[int, dict[str, Any]], pattern: str = "*",
+         console: Console | None = None) -> None:
+    """Print the tables (and a line when no topic matches ``pattern``)."""
+    console = console or Console()
+    for table in tables(stats):
+        console.print(table)
+    if not any(reply["topics"] for reply in stats.values()):
+        console.print("no topics" if pattern == "*" else f"no topics match {pattern!r}",
+                      markup=False, highlight=False)

@@ -1,0 +1,87 @@
+"""The ``flux`` command against a running broker: pub, sub and stats, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from tests.conftest import Broker
+
+pytestmark = pytest.mark.integration
+TIMEOUT = 30
+
+
+def flux(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``flux ARGS`` in a child process (bounded in time) and return what it printed."""
+    out = subprocess.run([sys.executable, "-m", "flux", *args], input=stdin,
+                         capture_output=True, timeout=TIMEOUT)
+    return subprocess.CompletedProcess(out.args, out.returncode, out.stdout.decode(),
+                                       out.stderr.decode())
+
+
+def stats(broker: Broker, *args: str) -> dict[str, Any]:
+    done = flux("stats", "--url", broker.url, "--json", *args)
+    assert done.returncode == 0, done.stderr
+    shards: list[dict[str, Any]] = json.loads(done.stdout)["shards"]
+    topics = {name: topic for shard in shards for name, topic in shard["topics"].items()}
+    return {"shards": shards, "topics": topics}
+
+
+def test_pub_sub_and_stats_through_the_command_line(broker: Broker) -> None:
+    done = flux("pub", "--url", broker.url, "cli.orders", "first", "--id", "order-1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("cli.orders offset=0 generation=0x")
+    again = flux("pub", "--url", broker.url, "cli.orders", "first", "--id", "order-1")
+    assert again.stdout.strip() == done.stdout.strip() + " (duplicate)"  # G3
+    lines = flux("pub", "--url", broker.url, "cli.orders", "--lines", stdin=b"second\nthird\n")
+    assert [line.split()[1] for line in lines.stdout.splitlines()] == ["offset=1", "offset=2"]
+
+    got = flux("sub", "--url", broker.url, "cli.orders", "--name", "billing", "--read-old",
+               "--count", "2")
+    assert got.returncode == 0, got.stderr
+    assert [line.split(" ", 2)[::2] for line in got.stdout.splitlines()] == [
+        ["cli.orders@0", "first"], ["cli.orders@1", "second"]]
+    assert got.stdout.splitlines()[0].split()[1] == "id=order-1"
+
+    seen = stats(broker)
+    assert len(seen["shards"]) == broker.shard_count
+    topic = seen["topics"]["cli.orders"]
+    assert (topic["oldest"], topic["next_offset"], topic["held"]) == (0, 3, 3)
+    billing = topic["subscriptions"]["billing"]
+    # both printed messages were acked before the command exited
+    assert (billing["mode"], billing["cursor"], billing["active"]) == ("push", 2, False)
+
+    flux("pub", "--url", broker.url, "cli.other", "x")
+    assert set(stats(broker, "cli.o*")["topics"]) == {"cli.orders", "cli.other"}
+    assert set(stats(broker, "cli.other")["topics"]) == {"cli.other"}
+
+    table = flux("stats", "--url", broker.url)
+    assert table.returncode == 0, table.stderr
+    for text in ("Shards", "Topics", "cli.orders", "billing", "Subscriptions"):
+        assert text in table.stdout
+    none = flux("stats", "--url", broker.url, "no.such.*")
+    assert "no topics match 'no.such.*'" in none.stdout
+
+
+def test_commands_report_a_broker_they_cannot_reach_in_one_line() -> None:
+    import socket
+
+    with socket.socket() as sock:  # a free port that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"flux://127.0.0.1:{sock.getsockname()[1]}"
+    for args in (("pub", "--url", url, "t", "x"), ("stats", "--url", url)):
+        done = flux(*args)
+        assert done.returncode == 1
+        assert "Traceback" not in done.stderr
+        assert done.stderr.startswith("Error: "), done.stderr
+
+
+def test_pub_refuses_a_bad_topic_with_a_typed_error(broker: Broker) -> None:
+    done = flux("pub", "--url", broker.url, "bad topic", "x")
+    assert done.returncode == 1
+    assert done.stderr.startswith("Error: InvalidTopic"), done.stderr

@@ -1,0 +1,55 @@
+"""``flux stats`` output from hand-made STATS replies: tables, filter, JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+from rich.console import Console
+
+from flux import stats_view
+
+
+def reply(index: int, topics: dict[str, Any]) -> dict[str, Any]:
+    return {"index": index, "generation": 0xAB, "shard_count": 2, "uptime": 3725.0,
+            "sessions": 2, "counters": {"published": 1234, "acked": 5}, "topics": topics}
+
+
+TOPIC = {"oldest": 10, "next_offset": 50, "held": 40, "held_bytes": 5000, "dedup_ids": 45,
+         "subscriptions": {
+             "billing": {"mode": "push", "cursor": 20, "active": True, "in_flight": 7,
+                         "ephemeral": False},
+             "~3.1": {"mode": "push", "cursor": 50, "active": True, "in_flight": 0,
+                      "ephemeral": True}}}
+STATS = {1: reply(1, {"orders.eu": TOPIC}), 0: reply(0, {"logs": {**TOPIC, "subscriptions": {}}})}
+
+
+def printed(stats: dict[int, dict[str, Any]], pattern: str = "*") -> str:
+    out = io.StringIO()
+    stats_view.show(stats, pattern, Console(file=out, width=100))
+    return out.getvalue()
+
+
+def test_tables_show_shards_topics_and_subscription_lag() -> None:
+    text = printed(STATS)
+    assert text.index("Shards") < text.index("Counters") < text.index("Topics") \
+        < text.index("Subscriptions")
+    assert "0x00000000000000ab" in text and "1h02m" in text and "1,234" in text
+    assert "4.9 KiB" in text
+    rows = [line for line in text.splitlines() if "orders.eu" in line and "push" in line]
+    billing = next(r for r in rows if "billing" in r).split("│")
+    assert [c.strip() for c in billing[5:8]] == ["20", "30", "7"]   # cursor, lag, in flight
+    assert any("(ephemeral)" in r for r in rows)
+
+
+def test_pattern_keeps_matching_topics_only() -> None:
+    kept = stats_view.select(STATS, "orders.*")
+    assert [list(r["topics"]) for _, r in sorted(kept.items())] == [[], ["orders.eu"]]
+    assert "no topics match 'none.*'" in printed(stats_view.select(STATS, "none.*"), "none.*")
+
+
+def test_json_lists_every_reply_in_shard_order() -> None:
+    shards = json.loads(stats_view.as_json(STATS))["shards"]
+    assert [s["index"] for s in shards] == [0, 1]
+    assert shards[1]["topics"]["orders.eu"]["subscriptions"]["billing"]["cursor"] == 20
