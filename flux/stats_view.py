@@ -63,7 +63,7 @@ def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = (),
 def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
     """Shards, their counters, topics and subscriptions, one table each (empty ones
     left out); each fits 80 columns for short topic names."""
-    shards = _table("Shards", ("shard", "generation", "up", "sessions", "topics"),
+    shards = _table("Shards", ("shard", "generation", "up", "sessions", "topics", "retired"),
                     left=("generation",))
     counters = _table("Counters (since the shard started)", ("shard", *COUNTERS))
     topics = _table("Topics", ("topic", "shard", "oldest", "next", "held", "bytes", "dedup ids",
@@ -74,7 +74,8 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
     for index in sorted(stats):
         reply = stats[index]
         shards.add_row(str(index), f"{reply['generation']:#018x}", _duration(reply["uptime"]),
-                       str(reply["sessions"]), str(len(reply["topics"])))
+                       str(reply["sessions"]), str(len(reply["topics"])),
+                       f"{reply.get('retired_topics', 0):,}")
         counted = reply.get("counters", {})
         counters.add_row(str(index), *(f"{counted.get(key, 0):,}" for key in COUNTERS))
         for name in sorted(reply["topics"]):

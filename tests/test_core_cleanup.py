@@ -5,7 +5,9 @@ Message cleanup passes run every 5 s (t = 5, 10, ...), ttl is 20 s.
 
 from __future__ import annotations
 
-from test_core_support import Shard
+from test_core_support import OK, TOPIC, Shard
+
+from flux import protocol as P
 
 # keep subscriptions alive and their messages unexhausted for the whole test
 PATIENT = {"subscriber.inactive_time": 10_000.0, "subscriber.retry_count": 1000}
@@ -208,8 +210,9 @@ def test_a_large_pass_runs_in_slices_that_stay_due_until_it_is_done() -> None:
     at = 50.0  # past ttl (20 s) and dedup_window (50 s): messages and ids are due
     freed: list[tuple[int, int]] = []
     while True:
+        shard.now = at
         core.tick(at)
-        stats = core.stats(at)["topics"]["orders.eu"]
+        stats = shard.topic_stats()
         freed.append((stats["held"], stats["dedup_ids"]))
         if core.next_deadline() > at:
             break
@@ -220,3 +223,110 @@ def test_a_large_pass_runs_in_slices_that_stay_due_until_it_is_done() -> None:
     assert all(step <= CLEANUP_SLICE for step in steps), steps
     assert 2 * total // CLEANUP_SLICE <= len(freed) <= 2 * total // CLEANUP_SLICE + 1
     assert core.next_deadline() == 55.0  # the next pass keeps the 5 s period
+
+
+# -- retiring topics left with nothing ---------------------------------------------------
+
+
+def test_topic_left_with_nothing_is_retired_and_used_again_from_its_next_offset() -> None:
+    """A topic with no message, no remembered id and no subscription is forgotten at a
+    pass (ttl 20 s, dedup window 50 s: at t=50); publishing again continues at its
+    next offset, so no offset is reused (G1)."""
+    shard = Shard()
+    client = shard.connect()
+    client.publish("a", "b")
+    shard.advance(45.0)
+    assert _held(shard) == (2, 0) and TOPIC in shard.core.topics  # ids still remembered
+    shard.advance(50.0)
+    assert TOPIC not in shard.core.topics and shard.core.retired == {TOPIC: 2}
+    assert shard.stats()["retired_topics"] == 1
+    reply = client.fetch(offset=0)
+    assert (reply[2]["oldest"], reply[2]["next"], reply[4]) == (2, 2, [])
+    assert client.publish_one("a") == 2  # the window has passed: a new message
+    assert shard.core.retired == {}
+    assert client.publish("a") == [[OK, 2, True]]  # G3 in the new topic object
+
+
+def test_topic_that_remembers_ids_is_not_retired_and_still_deduplicates() -> None:
+    """G3 across cleanup: messages gone at t=20, ids remembered until t=50."""
+    shard = Shard()
+    client = shard.connect()
+    client.publish("a")
+    shard.advance(25.0)
+    assert _held(shard) == (1, 0) and TOPIC in shard.core.topics
+    assert client.publish("a") == [[OK, 0, True]]
+
+
+def test_topic_with_a_subscription_is_not_retired() -> None:
+    shard = Shard(PATIENT)
+    client = shard.connect()
+    info = client.subscribe(1, name="s")
+    assert info["start_offset"] == 0
+    client.publish("a")
+    client.ack(1, 0)
+    client.unsubscribe(1)             # inactive, kept for inactive_time (10 000 s)
+    shard.advance(100.0)
+    assert _held(shard) == (1, 0) and TOPIC in shard.core.topics
+    assert "s" in shard.topic_stats()["subscriptions"]
+
+
+def test_subscribing_to_a_retired_topic_starts_at_its_next_offset() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.publish("a", "b", "c")
+    shard.advance(50.0)
+    assert shard.core.retired == {TOPIC: 3}
+    assert client.subscribe(1, name="s", read_old=True)["start_offset"] == 3
+    assert TOPIC in shard.core.topics and shard.core.retired == {}
+    client.publish("d")
+    assert client.deliveries(1) == [(3, 1)]
+
+
+def test_refused_subscribe_to_a_retired_topic_keeps_it_retired() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.publish("a")
+    shard.advance(50.0)
+    reply = client.subscribe_frame(1, name="s", from_offset=5)  # past the next offset
+    assert reply[0] == P.ERROR
+    assert TOPIC not in shard.core.topics and shard.core.retired == {TOPIC: 1}
+
+
+def test_topic_that_never_stored_a_message_leaves_nothing_behind() -> None:
+    shard = Shard({"subscriber.inactive_time": 1.0})
+    client = shard.connect()
+    client.subscribe(1, name="s")
+    client.unsubscribe(1)
+    shard.advance(20.0)   # deleted by the subscriber pass at t=10, retired at t=10 or 15
+    assert TOPIC not in shard.core.topics and shard.core.retired == {}
+
+
+def test_a_pass_over_many_topics_is_sliced_and_goes_on_where_it_stopped() -> None:
+    """Visiting a topic counts VISIT_COST: each tick of a pass visits at most
+    CLEANUP_SLICE / VISIT_COST topics, the pass stays due until every topic that
+    existed when it began was visited, and a topic made meanwhile waits for the next."""
+    from flux.shard.cleanup import CLEANUP_SLICE, VISIT_COST
+
+    shard = Shard()
+    client = shard.connect()
+    per_slice = CLEANUP_SLICE // VISIT_COST
+    total = 3 * per_slice
+    for i in range(0, total, 100):
+        client.publish_rows([[f"t.{j}", "m", b"x"] for j in range(i, min(total, i + 100))])
+    at = 50.0  # every topic is past ttl and dedup window: each is retired when visited
+    left: list[int] = []
+    while True:
+        shard.now = at
+        shard.core.tick(at)
+        left.append(len(shard.core.topics))
+        if len(left) == 1:
+            client.publish_one("late", topic="t.late")  # made during the pass
+        if shard.core.next_deadline() > at:
+            break
+        assert len(left) < 10, left
+    # a visit here also forgets an id and trims a message: fewer than per_slice a tick
+    steps = [a - b for a, b in zip([total, *left], left, strict=False)]
+    assert all(0 < step <= per_slice for step in steps[:-1]), steps
+    assert len(left) >= total // per_slice + 1
+    assert list(shard.core.topics) == ["t.late"]
+    assert len(shard.core.retired) == total

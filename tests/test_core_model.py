@@ -284,7 +284,8 @@ class ShardState:
                 due = at + self.T + (self.R if attempt < self.max_pushes else 0)
                 assert due > self.now, f"G4: offset {offset} attempt {attempt} overdue"
         topic = self.core.topics.get(TOPIC)
-        log_oldest = topic.log.oldest if topic is not None else 0
+        # a retired topic (forgotten while empty) continues at its next offset
+        log_oldest = topic.log.oldest if topic is not None else self.core.retired.get(TOPIC, 0)
         if self._is_pass(self.cfg.message.cleanup_time):
             # G5: the pass trims exactly the expired messages below every existing cursor
             below = min([s.cursor() for s in self.subs.values()] + [len(self.messages)])

@@ -98,7 +98,14 @@ class Shard:
         return self.core.stats(self.now)
 
     def topic_stats(self, topic: str = TOPIC) -> dict[str, Any]:
-        return dict(self.stats()["topics"][topic])
+        """The topic's STATS entry; a retired topic (forgotten while empty) reads as
+        empty at its next offset, as FETCH shows it."""
+        topics = self.stats()["topics"]
+        if topic not in topics and topic in self.core.retired:
+            at = self.core.retired[topic]
+            return {"oldest": at, "next_offset": at, "held": 0, "held_bytes": 0,
+                    "dedup_ids": 0, "subscriptions": {}}
+        return dict(topics[topic])
 
 
 @dataclass

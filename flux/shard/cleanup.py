@@ -7,6 +7,7 @@ from flux import errors
 from flux.shard.state import (
     P,
     ShardState,
+    Topic,
 )
 
 # Messages trimmed plus ids forgotten per slice of a cleanup pass. Forgetting an id of
@@ -15,6 +16,9 @@ from flux.shard.state import (
 # pass after a 400k-message burst took 48 ms; slices of 16384 still put 5-10 ms
 # stalls, and a p99 of 5 ms, into a latency run 10 s after a burst.)
 CLEANUP_SLICE = 1024
+# what visiting one topic costs a slice (about as much as trimming a few messages):
+# a pass over many idle topics is sliced too
+VISIT_COST = 4
 
 
 class Cleanup(ShardState):
@@ -35,37 +39,69 @@ class Cleanup(ShardState):
         self._next_session_check = soonest
 
     def _cleanup_messages(self, now: float) -> bool:
-        """G5: delete messages whose ttl expired and that every subscription acked, and
-        forget expired dedup ids. Does at most CLEANUP_SLICE of either per call, so a
-        burst of expiries never stalls the shard; False means "call again at once"."""
+        """G5: delete messages whose ttl expired and that every subscription acked,
+        forget expired dedup ids, and retire topics left with nothing. A pass visits
+        the topics there were when it began, a slice of work per call (CLEANUP_SLICE,
+        a topic visit counting VISIT_COST), so neither a burst of expiries nor many
+        topics stall the shard; False means "call again at once" (the next call goes
+        on where this one stopped)."""
+        pending = self._cleanup_pending
+        if pending is None:
+            pending = self._cleanup_pending = list(self.topics)
+            pending.reverse()  # popped from the end: creation order
         ttl = self.config.message.ttl
         budget = CLEANUP_SLICE
-        for topic in self.topics.values():
-            budget -= topic.dedup.expire(now, budget)
+        topics = self.topics
+        while pending:
+            topic = topics.get(pending[-1])
+            if topic is None:
+                pending.pop()
+                continue
+            budget -= VISIT_COST
+            dedup = topic.dedup
+            if dedup.due_at() <= now:
+                budget -= dedup.expire(now, budget)
+                if budget <= 0:
+                    return False  # this topic may have more: the next slice visits it again
             log = topic.log
+            if log.oldest_at() <= now - ttl:
+                below = log.next_offset
+                for sub in topic.subs.values():
+                    if sub.cursor < below:
+                        below = sub.cursor
+                first = log.oldest
+                dropped = log.trim(below, now - ttl, budget)
+                if dropped:
+                    self.counters["trimmed"] += dropped
+                    self._emit("trimmed", topic.name, first, dropped)
+                    budget -= dropped
+                    if budget <= 0:
+                        return False
+            if not topic.subs and not len(log) and not len(dedup):
+                self._retire(topic)
+            pending.pop()
             if budget <= 0:
                 return False
-            if not len(log):
-                continue
-            below = log.next_offset
-            for sub in topic.subs.values():
-                if sub.cursor < below:
-                    below = sub.cursor
-            first = log.oldest
-            dropped = log.trim(below, now - ttl, budget)
-            if dropped:
-                self.counters["trimmed"] += dropped
-                self._emit("trimmed", topic.name, first, dropped)
-                budget -= dropped
-                if budget <= 0:
-                    return False
+        self._cleanup_pending = None
         return True
+
+    def _retire(self, topic: Topic) -> None:
+        """Forget a topic that holds no message, remembers no id and has no
+        subscription, keeping only its next offset (a topic used again continues
+        from it, G1); one that never stored a message leaves nothing behind."""
+        del self.topics[topic.name]
+        next_offset = topic.log.next_offset
+        if next_offset:
+            self.retired[topic.name] = next_offset
+        self._emit("retired", topic.name, next_offset)
 
     def _cleanup_subscribers(self, now: float) -> None:
         """G6: delete subscriptions inactive for ``inactive_time``."""
         cfg = self.config.subscriber
         idle = 2 * cfg.heartbeat
         for topic in self.topics.values():
+            if not topic.subs:
+                continue
             for sub in list(topic.subs.values()):
                 if sub.mode == "pull" and sub.active and now - sub.last_activity >= idle:
                     sub.active = False

@@ -10,6 +10,7 @@ the cleanup passes.
 from __future__ import annotations
 
 import ctypes
+import math
 import platform
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -87,6 +88,10 @@ class DedupWindow:
 
     def __len__(self) -> int:
         return len(self._known)
+
+    def due_at(self) -> float:
+        """When the oldest remembered id's window ends (``inf`` when none is)."""
+        return self._at[self._head] if self._head < len(self._at) else math.inf
 
     def lookup(self, message_id: str, now: float) -> int | None:
         """The original offset of ``message_id`` if it is still remembered."""

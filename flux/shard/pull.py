@@ -56,7 +56,7 @@ class Pull(ShardState):
         topic = self.topics.get(name)
         if opts.get("name") is not None:
             self._pull_sub(topic, opts.get("name"), now)
-        oldest = next_offset = 0
+        oldest = next_offset = self._next_offset(name)  # (when it holds no topic)
         first = offset
         ids: list[str] = []
         payloads: Sequence[bytes] = []

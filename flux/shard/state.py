@@ -67,6 +67,9 @@ class ShardState:
         self.epoch = epoch  # wall time = epoch + now (message timestamps only)
         self.check_ownership = check_ownership
         self.topics: dict[str, Topic] = {}
+        # the next offset of each topic forgotten while empty (see Cleanup._retire):
+        # a topic used again continues from there, so no offset is reused (G1)
+        self.retired: dict[str, int] = {}
         self.sessions: dict[int, Session] = {}
         self._conn_ids = itertools.count(1)
         self._timer_seq = itertools.count()
@@ -75,6 +78,7 @@ class ShardState:
         self._owned: dict[str, bool] = {}
         self._started = now
         self._next_message_cleanup = now + config.message.cleanup_time
+        self._cleanup_pending: list[str] | None = None  # topics the running pass has left
         self._next_subscriber_cleanup = now + config.subscriber.cleanup_time
         self._next_session_check = now + 2 * config.subscriber.heartbeat
         self.draining = False
@@ -104,11 +108,22 @@ class ShardState:
         return str(topic)
 
     def _topic(self, name: str) -> Topic:
+        """The topic ``name``, made (and registered) if this shard holds none."""
         topic = self.topics.get(name)
         if topic is None:
-            topic = Topic(name, TopicLog(), DedupWindow(self.config.message.dedup_window))
-            self.topics[name] = topic
+            topic = self.topics[name] = self._new_topic(name)
+            self.retired.pop(name, None)
         return topic
+
+    def _new_topic(self, name: str) -> Topic:
+        """An empty topic, not registered: it continues where a retired one stopped."""
+        return Topic(name, TopicLog(self.retired.get(name, 0)),
+                     DedupWindow(self.config.message.dedup_window))
+
+    def _next_offset(self, name: str) -> int:
+        """The next offset of ``name`` (held, retired, or never used: 0)."""
+        topic = self.topics.get(name)
+        return topic.log.next_offset if topic is not None else self.retired.get(name, 0)
 
     def _end_attachment(self, sub: Subscription, now: float) -> None:
         sub.detach(now)

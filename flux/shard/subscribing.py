@@ -9,19 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from flux import errors
-from flux.shard.dedup import DedupWindow
 from flux.shard.state import (
     MAX_CREDIT,
     P,
     Session,
     ShardState,
-    Topic,
     _bool,
     _map,
     _opt_int,
 )
 from flux.shard.subscription import Subscription
-from flux.shard.topic import TopicLog
 
 
 class Subscribing(ShardState):
@@ -70,8 +67,7 @@ class Subscribing(ShardState):
                 old=known_generation, new=self.generation)
         # a refused SUBSCRIBE must not leave a new, empty topic behind (G8): register the
         # topic only once the subscription is made
-        topic = self.topics.get(name) or Topic(name, TopicLog(),
-                                               DedupWindow(self.config.message.dedup_window))
+        topic = self.topics.get(name) or self._new_topic(name)
         log = topic.log
         key = sub_name if sub_name is not None else f"~{session.conn}.{sid}"
         sub = topic.subs.get(key)
@@ -96,7 +92,8 @@ class Subscribing(ShardState):
             sub = Subscription(topic=name, name=key, ephemeral=sub_name is None, mode=mode,
                                cursor=start, start_offset=start, created_at=now)
             topic.subs[key] = sub
-            self.topics[name] = topic
+            if self.topics.setdefault(name, topic) is topic:
+                self.retired.pop(name, None)
             self._emit("created", name, key, start)
         elif sub.mode != mode:
             raise errors.InvalidRequest(

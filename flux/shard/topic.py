@@ -7,6 +7,7 @@ dedup (:mod:`flux.shard.dedup`); cleanup decides what may be trimmed.
 
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -59,7 +60,9 @@ class TopicLog:
     __slots__ = ("_at", "_first", "_head", "_ids", "_lens", "_next", "_packed", "_skip",
                  "held_bytes")
 
-    def __init__(self) -> None:
+    def __init__(self, start: int = 0) -> None:
+        """An empty log whose first message gets offset ``start`` (a topic retired
+        at that next offset and used again: offsets are never reused, G1)."""
         self._first: list[int] = []                  # chunk k holds offsets from _first[k] ...
         self._ids: list[tuple[str, ...]] = []        # ... with these ids ...
         # ... these payloads (a MessagePack array, or a tuple of large ones) ...
@@ -68,7 +71,7 @@ class TopicLog:
         self._at: list[float] = []                   # ... stored at this time
         self._head = 0       # index of the oldest chunk still held
         self._skip = 0       # messages of the head chunk already trimmed
-        self._next = 0       # the offset the next message gets
+        self._next = start   # the offset the next message gets
         self.held_bytes = 0  # payload + id bytes of held messages
 
     @property
@@ -85,6 +88,10 @@ class TopicLog:
 
     def __len__(self) -> int:
         return self._next - self.oldest
+
+    def oldest_at(self) -> float:
+        """When the oldest held message was stored (``inf`` when none is held)."""
+        return self._at[self._head] if self._head < len(self._at) else math.inf
 
     def append(self, message_id: str, payload: bytes, now: float) -> int:
         """Store a message and return its offset."""

@@ -157,7 +157,33 @@ def backpressure(rng: random.Random) -> Workload:
                    request_timeout=0.5, retry_deadline=1.0, give_up_after=2.0)
 
 
+def topics(rng: random.Random) -> Workload:
+    """Many topics, used in bursts with quiet gaps, most with no subscriber: topics left
+    with nothing are retired by the cleanup pass and used again (G1: their offsets go
+    on; G3, G5 across it)."""
+    w = default(rng)
+    config = dict(w.config)
+    config["message"] = {"ttl": 0.5, "cleanup_time": 0.25, "dedup_window": 3.0}
+    config["subscriber"] = {**w.config["subscriber"],  # type: ignore[dict-item]
+                            "inactive_time": 1.0, "cleanup_time": 0.25}
+    names = _topics(rng, 8)
+    producers = tuple(ProducerSpec(f"p{i}", names, count=rng.randint(30, 60),
+                                   gap=rng.uniform(0.4, 1.0), batch=rng.choice((1, 2, 3)))
+                      for i in range(rng.randint(2, 3)))
+    subs = tuple(_subscriber(rng, i, rng.choice(names[:3]),
+                             rng.choice(("unsub", "ephemeral", "flaky", "ack", "reader")))
+                 for i in range(rng.randint(2, 4)))
+    # producers retry across the retirements (lost replies), always inside the window
+    return replace(w, scenario="topics", config=config, topics=names, producers=producers,
+                   subscribers=subs, request_timeout=0.5, retry_deadline=1.5, give_up_after=2.5,
+                   mix=FaultMix((("reset", 2.0), ("stall", 2.0), ("partition", 1.0),
+                                 ("crash", 0.3), ("pause", 0.5)), count=(6, 16),
+                                partition=(0.5, 2.5), stall=(0.3, 2.0),
+                                links=(("client<->shard", 4.0), ("router<->shard", 1.0))))
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
+    "topics": topics,
 }

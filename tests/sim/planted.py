@@ -221,6 +221,15 @@ def start_at_oldest() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.dict(ShardCore._handlers, {protocol.SUBSCRIBE: subscribe})
 
 
+def retire_restarts_offsets() -> contextlib.AbstractContextManager[Any]:
+    """G1: a topic forgotten while empty starts again at offset 0 when used again."""
+    def make(f: Any) -> Any:
+        def retire(self: ShardCore, topic: Any) -> None:
+            del self.topics[topic.name]  # and no next offset kept
+        return retire
+    return _wrap(ShardCore, "_retire", make)
+
+
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
     "duplicate-wrong-offset": duplicate_wrong_offset,
@@ -238,8 +247,10 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "reuse-generation": reuse_generation,
     "impatient-heartbeat": impatient_heartbeat,
     "start-at-oldest": start_at_oldest,
+    "retire-restarts-offsets": retire_restarts_offsets,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise).
 SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
-            "keep-inactive-forever": "cleanup", "delete-inactive-at-once": "cleanup"}
+            "keep-inactive-forever": "cleanup", "delete-inactive-at-once": "cleanup",
+            "retire-restarts-offsets": "topics"}
