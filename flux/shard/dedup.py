@@ -191,7 +191,7 @@ class DedupWindow:
                 self._due_bytes -= n
 
     def _advance_due(self, now: float) -> None:
-        ats, k = self._at, max(self._due, self._head)
+        ats, k = self._at, self._due if self._due > self._head else self._head
         if k < len(ats) and ats[k] <= now:
             added = 0
             while k < len(ats) and ats[k] <= now:
@@ -203,6 +203,9 @@ class DedupWindow:
     def expire(self, now: float, most: int | None = None) -> int:
         """Forget ids whose window has passed, oldest first (at most ``most``);
         returns how many."""
+        ats, head = self._at, self._head
+        if head >= len(ats) or ats[head] > now:
+            return 0  # nothing is due (windows end in mark order): the usual case
         self._advance_due(now)
         marks, known = self._ids, self._known
         k = self._head
