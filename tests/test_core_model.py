@@ -324,6 +324,9 @@ class ShardState:
         topic = self.core.topics.get(TOPIC)
         core_subs = topic.subs if topic is not None else {}
         assert sorted(core_subs) == sorted(self.subs), "G6: which subscriptions exist"
+        # the subscriber pass walks the topics indexed as subscribed: all of them
+        assert self.core._subscribed == {
+            name: t for name, t in self.core.topics.items() if t.subs}, "subscribed index"
         for key, sub in self.subs.items():
             real = core_subs[key]
             assert real.cursor == sub.cursor(), (key, real.cursor, sub.cursor())

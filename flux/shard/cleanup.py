@@ -99,9 +99,7 @@ class Cleanup(ShardState):
         """G6: delete subscriptions inactive for ``inactive_time``."""
         cfg = self.config.subscriber
         idle = 2 * cfg.heartbeat
-        for topic in self.topics.values():
-            if not topic.subs:
-                continue
+        for topic in list(self._subscribed.values()):  # not the topics nobody reads
             for sub in list(topic.subs.values()):
                 if sub.mode == "pull" and sub.active and now - sub.last_activity >= idle:
                     sub.active = False

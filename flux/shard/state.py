@@ -70,6 +70,7 @@ class ShardState:
         # the next offset of each topic forgotten while empty (see Cleanup._retire):
         # a topic used again continues from there, so no offset is reused (G1)
         self.retired: dict[str, int] = {}
+        self._subscribed: dict[str, Topic] = {}  # the topics with a subscription
         self.sessions: dict[int, Session] = {}
         self._conn_ids = itertools.count(1)
         self._timer_seq = itertools.count()
@@ -134,6 +135,8 @@ class ShardState:
         topic = self.topics.get(sub.topic)
         if topic is not None and topic.subs.get(sub.name) is sub:
             del topic.subs[sub.name]
+            if not topic.subs:
+                del self._subscribed[topic.name]
         sub.deleted = True
         sub.detach(sub.inactive_since)
         self._emit("deleted_subscription", sub.topic, sub.name)

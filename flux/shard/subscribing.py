@@ -92,6 +92,7 @@ class Subscribing(ShardState):
             sub = Subscription(topic=name, name=key, ephemeral=sub_name is None, mode=mode,
                                cursor=start, start_offset=start, created_at=now)
             topic.subs[key] = sub
+            self._subscribed[name] = topic
             if self.topics.setdefault(name, topic) is topic:
                 self.retired.pop(name, None)
             self._emit("created", name, key, start)
