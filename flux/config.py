@@ -36,7 +36,7 @@ DEFAULTS: dict[str, Any] = {
         "max_in_flight": 1000,
     },
     "router": {"control_port": 0, "adopt_window": 5.0},
-    "shard": {"ports": "auto", "advertise": [], "orphan_timeout": 60.0},
+    "shard": {"ports": "auto", "advertise": [], "orphan_timeout": 60.0, "max_memory": "auto"},
 }
 
 
@@ -75,6 +75,7 @@ class ShardConfig:
     ports: str | tuple[int, ...] = "auto"
     advertise: tuple[str, ...] = ()
     orphan_timeout: float = 60.0
+    max_memory: int | str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +98,13 @@ class Config:
         if isinstance(self.shards, int):
             return self.shards
         return usable_cpus()
+
+    def shard_max_memory(self, shard_count: int) -> int:
+        """``shard.max_memory`` in bytes: as set, or for ``auto`` half the machine's
+        memory shared by ``shard_count`` shards."""
+        if isinstance(self.shard.max_memory, int):
+            return self.shard.max_memory
+        return max(1 << 26, physical_memory() // 2 // max(1, shard_count))
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain data (round-trips through :func:`from_dict`)."""
@@ -121,6 +129,14 @@ def usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def physical_memory() -> int:
+    """The machine's memory in bytes (8 GiB where the platform does not tell)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 8 << 30
 
 
 # -- validation ------------------------------------------------------------------------
@@ -183,6 +199,12 @@ def from_dict(raw: dict[str, Any]) -> Config:
         if not isinstance(ports, list) or not ports:
             raise ConfigError("shard.ports", f"expected 'auto' or a list of ports, got {ports!r}")
         ports = tuple(_port(f"shard.ports[{i}]", p) for i, p in enumerate(ports))
+    max_memory = sh["max_memory"]
+    if max_memory != "auto":
+        if isinstance(max_memory, bool) or not isinstance(max_memory, int):
+            raise ConfigError("shard.max_memory",
+                              f"expected 'auto' or a number of bytes, got {max_memory!r}")
+        max_memory = _int("shard.max_memory", max_memory, minimum=1)
     advertise = sh["advertise"]
     if not isinstance(advertise, list):
         raise ConfigError("shard.advertise", f"expected a list of host:port, got {advertise!r}")
@@ -231,6 +253,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             ports=ports,
             advertise=tuple(advertise),
             orphan_timeout=_positive_number("shard.orphan_timeout", sh["orphan_timeout"]),
+            max_memory=max_memory,
         ),
     )
     return config

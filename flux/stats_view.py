@@ -63,8 +63,9 @@ def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = (),
 def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
     """Shards, their counters, topics and subscriptions, one table each (empty ones
     left out); each fits 80 columns for short topic names."""
-    shards = _table("Shards", ("shard", "generation", "up", "sessions", "topics", "retired"),
-                    left=("generation",))
+    shards = _table("Shards", ("shard", "generation", "up", "sessions", "topics", "memory"),
+                    left=("generation",),
+                    caption="memory: what messages and ids take, of shard.max_memory")
     counters = _table("Counters (since the shard started)", ("shard", *COUNTERS))
     topics = _table("Topics", ("topic", "shard", "oldest", "next", "held", "bytes", "dedup ids",
                                "subs"), left=("topic",))
@@ -75,7 +76,7 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
         reply = stats[index]
         shards.add_row(str(index), f"{reply['generation']:#018x}", _duration(reply["uptime"]),
                        str(reply["sessions"]), str(len(reply["topics"])),
-                       f"{reply.get('retired_topics', 0):,}")
+                       f"{_bytes(reply.get('memory', 0))} / {_bytes(reply.get('max_memory', 0))}")
         counted = reply.get("counters", {})
         counters.add_row(str(index), *(f"{counted.get(key, 0):,}" for key in COUNTERS))
         for name in sorted(reply["topics"]):
@@ -90,6 +91,9 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                 subs.add_row(name, shown, sub["mode"], state, f"{sub['cursor']:,}",
                              f"{max(0, topic['next_offset'] - sub['cursor']):,}",
                              f"{sub['in_flight']:,}")
+    retired = sum(reply.get("retired_topics", 0) for reply in stats.values())
+    if retired:
+        topics.title = f"Topics ({retired:,} more retired: empty, only their next offset kept)"
     return [t for t in (shards, counters, topics, subs) if t.row_count]
 
 

@@ -46,8 +46,21 @@ def refused(path: str, *args: Any, **kwargs: Any) -> ConfigError:
 # -- defaults --------------------------------------------------------------------------
 
 
-def test_defaults_equal_design_section_2() -> None:
-    assert Config().to_dict() == DESIGN_DEFAULTS
+# keys added since the design (README, configuration table)
+ADDED_DEFAULTS: dict[str, Any] = {"shard": {"max_memory": "auto"}}
+
+
+def test_defaults_equal_design_section_2_plus_the_added_keys() -> None:
+    expected = {key: ({**value, **ADDED_DEFAULTS.get(key, {})} if isinstance(value, dict)
+                      else value) for key, value in DESIGN_DEFAULTS.items()}
+    assert Config().to_dict() == expected
+
+
+def test_shard_max_memory_is_half_the_machine_per_shard_unless_set() -> None:
+    assert Config().shard_max_memory(2) == config.physical_memory() // 4
+    assert Config().replace({"shard.max_memory": 5_000_000}).shard_max_memory(2) == 5_000_000
+    refused("shard.max_memory", overrides=["shard.max_memory=1G"])
+    refused("shard.max_memory", overrides=["shard.max_memory=0"])
 
 
 def test_defaults_table_equals_the_dataclass_defaults() -> None:

@@ -324,6 +324,8 @@ class ShardState:
         topic = self.core.topics.get(TOPIC)
         core_subs = topic.subs if topic is not None else {}
         assert sorted(core_subs) == sorted(self.subs), "G6: which subscriptions exist"
+        # shard.max_memory counts what every topic holds, kept up to date as it changes
+        assert self.core.memory == sum(t.footprint() for t in self.core.topics.values())
         # the subscriber pass walks the topics indexed as subscribed: all of them
         assert self.core._subscribed == {
             name: t for name, t in self.core.topics.items() if t.subs}, "subscribed index"

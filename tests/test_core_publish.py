@@ -181,6 +181,56 @@ def test_topic_full_refusal_is_not_remembered_as_accepted() -> None:
     assert client.publish("id1", payload=b"0123456789") == [[OK, 1, False]]
 
 
+# -- shard.max_memory: what all topics of a shard hold ---------------------------------
+
+# a 10-byte payload with a 3-character id: 10 + 3 + MESSAGE_COST (60) in the log,
+# 3 + REMEMBERED_ID_COST (100) in the dedup window
+COST = 10 + 3 + 60 + 3 + 100
+
+
+def test_shard_memory_counts_every_topic_and_refuses_past_max_memory() -> None:
+    shard = Shard({"shard.max_memory": 3 * COST})
+    client = shard.connect()
+    assert client.publish("id0", "id1", payload=b"0123456789")[1] == [OK, 1, False]
+    results = client.publish_rows([["other.topic", "id2", b"0123456789"],
+                                   ["other.topic", "id3", b"0123456789"]])
+    assert results[0] == [OK, 0, False]
+    assert results[1][0] == errors.TopicFull.code
+    stats = shard.stats()
+    assert (stats["memory"], stats["max_memory"]) == (3 * COST, 3 * COST)
+    # G3 before the limit: a duplicate is still answered with its offset
+    assert client.publish("id1", payload=b"0123456789") == [[OK, 1, True]]
+
+
+def test_shard_memory_is_released_as_messages_and_ids_go_and_topics_retire() -> None:
+    shard = Shard({"shard.max_memory": 2 * COST})
+    client = shard.connect()
+    client.publish("id0", "id1", payload=b"0123456789")
+    assert client.publish("id2", payload=b"0123456789")[0][0] == errors.TopicFull.code
+    shard.advance(30.0)   # messages trimmed (ttl 20), ids remembered (window 50)
+    assert shard.stats()["memory"] == 2 * (3 + 100)
+    assert client.publish("id2", payload=b"0123456789")[0][0] == errors.TopicFull.code
+    shard.advance(100.0)  # everything gone: the topic is retired
+    assert shard.stats()["memory"] == 0 and TOPIC in shard.core.retired
+    assert client.publish("id2", payload=b"0123456789") == [[OK, 2, False]]
+    assert shard.stats()["memory"] == COST
+
+
+def test_shard_memory_matches_a_recount_after_any_publishes() -> None:
+    """The running figure equals the sum of the topics' footprints (fast and slow paths,
+    duplicates, refusals, several topics in one frame)."""
+    shard = Shard({"topic.max_bytes": 200, "shard.max_memory": 100_000})
+    client = shard.connect()
+    client.publish_rows([["a.b", "x", b"1" * 50], ["c.d", "y", b"2"], ["a.b", "x", b"3"],
+                         ["a.b", "z" * 40, b"4" * 90], ["e.f", "w", "not bytes"]])
+    client.publish("m1", "m2", "m3", payload=b"p" * 20)
+    client.publish("m2", "m4", payload=b"q" * 5)
+    core = shard.core
+    assert core.memory == sum(t.footprint() for t in core.topics.values()) > 0
+    shard.advance(30.0)
+    assert core.memory == sum(t.footprint() for t in core.topics.values()) > 0
+
+
 def test_more_than_buffer_publishes_of_one_topic_in_a_frame_get_busy() -> None:
     """G5/§2 topic.buffer: items past the buffer get Busy; the others are stored."""
     shard = Shard({"topic.buffer": 3})

@@ -13,7 +13,8 @@ from flux import stats_view
 
 def reply(index: int, topics: dict[str, Any]) -> dict[str, Any]:
     return {"index": index, "generation": 0xAB, "shard_count": 2, "uptime": 3725.0,
-            "sessions": 2, "counters": {"published": 1234, "acked": 5}, "topics": topics}
+            "sessions": 2, "counters": {"published": 1234, "acked": 5}, "memory": 123456,
+            "max_memory": 6 << 30, "retired_topics": index + 1, "topics": topics}
 
 
 TOPIC = {"oldest": 10, "next_offset": 50, "held": 40, "held_bytes": 5000, "dedup_ids": 45,
@@ -36,7 +37,8 @@ def test_tables_show_shards_topics_and_subscription_lag() -> None:
     assert text.index("Shards") < text.index("Counters") < text.index("Topics") \
         < text.index("Subscriptions")
     assert "0x00000000000000ab" in text and "1h02m" in text and "1,234" in text
-    assert "4.9 KiB" in text
+    assert "4.9 KiB" in text and "120.6 KiB / 6.0 GiB" in text
+    assert "Topics (3 more retired" in text
     rows = [line for line in text.splitlines() if "orders.eu" in line and "push" in line]
     billing = next(r for r in rows if "billing" in r).split("│")
     assert [c.strip() for c in billing[5:8]] == ["20", "30", "7"]   # cursor, lag, in flight

@@ -61,6 +61,7 @@ class Cleanup(ShardState):
             dedup = topic.dedup
             if dedup.due_at() <= now:
                 budget -= dedup.expire(now, budget)
+                self._recount(topic)
                 if budget <= 0:
                     return False  # this topic may have more: the next slice visits it again
             log = topic.log
@@ -72,6 +73,7 @@ class Cleanup(ShardState):
                 first = log.oldest
                 dropped = log.trim(below, now - ttl, budget)
                 if dropped:
+                    self._recount(topic)
                     self.counters["trimmed"] += dropped
                     self._emit("trimmed", topic.name, first, dropped)
                     budget -= dropped
@@ -90,6 +92,7 @@ class Cleanup(ShardState):
         subscription, keeping only its next offset (a topic used again continues
         from it, G1); one that never stored a message leaves nothing behind."""
         del self.topics[topic.name]
+        self.memory -= topic.counted
         next_offset = topic.log.next_offset
         if next_offset:
             self.retired[topic.name] = next_offset

@@ -135,6 +135,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         return {"index": self.index, "generation": self.generation,
                 "shard_count": self.shard_count, "uptime": now - self._started,
                 "sessions": len(self.sessions), "counters": dict(self.counters),
+                "memory": self.memory, "max_memory": self.max_memory,
                 "retired_topics": len(self.retired), "topics": topics}
 
     _handlers: ClassVar[dict[int, Callable[[Any, Session, list[Any], float], None]]] = {

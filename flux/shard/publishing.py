@@ -14,7 +14,9 @@ from typing import Any
 from flux import errors
 from flux.shard.dedup import EXPIRE_SLICE
 from flux.shard.state import (
+    MESSAGE_COST,
     MESSAGE_FRAME_SLACK,
+    REMEMBERED_ID_COST,
     P,
     Session,
     ShardState,
@@ -69,6 +71,7 @@ class Publishing(ShardState):
         session.out.append([P.PUBLISHED, rid, self.generation, results])
         dirty = self._dirty
         for topic in touched.values():
+            self._recount(topic)  # (the dedup window may also have forgotten ids)
             for sub in topic.subs.values():
                 if sub.session is not None:
                     dirty[id(sub)] = sub
@@ -108,6 +111,11 @@ class Publishing(ShardState):
         if topic.held_bytes(now) + size + id_bytes > self.config.topic.max_bytes:
             return None
         log, dedup = topic.log, topic.dedup
+        cost = size + n * MESSAGE_COST
+        if dedup.window > 0:
+            cost += id_bytes + n * REMEMBERED_ID_COST
+        if self.memory + cost > self.max_memory:
+            return None
         first = log.next_offset
         if dedup.window > 0:
             keys = dedup.keys_for(ids)
@@ -119,6 +127,8 @@ class Publishing(ShardState):
         else:
             log.extend(ids, payloads, now, size, lens)
         counts[name] = count
+        self.memory += cost
+        topic.counted += cost
         self.counters["published"] += n
         return [first, [], []]  # every item stored, at first .. first + n - 1
 
@@ -131,6 +141,7 @@ class Publishing(ShardState):
         max_message = self.config.max_frame_bytes - MESSAGE_FRAME_SLACK
         count = counts.get(name, 0)
         held = topic.held_bytes(now)
+        memory, max_memory = self.memory, self.max_memory
         next_offset = topic.log.next_offset
         known = topic.dedup.finder(now)
         dedup_on = topic.dedup.window > 0  # a zero window remembers nothing (G3)
@@ -182,7 +193,16 @@ class Publishing(ShardState):
                 refused.append([i, errors.TopicFull.code,
                                 f"topic {name!r} holds {held} bytes; topic.max_bytes={max_bytes}"])
                 continue
+            cost = size + MESSAGE_COST + (REMEMBERED_ID_COST if dedup_on
+                                          else -len(message_id))
+            if memory + cost > max_memory:
+                offsets.append(P.REFUSED)
+                refused.append([i, errors.TopicFull.code,
+                                f"shard {self.index} holds about {memory} bytes of messages and"
+                                f" ids; shard.max_memory={max_memory}"])
+                continue
             held += size
+            memory += cost
             fresh[message_id] = next_offset
             new_ids.append(message_id)
             new_payloads.append(payload)
@@ -194,6 +214,7 @@ class Publishing(ShardState):
             stored = tuple(new_ids)  # one tuple held by both the log and the dedup window
             first = topic.log.extend(stored, new_payloads, now)
             topic.dedup.remember_all(stored, first, now)
+            self._recount(topic)
             self.counters["published"] += len(new_ids)
         self.counters["duplicates"] += len(duplicates)
         if len(new_ids) == len(ids):  # every item stored new: the first offset stands for all

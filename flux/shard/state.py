@@ -25,6 +25,12 @@ MAX_CREDIT = 1 << 30
 # length is counted in characters: up to 96 more bytes for a 128-byte id)
 MESSAGE_FRAME_SLACK = 256
 FETCH_MAX_MESSAGES = 10_000
+# Memory a held message and a remembered id take beyond their bytes (measured: a held
+# 100-byte message with a 32-character id and its dedup entry costs about 140 bytes
+# more than payload and id; an id alone about 120 more, its string header included).
+# shard.max_memory counts with these, the id twice while its message is held.
+MESSAGE_COST = 60
+REMEMBERED_ID_COST = 100
 
 
 @dataclass(eq=False)
@@ -35,10 +41,17 @@ class Topic:
     log: TopicLog
     dedup: DedupWindow
     subs: dict[str, Subscription] = field(default_factory=dict)
+    counted: int = 0  # its footprint in the shard's ``memory`` when last counted
 
     def held_bytes(self, now: float) -> int:
         """Payload and id bytes held at ``now`` (ids past their dedup window not counted)."""
         return self.log.held_bytes + self.dedup.live_bytes(now)
+
+    def footprint(self) -> int:
+        """The memory its messages and remembered ids take, as shard.max_memory counts it."""
+        log, dedup = self.log, self.dedup
+        return (log.held_bytes + len(log) * MESSAGE_COST
+                + dedup.held_bytes + len(dedup) * REMEMBERED_ID_COST)
 
 
 @dataclass(eq=False)
@@ -71,6 +84,9 @@ class ShardState:
         # a topic used again continues from there, so no offset is reused (G1)
         self.retired: dict[str, int] = {}
         self._subscribed: dict[str, Topic] = {}  # the topics with a subscription
+        # what every topic's messages and ids take (Topic.footprint, summed), and the cap
+        self.memory = 0
+        self.max_memory = config.shard_max_memory(shard_count)
         self.sessions: dict[int, Session] = {}
         self._conn_ids = itertools.count(1)
         self._timer_seq = itertools.count()
@@ -120,6 +136,12 @@ class ShardState:
         """An empty topic, not registered: it continues where a retired one stopped."""
         return Topic(name, TopicLog(self.retired.get(name, 0)),
                      DedupWindow(self.config.message.dedup_window))
+
+    def _recount(self, topic: Topic) -> None:
+        """Bring ``memory`` up to date with ``topic`` after it changed."""
+        now_counted = topic.footprint()
+        self.memory += now_counted - topic.counted
+        topic.counted = now_counted
 
     def _next_offset(self, name: str) -> int:
         """The next offset of ``name`` (held, retired, or never used: 0)."""

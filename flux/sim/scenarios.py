@@ -146,10 +146,14 @@ def dedup(rng: random.Random) -> Workload:
 
 
 def backpressure(rng: random.Random) -> Workload:
-    """Topics so small that publishes hit TopicFull until consumers ack and cleanup runs."""
+    """Topics (and shards) so small that publishes hit TopicFull until consumers ack and
+    cleanup runs."""
     w = default(rng)
     config = dict(w.config)
     config["topic"] = {"max_bytes": rng.choice((300, 600, 1200)), "buffer": rng.choice((2, 64))}
+    # sometimes the shard's limit is the tighter one (shared by its topics)
+    config["shard"] = {**w.config["shard"],  # type: ignore[dict-item]
+                       "max_memory": rng.choice((1500, 3000, 1 << 30))}
     config["message"] = {**w.config["message"], "ttl": 0.5, "cleanup_time": 0.25,  # type: ignore[dict-item]
                          "dedup_window": 3.0}
     producers = tuple(replace(p, batch=4) for p in w.producers)
