@@ -73,8 +73,9 @@ class DedupWindow:
         self.window = window
         self.block_ids = block_ids
         self._known = untracked_set()           # every id of the marks not forgotten
-        self._blocks: deque[dict[str, int]] = deque()  # id -> mark number, oldest block first
-        self._starts: deque[int] = deque()      # the number of each block's first mark
+        # lists, not deques: a deque costs 760 bytes even empty, and a topic has two
+        self._blocks: list[dict[str, int]] = []  # id -> mark number, oldest block first
+        self._starts: list[int] = []            # the number of each block's first mark
         self._filled = 0                        # ids in the newest block
         self._ids: list[tuple[str, ...]] = []   # mark k: these ids, ...
         self._offset: list[int] = []            # ... at consecutive offsets from this one, ...
@@ -246,9 +247,11 @@ class DedupWindow:
     def _drop_blocks(self, forgotten: int) -> None:
         """Drop the blocks whose marks are all forgotten (numbers below ``forgotten``)."""
         starts = self._starts
-        while len(starts) > 1 and starts[1] <= forgotten:
-            starts.popleft()
-            self._blocks.popleft()
+        drop = 0
+        while drop + 1 < len(starts) and starts[drop + 1] <= forgotten:
+            drop += 1
+        if drop:  # (few blocks: a window holds at most a few hundred)
+            del starts[:drop], self._blocks[:drop]
         if starts and forgotten >= self.next_mark:  # every mark is forgotten
             starts.clear()
             self._blocks.clear()
