@@ -345,3 +345,24 @@ def test_to_dict_is_plain_data_that_yaml_can_write_and_load_back(tmp_path: Path)
     path = tmp_path / "dumped.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     assert config.load(path) == cfg
+
+
+def test_readme_configuration_table_lists_every_key_with_its_default() -> None:
+    """The README's configuration reference is complete and its defaults are the real ones."""
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z_.]+)` \| `([^`]*)` \|", section, re.MULTILINE))
+
+    def flat(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key, value in data.items():
+            if isinstance(value, dict):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                text = f"{value:g}" if isinstance(value, float) else str(value)
+                out[f"{prefix}{key}"] = text
+        return out
+
+    assert rows == flat(Config().to_dict())
