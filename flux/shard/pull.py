@@ -56,8 +56,10 @@ class Pull(ShardState):
         topic = self.topics.get(name)
         if opts.get("name") is not None:
             self._pull_sub(topic, opts.get("name"), now)
-        oldest = next_offset = self._next_offset(name)  # (when it holds no topic)
-        first = offset
+        # a topic it holds no log of (never used, or retired) reads as empty at its next
+        # offset, as a held topic whose messages were all cleaned up does
+        oldest = next_offset = self._next_offset(name)
+        first = max(offset, oldest)
         ids: list[str] = []
         payloads: Sequence[bytes] = []
         times: list[float | int] = []
