@@ -63,8 +63,32 @@ def _subscriber(rng: random.Random, i: int, topic: str, behaviour: str) -> Subsc
     return spec
 
 
+def _puller(rng: random.Random, i: int, topic: str) -> SubscriberSpec:
+    """A pull reader: pages of 1-20 messages, a commit every 1-3 pages, either on_reset."""
+    spec = SubscriberSpec(name=f"s{i}", topic=topic, sub_name=f"pull{i}", behaviour="puller",
+                          live=True, churn=rng.uniform(3.0, 10.0),
+                          page=rng.choice((1, 2, 5, 20)), commit_every=rng.randint(1, 3),
+                          on_reset=rng.choice(("earliest", "raise")))
+    start = rng.random()
+    if start < 0.6:
+        spec = replace(spec, read_old=True)
+    elif start < 0.8:
+        spec = replace(spec, from_offset=rng.randint(0, 3))
+    return spec
+
+
+def _with_pullers(rng: random.Random, topics: tuple[str, ...],
+                  subscribers: list[SubscriberSpec]) -> tuple[SubscriberSpec, ...]:
+    """Most runs get one or two pull readers besides their push subscribers."""
+    if rng.random() < 0.75:
+        first = len(subscribers)
+        subscribers = subscribers + [_puller(rng, first + k, rng.choice(topics))
+                                     for k in range(rng.randint(1, 2))]
+    return tuple(subscribers)
+
+
 def default(rng: random.Random) -> Workload:
-    """Every behaviour and every fault kind, 1-3 shards."""
+    """Every behaviour (pull readers too) and every fault kind, 1-3 shards."""
     shards = rng.randint(1, 3)
     topics = _topics(rng, rng.randint(2, 4))
     producers = tuple(ProducerSpec(f"p{i}", topics, count=rng.randint(20, 50),
@@ -79,8 +103,8 @@ def default(rng: random.Random) -> Workload:
         topic, i = rng.choice(topics), len(subscribers)
         subscribers += [replace(_subscriber(rng, i + k, topic, "takeover"), sub_name=f"shared{i}",
                                 churn=rng.uniform(3.0, 8.0)) for k in range(2)]
-    return Workload("default", base_config(rng, shards), topics, producers, tuple(subscribers),
-                    FaultMix(ALL_FAULTS))
+    return Workload("default", base_config(rng, shards), topics, producers,
+                    _with_pullers(rng, topics, subscribers), FaultMix(ALL_FAULTS))
 
 
 def no_faults(rng: random.Random) -> Workload:
@@ -123,10 +147,11 @@ def cleanup(rng: random.Random) -> Workload:
     config["message"] = {**w.config["message"], "ttl": 0.5, "cleanup_time": 0.25}  # type: ignore[dict-item]
     config["subscriber"] = {**w.config["subscriber"],  # type: ignore[dict-item]
                             "inactive_time": rng.choice((1.0, 2.0)), "cleanup_time": 0.25}
-    subs = tuple(_subscriber(rng, i, rng.choice(w.topics),
-                             rng.choice(("unsub", "flaky", "reader", "ack", "never")))
-                 for i in range(rng.randint(3, 6)))
-    return replace(w, scenario="cleanup", config=config, subscribers=subs,
+    subs = [_subscriber(rng, i, rng.choice(w.topics),
+                        rng.choice(("unsub", "flaky", "reader", "ack", "never")))
+            for i in range(rng.randint(3, 6))]
+    return replace(w, scenario="cleanup", config=config,
+                   subscribers=_with_pullers(rng, w.topics, subs),
                    mix=FaultMix((("pause", 1.0), ("stall", 1.0), ("crash", 0.3)), count=(0, 4)))
 
 
