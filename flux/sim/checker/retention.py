@@ -21,10 +21,29 @@ def check(index: Index, report: Report) -> None:
     _check_ephemeral_deletions(index, report)
 
 
-def _ack_times(inc: Incarnation) -> dict[int, float]:
-    """When an ack covering each offset was first sent by any session of ``inc``."""
+def _commits(index: Index) -> dict[tuple[str, str], list[tuple[float, int | None, int]]]:
+    """Every COMMIT sent, by (topic, subscription name): (when, generation, offset)."""
+    commits: dict[tuple[str, str], list[tuple[float, int | None, int]]] = {}
+    for e in index.history:
+        if isinstance(e, h.CommitSent):
+            commits.setdefault((e.topic, e.name), []).append((e.t, e.generation, e.offset))
+    return commits
+
+
+def _ack_times(inc: Incarnation,
+               commits: dict[tuple[str, str], list[tuple[float, int | None, int]]]) -> dict[int, float]:
+    """When an ack covering each offset was first sent by any session of ``inc``, or a
+    COMMIT past it (pull) named it: any COMMIT of its name and generation (or of no
+    stated generation), even one sent to an earlier incarnation, which may arrive late."""
     delivered: dict[int, set[int]] = {}
     acked: dict[int, float] = {}
+    if inc.name is not None:
+        through = 0   # every offset below it is committed from the time of the commit
+        for t, generation, offset in commits.get((inc.topic, inc.name), ()):
+            if generation in (None, inc.generation) and offset > through:
+                for o in range(max(through, inc.start), offset):
+                    acked.setdefault(o, t)
+                through = offset
     for e in inc.events:
         if isinstance(e, h.Delivered):
             delivered.setdefault(e.session, set()).add(e.offset)
@@ -52,7 +71,8 @@ def _check_trims(index: Index, report: Report) -> None:
     by_topic: dict[tuple[str, int], list[Incarnation]] = {}
     for inc in index.incarnations:
         by_topic.setdefault((inc.topic, inc.generation), []).append(inc)
-    ack_times = {id(inc): _ack_times(inc) for inc in index.incarnations}
+    commits = _commits(index)
+    ack_times = {id(inc): _ack_times(inc, commits) for inc in index.incarnations}
     trimmed = 0
     for position, trim in enumerate(index.history.events):
         if not isinstance(trim, h.Trimmed):
