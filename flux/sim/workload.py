@@ -288,23 +288,26 @@ class Actors:
         state.left = False
         position = committed = await self._pull_subscribe(client, spec, state)
         pages = 0                                  # read since the last commit
+        idle = 0                                   # empty pages in a row
         leave = self._next_churn(spec, rng)
         while trio.current_time() < leave:
             healed = self.healed.is_set()
             try:
                 page = await client.fetch(topic, position, spec.page, name=name,
                                           generation=state.generation)
-                for m in page.messages:
-                    self.world.record(h.Consumed(trio.current_time(), spec.subscriber, topic,
-                                                 m.generation, m.offset, m.id, 1))
                 position = page.messages[-1].offset + 1 if page.messages \
                     else max(position, page.oldest)
                 if not page.messages:
                     if position > committed:
                         committed = await client.commit(topic, name, position, state.generation)
                         pages = 0
-                    await trio.sleep(rng.uniform(0.05, 0.3 if healed else 0.5))
+                    # poll, backing off while nothing comes (up to 3 s: longer than two
+                    # heartbeat periods in some configs, so an idle pull subscription goes
+                    # inactive, keeps what it holds, and the next FETCH wakes it)
+                    idle += 1
+                    await trio.sleep(rng.uniform(0.5, 1.0) * min(0.2 * 2 ** idle, 3.0))
                     continue
+                idle = 0
                 pages += 1
                 roll = rng.random()
                 if not healed:
