@@ -65,7 +65,7 @@ def _subscriber(rng: random.Random, i: int, topic: str, behaviour: str) -> Subsc
 
 def _puller(rng: random.Random, i: int, topic: str) -> SubscriberSpec:
     """A pull reader: pages of 1-20 messages, a commit every 1-3 pages, either on_reset."""
-    spec = SubscriberSpec(name=f"s{i}", topic=topic, sub_name=f"pull{i}", behaviour="puller",
+    spec = SubscriberSpec(name=f"r{i}", topic=topic, sub_name=f"pull{i}", behaviour="puller",
                           live=True, churn=rng.uniform(3.0, 10.0),
                           page=rng.choice((1, 2, 5, 20)), commit_every=rng.randint(1, 3),
                           on_reset=rng.choice(("earliest", "raise")))
@@ -79,11 +79,14 @@ def _puller(rng: random.Random, i: int, topic: str) -> SubscriberSpec:
 
 def _with_pullers(rng: random.Random, topics: tuple[str, ...],
                   subscribers: list[SubscriberSpec]) -> tuple[SubscriberSpec, ...]:
-    """Most runs get one or two pull readers besides their push subscribers."""
+    """Most runs get a pull reader (some two), in place of a push subscriber when they
+    have more than three (so a run costs about what it did)."""
     if rng.random() < 0.75:
-        first = len(subscribers)
-        subscribers = subscribers + [_puller(rng, first + k, rng.choice(topics))
-                                     for k in range(rng.randint(1, 2))]
+        pullers = [_puller(rng, k, rng.choice(topics))
+                   for k in range(1 if rng.random() < 0.7 else 2)]
+        plain = [i for i, s in enumerate(subscribers) if s.behaviour != "takeover"]
+        drop = set(plain[3:][-len(pullers):])
+        subscribers = [s for i, s in enumerate(subscribers) if i not in drop] + pullers
     return tuple(subscribers)
 
 
