@@ -282,6 +282,22 @@ def resume_forgets_commit() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.dict(ShardCore._handlers, {protocol.SUBSCRIBE: subscribe})
 
 
+def fetch_keeps_nothing_alive() -> contextlib.AbstractContextManager[Any]:
+    """G6: a FETCH does not count as activity, so a pull subscription read but not
+    committed to goes inactive and is deleted under its reader."""
+    original = ShardCore._handlers[protocol.FETCH]
+
+    def fetch(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
+        opts = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
+        topic = self.topics.get(opts.get("topic"))
+        sub = topic.subs.get(opts.get("name")) if topic is not None else None
+        kept = (sub.active, sub.last_activity, sub.inactive_since) if sub is not None else None
+        original(self, session, frame, now)
+        if sub is not None and kept is not None:
+            sub.active, sub.last_activity, sub.inactive_since = kept
+    return mock.patch.dict(ShardCore._handlers, {protocol.FETCH: fetch})
+
+
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
     "duplicate-wrong-offset": duplicate_wrong_offset,
@@ -303,6 +319,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "commit-moves-back": commit_moves_back,
     "cleanup-ignores-pull-cursors": cleanup_ignores_pull_cursors,
     "resume-forgets-commit": resume_forgets_commit,
+    "fetch-keeps-nothing-alive": fetch_keeps_nothing_alive,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise).

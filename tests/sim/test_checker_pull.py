@@ -209,3 +209,14 @@ def test_the_tap_records_fetch_and_commit_both_ways() -> None:
     (refused,) = history.of(h.PullRefused)
     assert (refused.request, refused.error, refused.generation) == ("commit", "TopicReset", 4)
     assert len(history.of(h.CommitSent)) == 2 and len(history.of(h.FetchSent)) == 1
+
+
+def test_a_pull_subscription_deleted_while_it_is_read_breaks_g6() -> None:
+    """G6: a FETCH naming it keeps it active; deleted sooner than inactive_time (4 s)
+    after one was sent is too early, after that it is fine."""
+    for fetched, rules in ((3.0, ["G6/deleted-too-early"]), (1.0, [])):
+        s = Reader().hello(0.0).pull(0.01).publish(0.1, "a", 0)
+        assert isinstance(s, Reader)
+        s.fetch(0.2, 0, ("a",)).commit(0.3, 1).fetch(fetched, 1, ())
+        s.add(h.SubscriptionGone(6.0, 0, G, "t", "n"))
+        assert [r for r in s.end().rules() if r.startswith("G6")] == rules, fetched

@@ -143,6 +143,17 @@ def _check_ephemeral_deletions(index: Index, report: Report) -> None:
                        f" touched it and the session had not ended by {heard_by:.3f}")
 
 
+def _pull_activity(index: Index) -> dict[tuple[str, int, str | None], list[tuple[float, float]]]:
+    """Every FETCH or COMMIT a pull subscription answered (it existed, and was active,
+    when the shard handled it, which was after it was sent): (sent, answered) by key."""
+    seen: dict[tuple[str, int, str | None], list[tuple[float, float]]] = {}
+    for e in index.history:
+        if isinstance(e, (h.Fetched, h.Committed)) and e.name is not None \
+                and e.generation is not None:
+            seen.setdefault((e.topic, e.generation, e.name), []).append((e.requested, e.t))
+    return seen
+
+
 def _check_subscription_lifetimes(index: Index, report: Report) -> None:
     p = index.params
     oracle = bool(index.history.meta.get("oracle", False))
@@ -150,10 +161,17 @@ def _check_subscription_lifetimes(index: Index, report: Report) -> None:
     for inc in index.incarnations:
         if inc.name is not None:
             by_key.setdefault(inc.key, []).append(inc)
+    pulled = _pull_activity(index) if oracle else {}
     for incs in by_key.values():
         for i, inc in enumerate(incs):
             successor = incs[i + 1] if i + 1 < len(incs) else None
             evidence = max(index.last_attached(s) for s in inc.sessions)
+            if inc.deleted_at is not None:
+                # a FETCH or COMMIT naming it, answered before the oracle saw it deleted,
+                # was handled (after it was sent) by it or by one deleted before it was
+                # created: either way it cannot go inactive_time after that sending
+                evidence = max([evidence] + [sent for sent, t in pulled.get(inc.key, ())
+                                             if t < inc.deleted_at])
             earliest = evidence + p.inactive_time
             gone = inc.deleted_at
             if gone is None and successor is not None:
