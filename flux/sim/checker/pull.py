@@ -45,7 +45,7 @@ def check(index: Index, report: Report) -> None:
     subscribed: dict[Key, list[h.Subscribed]] = {}
     commits: dict[tuple[str, str], list[tuple[float, int | None, int]]] = {}
     gone = _Deletions()
-    fetches = 0
+    fetches = gaps = 0
     for e in history:
         if isinstance(e, h.PublishAttempted):
             attempted.add((e.topic, e.id))
@@ -71,17 +71,20 @@ def check(index: Index, report: Report) -> None:
                     _Cursor(e.requested, e.t, e.cursor, "committed to"))
         elif isinstance(e, h.Fetched):
             fetches += 1
+            gaps += e.first > e.offset and e.name is not None
             _check_page(e, ids, attempted, acked, report)
         elif isinstance(e, h.SubscriptionGone):
             gone.add((e.topic, e.generation, e.name), e.t)
         elif isinstance(e, h.ShardStopped):
             gone.stop(e.generation, e.t)
     report.count("fetched_pages", fetches)
+    report.count("fetch_gaps", gaps)   # pages that found offsets they asked for cleaned up
     if history.meta.get("oracle", False):
         for key, seen in cursors.items():
             _check_cursors(key, seen, gone, report)
-        for e in history.of(h.Fetched):
-            _check_skipped(e, subscribed, commits, gone, report)
+        judged = sum(_check_skipped(e, subscribed, commits, gone, report)
+                     for e in history.of(h.Fetched))
+        report.count("fetch_gaps_judged", judged)
     _check_liveness(index, cursors, acked, report)
 
 
@@ -163,20 +166,21 @@ def _check_cursors(key: Key, seen: list[_Cursor], gone: _Deletions, report: Repo
 
 def _check_skipped(e: h.Fetched, subscribed: dict[Key, list[h.Subscribed]],
                    commits: dict[tuple[str, str], list[tuple[float, int | None, int]]],
-                   gone: _Deletions, report: Report) -> None:
+                   gone: _Deletions, report: Report) -> bool:
     """G5: a FETCH that names its pull subscription never finds cleaned up a message
     that subscription still held. A SUBSCRIBED reply that arrived before the FETCHED
     says the subscription held every offset from its start (created) or cursor
     (resumed) on, and kept holding each until a COMMIT past it: if no COMMIT past an
     offset was sent before the reply arrived, and the subscription may not have been
-    deleted meanwhile, the page must not start above it."""
+    deleted meanwhile, the page must not start above it. True if the page skipped
+    offsets (cleaned up) and the rule could judge it."""
     if e.name is None or e.first <= e.offset:
-        return
+        return False
     key = (e.topic, e.generation, e.name)
     held = min((s.start if s.created else s.cursor for s in subscribed.get(key, ())
                 if s.t < e.t and not gone.between(key, s.requested, e.t)), default=None)
     if held is None:
-        return
+        return False
     committed = max((offset for t, generation, offset in commits.get((e.topic, e.name), ())
                      if t < e.t and generation in (None, e.generation)), default=0)
     low = max(e.offset, held, committed)
@@ -185,6 +189,7 @@ def _check_skipped(e: h.Fetched, subscribed: dict[Key, list[h.Subscribed]],
                    f"{e.subscriber}: FETCH {e.topic}@{e.offset} started at {e.first} (oldest"
                    f" {e.oldest}); offsets {low}..{e.first - 1} were held for subscription"
                    f" {e.name} (from {held}, committed to {committed}) and not committed past")
+    return True
 
 
 def _check_liveness(index: Index, cursors: dict[Key, list[_Cursor]],
