@@ -287,6 +287,12 @@ class Actors:
         topic, name = spec.topic, spec.sub_name
         state.left = False
         position = committed = await self._pull_subscribe(client, spec, state)
+        if state.checkpoint is not None and not self.healed.is_set() and rng.random() < 0.3:
+            # resume from a checkpoint of its own, older than the cursor (as a job restored
+            # from an earlier checkpoint does): what lies below the cursor may be gone
+            generation, offset = state.checkpoint
+            if generation == state.generation:
+                position = min(position, offset)
         pages = 0                                  # read since the last commit
         idle = 0                                   # empty pages in a row
         leave = self._next_churn(spec, rng)
@@ -317,6 +323,8 @@ class Actors:
                 elif healed or pages >= spec.commit_every:
                     committed = await client.commit(topic, name, position, state.generation)
                     pages = 0
+                    if state.generation is not None and rng.random() < 0.3:
+                        state.checkpoint = (state.generation, committed)
                 if not healed and roll > 0.95:
                     # a stale commit (a retried job's) must not move the cursor back
                     await client.commit(topic, name, max(0, committed - rng.randint(1, 3)),
@@ -364,6 +372,7 @@ class _PullState:
 
     generation: int | None = None   # the generation it knows (passed on SUBSCRIBE and FETCH)
     left: bool = False              # its last connection ended on purpose
+    checkpoint: tuple[int, int] | None = None   # (generation, offset) of a commit it made
 
 
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
