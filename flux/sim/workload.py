@@ -34,7 +34,8 @@ ENDED = (errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.Topic
          errors.InvalidRequest, errors.RetryDeadlineExceeded, errors.ConnectionLost,
          errors.RequestTimeout)
 
-# Subscriber behaviours; "live" ones must have everything delivered after the heal.
+# Subscriber behaviours; "live" ones must have everything delivered (pullers: read and
+# committed) after the heal.
 BEHAVIOURS = ("ack", "slow", "never", "flaky", "unsub", "strict", "window", "reader", "takeover",
               "ephemeral", "raise", "puller")
 
@@ -263,8 +264,9 @@ class Actors:
         from its position, COMMIT the next offset after every page, a few pages later, or
         not at all (it reads again from the committed cursor, as after a crash), now and
         then go away (long enough, its subscription is deleted) and resume from the cursor
-        the SUBSCRIBED reply reports. It keeps the generation it knows across reconnects,
-        as a checkpoint would, so a shard restart shows as TopicReset or a reset reply."""
+        the SUBSCRIBED reply reports (or an older checkpoint of its own). It keeps the
+        generation it knows across reconnects, as a checkpoint would, so a shard restart
+        shows as TopicReset or a reset reply. Once faults heal it commits every page."""
         rng = self.rng(spec.name)
         host = self.world.client_host(spec.name)
         state = _PullState()
