@@ -293,8 +293,10 @@ class Actors:
             # resume from a checkpoint of its own, older than the cursor (as a job restored
             # from an earlier checkpoint does): what lies below the cursor may be gone
             generation, offset = state.checkpoint
-            if generation == state.generation:
-                position = min(position, offset)
+            if generation == state.generation and offset < position:
+                position = offset
+                if rng.random() < 0.5:  # and commits it again: the cursor must stay
+                    await client.commit(topic, name, offset, state.generation)
         pages = 0                                  # read since the last commit
         idle = 0                                   # empty pages in a row
         leave = self._next_churn(spec, rng)
@@ -327,11 +329,11 @@ class Actors:
                     pages = 0
                     if state.generation is not None and rng.random() < 0.3:
                         state.checkpoint = (state.generation, committed)
-                if not healed and roll > 0.95:
+                if not healed and roll > 0.88:
                     # a stale commit (a retried job's) must not move the cursor back
                     await client.commit(topic, name, max(0, committed - rng.randint(1, 3)),
                                         state.generation)
-                elif not healed and roll > 0.92:
+                elif not healed and roll > 0.85:
                     # a long stall: the subscription goes inactive, perhaps is deleted
                     await self._nap(rng.uniform(0.0, self.inactive_time + 3 * self.heartbeat))
             except PULL_ENDED:
