@@ -267,16 +267,22 @@ def cleanup_ignores_pull_cursors() -> contextlib.AbstractContextManager[Any]:
     return _wrap(ShardCore, "_cleanup_messages", make)
 
 
+def _pull_sub_named(core: ShardCore, frame: list[Any], at: int) -> Subscription | None:
+    """The existing pull subscription the options map at ``frame[at]`` names, if any."""
+    opts = frame[at] if len(frame) > at and isinstance(frame[at], dict) else {}
+    topic = core.topics.get(opts.get("topic"))
+    sub = topic.subs.get(opts.get("name")) if topic is not None else None
+    return sub if sub is not None and sub.mode == "pull" else None
+
+
 def resume_forgets_commit() -> contextlib.AbstractContextManager[Any]:
     """G6: a pull SUBSCRIBE that resumes a subscription puts its cursor back to where
     the subscription started, forgetting every COMMIT."""
     original = ShardCore._handlers[protocol.SUBSCRIBE]
 
     def subscribe(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
-        opts = frame[3] if len(frame) > 3 and isinstance(frame[3], dict) else {}
-        topic = self.topics.get(opts.get("topic")) if opts.get("mode") == "pull" else None
-        sub = topic.subs.get(opts.get("name")) if topic is not None else None
-        if sub is not None and sub.mode == "pull":
+        sub = _pull_sub_named(self, frame, 3)
+        if sub is not None:
             sub.cursor = sub.start_offset
         original(self, session, frame, now)
     return mock.patch.dict(ShardCore._handlers, {protocol.SUBSCRIBE: subscribe})
@@ -288,9 +294,7 @@ def fetch_keeps_nothing_alive() -> contextlib.AbstractContextManager[Any]:
     original = ShardCore._handlers[protocol.FETCH]
 
     def fetch(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
-        opts = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
-        topic = self.topics.get(opts.get("topic"))
-        sub = topic.subs.get(opts.get("name")) if topic is not None else None
+        sub = _pull_sub_named(self, frame, 2)
         kept = (sub.active, sub.last_activity, sub.inactive_since) if sub is not None else None
         original(self, session, frame, now)
         if sub is not None and kept is not None:
