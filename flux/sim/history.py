@@ -109,6 +109,7 @@ class Subscribed(Event):
     read_old: bool = False      # the start options the SUBSCRIBE carried
     from_offset: int | None = None
     on_reset: str = "earliest"
+    mode: str = "push"          # "pull": a pull subscription (nothing attached; FETCH/COMMIT)
 
 
 @_event
@@ -206,6 +207,99 @@ class SessionEnded(Event):
     session: int
     topic: str
     reason: str
+
+
+# -- the pull path ---------------------------------------------------------------------
+
+@_event
+@dataclass(frozen=True, slots=True)
+class FetchSent(Event):
+    """A FETCH left the client: read ``topic`` from ``offset`` on, for pull subscription
+    ``name`` (None: an anonymous read), in the ``generation`` the client knows (or None)."""
+
+    kind: ClassVar[str] = "fetch_sent"
+    subscriber: str
+    client: str
+    shard: int
+    topic: str
+    name: str | None
+    generation: int | None
+    offset: int
+    max_messages: int
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class Fetched(Event):
+    """The FETCHED reply to the FETCH sent at ``requested``: message ``i`` is
+    ``(first + i, ids[i])`` of ``generation``; ``[oldest, next)`` is what the shard held."""
+
+    kind: ClassVar[str] = "fetched"
+    subscriber: str
+    client: str
+    shard: int
+    topic: str
+    name: str | None
+    generation: int
+    asked_generation: int | None  # the generation the FETCH carried
+    offset: int                   # the offset the FETCH asked for
+    max_messages: int
+    oldest: int
+    next: int
+    first: int
+    ids: tuple[str, ...]
+    requested: float
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class CommitSent(Event):
+    """A COMMIT left the client: move pull subscription ``name``'s cursor to ``offset``."""
+
+    kind: ClassVar[str] = "commit_sent"
+    subscriber: str
+    client: str
+    shard: int
+    topic: str
+    name: str
+    generation: int | None
+    offset: int
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class Committed(Event):
+    """The COMMITTED reply to the COMMIT of ``offset`` sent at ``requested``: the
+    subscription's cursor after it."""
+
+    kind: ClassVar[str] = "committed"
+    subscriber: str
+    client: str
+    shard: int
+    topic: str
+    name: str
+    generation: int | None      # the generation the COMMIT carried
+    offset: int
+    cursor: int
+    requested: float
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class PullRefused(Event):
+    """An ERROR answered a FETCH or COMMIT (``request``) sent at ``requested``."""
+
+    kind: ClassVar[str] = "pull_refused"
+    subscriber: str
+    client: str
+    shard: int
+    topic: str
+    name: str | None
+    request: str                # "fetch" or "commit"
+    generation: int | None
+    offset: int
+    error: str
+    requested: float
 
 
 @_event

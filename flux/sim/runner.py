@@ -76,7 +76,8 @@ def run(seed: int, scenario: str = "default", plan: FaultPlan | None = None, *,
     history = h.History(meta={
         "seed": seed, "scenario": scenario, "plan": plan.encode(), "config": config.to_dict(),
         "epoch": EPOCH, "latency_bound": LATENCY_BOUND, "oracle": True, "close_reasons": True,
-        "liveness": [{"subscriber": s.subscriber, "topic": s.topic, "from_offset": s.from_offset}
+        "liveness": [{"subscriber": s.subscriber, "topic": s.topic, "from_offset": s.from_offset,
+                      "pull": s.behaviour == "puller"}
                      for s in workload.subscribers if s.live],
         "canaries": [[t, f"canary-{t}"] for t in workload.topics],
     })

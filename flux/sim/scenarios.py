@@ -63,8 +63,35 @@ def _subscriber(rng: random.Random, i: int, topic: str, behaviour: str) -> Subsc
     return spec
 
 
+def _puller(rng: random.Random, i: int, topic: str) -> SubscriberSpec:
+    """A pull reader: pages of 1-20 messages, a commit every 1-3 pages, either on_reset."""
+    spec = SubscriberSpec(name=f"r{i}", topic=topic, sub_name=f"pull{i}", behaviour="puller",
+                          live=True, churn=rng.uniform(3.0, 10.0),
+                          page=rng.choice((1, 2, 5, 20)), commit_every=rng.randint(1, 3),
+                          on_reset=rng.choice(("earliest", "raise")))
+    start = rng.random()
+    if start < 0.6:
+        spec = replace(spec, read_old=True)
+    elif start < 0.8:
+        spec = replace(spec, from_offset=rng.randint(0, 3))
+    return spec
+
+
+def _with_pullers(rng: random.Random, topics: tuple[str, ...],
+                  subscribers: list[SubscriberSpec]) -> tuple[SubscriberSpec, ...]:
+    """Most runs get a pull reader (some two), in place of a push subscriber when they
+    have more than three (so a run costs about what it did)."""
+    if rng.random() < 0.75:
+        pullers = [_puller(rng, k, rng.choice(topics))
+                   for k in range(1 if rng.random() < 0.7 else 2)]
+        plain = [i for i, s in enumerate(subscribers) if s.behaviour != "takeover"]
+        drop = set(plain[3:][-len(pullers):])
+        subscribers = [s for i, s in enumerate(subscribers) if i not in drop] + pullers
+    return tuple(subscribers)
+
+
 def default(rng: random.Random) -> Workload:
-    """Every behaviour and every fault kind, 1-3 shards."""
+    """Every behaviour (pull readers too) and every fault kind, 1-3 shards."""
     shards = rng.randint(1, 3)
     topics = _topics(rng, rng.randint(2, 4))
     producers = tuple(ProducerSpec(f"p{i}", topics, count=rng.randint(20, 50),
@@ -79,8 +106,8 @@ def default(rng: random.Random) -> Workload:
         topic, i = rng.choice(topics), len(subscribers)
         subscribers += [replace(_subscriber(rng, i + k, topic, "takeover"), sub_name=f"shared{i}",
                                 churn=rng.uniform(3.0, 8.0)) for k in range(2)]
-    return Workload("default", base_config(rng, shards), topics, producers, tuple(subscribers),
-                    FaultMix(ALL_FAULTS))
+    return Workload("default", base_config(rng, shards), topics, producers,
+                    _with_pullers(rng, topics, subscribers), FaultMix(ALL_FAULTS))
 
 
 def no_faults(rng: random.Random) -> Workload:
@@ -123,10 +150,11 @@ def cleanup(rng: random.Random) -> Workload:
     config["message"] = {**w.config["message"], "ttl": 0.5, "cleanup_time": 0.25}  # type: ignore[dict-item]
     config["subscriber"] = {**w.config["subscriber"],  # type: ignore[dict-item]
                             "inactive_time": rng.choice((1.0, 2.0)), "cleanup_time": 0.25}
-    subs = tuple(_subscriber(rng, i, rng.choice(w.topics),
-                             rng.choice(("unsub", "flaky", "reader", "ack", "never")))
-                 for i in range(rng.randint(3, 6)))
-    return replace(w, scenario="cleanup", config=config, subscribers=subs,
+    subs = [_subscriber(rng, i, rng.choice(w.topics),
+                        rng.choice(("unsub", "flaky", "reader", "ack", "never")))
+            for i in range(rng.randint(3, 6))]
+    return replace(w, scenario="cleanup", config=config,
+                   subscribers=_with_pullers(rng, w.topics, subs),
                    mix=FaultMix((("pause", 1.0), ("stall", 1.0), ("crash", 0.3)), count=(0, 4)))
 
 
@@ -162,9 +190,9 @@ def backpressure(rng: random.Random) -> Workload:
 
 
 def topics(rng: random.Random) -> Workload:
-    """Many topics, used in bursts with quiet gaps, most with no subscriber: topics left
+    """Many topics, used in bursts with quiet gaps, most with no reader: topics left
     with nothing are retired by the cleanup pass and used again (G1: their offsets go
-    on; G3, G5 across it)."""
+    on; G3, G5 across it). Pull readers too, on any topic."""
     w = default(rng)
     config = dict(w.config)
     config["message"] = {"ttl": 0.5, "cleanup_time": 0.25, "dedup_window": 3.0}
@@ -179,7 +207,8 @@ def topics(rng: random.Random) -> Workload:
                  for i in range(rng.randint(2, 4)))
     # producers retry across the retirements (lost replies), always inside the window
     return replace(w, scenario="topics", config=config, topics=names, producers=producers,
-                   subscribers=subs, request_timeout=0.5, retry_deadline=1.5, give_up_after=2.5,
+                   subscribers=_with_pullers(rng, names, list(subs)), request_timeout=0.5,
+                   retry_deadline=1.5, give_up_after=2.5,
                    mix=FaultMix((("reset", 2.0), ("stall", 2.0), ("partition", 1.0),
                                  ("crash", 0.3), ("pause", 0.5)), count=(6, 16),
                                 partition=(0.5, 2.5), stall=(0.3, 2.0),

@@ -3,7 +3,8 @@
 :class:`TapStream` wraps the stream a simulated client host opens and passes
 every byte through unchanged, decoding a copy of each direction to record what
 the client sent and saw (publishes and their acks, SUBSCRIBED replies,
-deliveries, acks and confirmations, session ends). It never alters traffic.
+deliveries, acks and confirmations, session ends, and the pull path's FETCH and
+COMMIT requests with their replies or errors). It never alters traffic.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ P = protocol
 _CODE_NAMES = {cls.code: cls.__name__ for cls in (
     errors.WrongShard, errors.TopicFull, errors.Busy, errors.TopicReset,
     errors.UnknownSubscription, errors.SubscriptionInactive, errors.SubscriptionTakenOver,
-    errors.NotDelivered, errors.ShuttingDown, errors.InvalidRequest, errors.ProtocolError)}
+    errors.NotDelivered, errors.OffsetOutOfRange, errors.ShuttingDown, errors.InvalidRequest,
+    errors.ProtocolError)}
 
 
 def error_name(code: Any) -> str:
@@ -119,6 +121,10 @@ class WireTap:
             self.pending[frame[1]] = ("subscribe", frame[2], frame[3], now)
         elif kind == P.UNSUBSCRIBE:
             self.pending[frame[1]] = ("unsubscribe", frame[2])
+        elif kind == P.FETCH:
+            self._pull_request("fetch", frame[1], frame[2], now)
+        elif kind == P.COMMIT:
+            self._pull_request("commit", frame[1], frame[2], now)
         elif kind == P.ACK:
             rid, sid, generation, offsets, through = frame[1:6]
             s = self.sessions.get(sid)
@@ -126,6 +132,21 @@ class WireTap:
                 self.pending[rid] = ("ack", s, tuple(offsets), through, now)
                 self._add(h.AckSent(now, s.subscriber, s.id, s.topic, generation,
                                     tuple(offsets), through))
+
+    def _pull_request(self, request: str, rid: Any, opts: dict[str, Any], now: float) -> None:
+        topic, name, generation = opts["topic"], opts.get("name"), opts.get("generation")
+        offset = opts.get("offset") or 0
+        subscriber = f"{self.client}/{name if name is not None else '~'}"
+        if request == "fetch":
+            max_messages = opts.get("max_messages") or 0
+            self._add(h.FetchSent(now, subscriber, self.client, self.shard, topic, name,
+                                  generation, offset, max_messages))
+            self.pending[rid] = ("fetch", subscriber, topic, name, generation, offset,
+                                 max_messages, now)
+        else:
+            self._add(h.CommitSent(now, subscriber, self.client, self.shard, topic, str(name),
+                                   generation, offset))
+            self.pending[rid] = ("commit", subscriber, topic, name, generation, offset, now)
 
     # -- broker -> client --------------------------------------------------------------
 
@@ -156,6 +177,20 @@ class WireTap:
                                           message_id, attempt, timestamp))
         elif kind == P.PUBLISHED:
             self._published(frame, now)
+        elif kind == P.FETCHED:
+            pending = self.pending.pop(frame[1], None)
+            if pending is not None and pending[0] == "fetch":
+                _, subscriber, topic, name, asked, offset, max_messages, sent = pending
+                body, first, ids = frame[2], frame[3], frame[4]
+                self._add(h.Fetched(now, subscriber, self.client, self.shard, topic, name,
+                                    body["generation"], asked, offset, max_messages,
+                                    body["oldest"], body["next"], first, tuple(ids), sent))
+        elif kind == P.COMMITTED:
+            pending = self.pending.pop(frame[1], None)
+            if pending is not None and pending[0] == "commit":
+                _, subscriber, topic, name, asked, offset, sent = pending
+                self._add(h.Committed(now, subscriber, self.client, self.shard, topic, name,
+                                      asked, offset, frame[2]["cursor"], sent))
         elif kind == P.ACKED:
             self._acked(frame, now)
         elif kind == P.SUBSCRIBED:
@@ -220,11 +255,13 @@ class WireTap:
         opts, sent = pending[2], pending[3]
         name = opts.get("name")
         subscriber = self._subscriber(name, sid)
-        old = self.sessions.get(sid)
+        pull = opts.get("mode") == "pull"
+        old = None if pull else self.sessions.get(sid)
         if old is not None:
             self._add(h.SessionEnded(now, old.subscriber, old.id, old.topic, "replaced"))
         s = _Session(next(self.rec.sessions), subscriber, opts["topic"], body["generation"])
-        self.sessions[sid] = s
+        if not pull:  # a pull SUBSCRIBE attaches nothing: its sid is not used again
+            self.sessions[sid] = s
         if name is None and self.connection is not None:
             self.rec.ephemeral[(self.connection, sid)] = s.id
         self._add(h.Subscribed(now, subscriber, s.id, self.client, self.shard, s.topic, name,
@@ -232,7 +269,8 @@ class WireTap:
                                body["cursor"], bool(body.get("reset", False)),
                                body.get("max_in_flight", 0), opts.get("max_in_flight"), sent,
                                opts.get("generation"), bool(opts.get("read_old", False)),
-                               opts.get("from_offset"), opts.get("on_reset", "earliest")))
+                               opts.get("from_offset"), opts.get("on_reset", "earliest"),
+                               "pull" if pull else "push"))
 
     def _error(self, frame: list[Any], now: float) -> None:
         pending = self.pending.pop(frame[1], None)
@@ -247,6 +285,10 @@ class WireTap:
         elif pending[0] == "ack":
             s = pending[1]
             self._add(h.AckRefused(now, s.subscriber, s.id, s.topic, s.generation, -1, name))
+        elif pending[0] in ("fetch", "commit"):
+            request, subscriber, topic, sub_name, generation, offset = pending[:6]
+            self._add(h.PullRefused(now, subscriber, self.client, self.shard, topic, sub_name,
+                                    request, generation, offset, name, pending[-1]))
 
     def closed(self, reason: str = "lost") -> None:
         """The connection is gone (``lost``: EOF or reset from the other side; ``closed``:

@@ -1,5 +1,6 @@
-"""What simulated clients do: producers that retry with the same id, and subscribers
-that ack, ack slowly, never ack, disconnect, unsubscribe and resubscribe.
+"""What simulated clients do: producers that retry with the same id, subscribers
+that ack, ack slowly, never ack, disconnect, unsubscribe and resubscribe, and pull
+readers that FETCH pages and COMMIT their cursor now, later or not at all.
 
 Each actor is a real ``flux.client.trio`` client on its own tapped host; its
 choices come from a ``random.Random`` of its own, so runs replay. Scenarios
@@ -33,9 +34,14 @@ ENDED = (errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.Topic
          errors.InvalidRequest, errors.RetryDeadlineExceeded, errors.ConnectionLost,
          errors.RequestTimeout)
 
-# Subscriber behaviours; "live" ones must have everything delivered after the heal.
+# Subscriber behaviours; "live" ones must have everything delivered (pullers: read and
+# committed) after the heal.
 BEHAVIOURS = ("ack", "slow", "never", "flaky", "unsub", "strict", "window", "reader", "takeover",
-              "ephemeral", "raise")
+              "ephemeral", "raise", "puller")
+
+# Errors after which a pull reader subscribes again (its subscription is gone, or of
+# another generation) before it reads on.
+PULL_ENDED = (errors.TopicReset, errors.UnknownSubscription, errors.OffsetOutOfRange)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class SubscriberSpec:
     prefetch: int | None = None
     churn: float = 0.0         # mean seconds between disconnects/unsubscribes (0: never)
     on_reset: str = "earliest"
+    page: int = 0              # puller: most messages per FETCH
+    commit_every: int = 1      # puller: pages read between two COMMITs
 
     @property
     def subscriber(self) -> str:
@@ -102,6 +110,7 @@ class Actors:
         sub = workload.config.get("subscriber", {})
         self.timeout = float(sub.get("timeout", 30.0))
         self.inactive_time = float(sub.get("inactive_time", 300.0))
+        self.heartbeat = float(sub.get("heartbeat", 5.0))
 
     def rng(self, name: str) -> random.Random:
         return random.Random(derive_seed(self.seed, "actor", name))
@@ -169,6 +178,9 @@ class Actors:
     # -- subscribers -------------------------------------------------------------------
 
     async def subscriber(self, spec: SubscriberSpec) -> None:
+        if spec.behaviour == "puller":
+            await self.puller(spec)
+            return
         rng = self.rng(spec.name)
         host = self.world.client_host(spec.name)
         while not self._leaving(spec):
@@ -244,6 +256,127 @@ class Actors:
             await msg.ack()
         else:
             await msg.ack()
+
+    # -- pull readers ------------------------------------------------------------------
+
+    async def puller(self, spec: SubscriberSpec) -> None:
+        """A pull reader (the Spark source's path): SUBSCRIBE in pull mode, FETCH pages
+        from its position, COMMIT the next offset after every page, a few pages later, or
+        not at all (it reads again from the committed cursor, as after a crash), now and
+        then go away (long enough, its subscription is deleted) and resume from the cursor
+        the SUBSCRIBED reply reports (or an older checkpoint of its own). It keeps the
+        generation it knows across reconnects, as a checkpoint would, so a shard restart
+        shows as TopicReset or a reset reply. Once faults heal it commits every page."""
+        rng = self.rng(spec.name)
+        host = self.world.client_host(spec.name)
+        state = _PullState()
+        while True:
+            try:
+                async with self._client(host) as client:
+                    await self._pull_loop(client, spec, rng, state)
+            except (errors.FluxError, OSError):
+                pass
+            if self.healed.is_set():
+                await trio.sleep(rng.uniform(0.05, 1.0))
+            elif state.left:  # went away on purpose: perhaps until it is deleted
+                await self._nap(rng.uniform(0.0, 1.5 * (self.inactive_time + 2 * self.heartbeat)))
+            else:
+                await trio.sleep(rng.uniform(0.1, 3.0))
+
+    async def _pull_loop(self, client: Client, spec: SubscriberSpec, rng: random.Random,
+                         state: _PullState) -> None:
+        assert spec.sub_name is not None
+        topic, name = spec.topic, spec.sub_name
+        state.left = False
+        position = committed = await self._pull_subscribe(client, spec, state)
+        if state.checkpoint is not None and not self.healed.is_set() and rng.random() < 0.3:
+            # resume from a checkpoint of its own, older than the cursor (as a job restored
+            # from an earlier checkpoint does): what lies below the cursor may be gone
+            generation, offset = state.checkpoint
+            if generation == state.generation and offset < position:
+                position = offset
+                if rng.random() < 0.5:  # and commits it again: the cursor must stay
+                    await client.commit(topic, name, offset, state.generation)
+        pages = 0                                  # read since the last commit
+        idle = 0                                   # empty pages in a row
+        leave = self._next_churn(spec, rng)
+        while trio.current_time() < leave:
+            healed = self.healed.is_set()
+            try:
+                page = await client.fetch(topic, position, spec.page, name=name,
+                                          generation=state.generation)
+                position = page.messages[-1].offset + 1 if page.messages \
+                    else max(position, page.oldest)
+                if not page.messages:
+                    if position > committed:
+                        committed = await client.commit(topic, name, position, state.generation)
+                        pages = 0
+                    # poll, backing off while nothing comes (up to 3 s: longer than two
+                    # heartbeat periods in some configs, so an idle pull subscription goes
+                    # inactive, keeps what it holds, and the next FETCH wakes it)
+                    idle += 1
+                    await trio.sleep(rng.uniform(0.5, 1.0) * min(0.2 * 2 ** idle, 3.0))
+                    continue
+                idle = 0
+                pages += 1
+                roll = rng.random()
+                if not healed:
+                    await trio.sleep(rng.uniform(0.0, 0.2))    # processing the page
+                if not healed and roll < 0.1:
+                    position, pages = committed, 0             # "crashed": read it again
+                elif healed or pages >= spec.commit_every:
+                    committed = await client.commit(topic, name, position, state.generation)
+                    pages = 0
+                    if state.generation is not None and rng.random() < 0.3:
+                        state.checkpoint = (state.generation, committed)
+                if not healed and roll > 0.88:
+                    # a stale commit (a retried job's) must not move the cursor back
+                    await client.commit(topic, name, max(0, committed - rng.randint(1, 3)),
+                                        state.generation)
+                elif not healed and roll > 0.85:
+                    # a long stall: the subscription goes inactive, perhaps is deleted
+                    await self._nap(rng.uniform(0.0, self.inactive_time + 3 * self.heartbeat))
+            except PULL_ENDED:
+                position = committed = await self._pull_subscribe(client, spec, state)
+                pages = 0
+        state.left = True
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep, but no longer than until the heal (a live reader reads on then)."""
+        with trio.move_on_after(seconds):
+            await self.healed.wait()
+
+    async def _pull_subscribe(self, client: Client, spec: SubscriberSpec,
+                              state: _PullState) -> int:
+        """Create or resume the pull subscription; returns the cursor to read from."""
+        assert spec.sub_name is not None
+        read_old, from_offset = spec.read_old, spec.from_offset
+        try:
+            info = await client.subscribe_pull(
+                spec.topic, spec.sub_name, read_old=read_old, from_offset=from_offset,
+                generation=state.generation, on_reset=spec.on_reset)
+        except errors.TopicReset:
+            # on_reset="raise": the reader hears of the restart and starts afresh
+            state.generation = None
+            info = await client.subscribe_pull(spec.topic, spec.sub_name, read_old=read_old,
+                                               from_offset=from_offset)
+        except errors.OffsetOutOfRange:
+            # from_offset is past the end (a restart, or cleanup after it was deleted,
+            # left fewer messages): read what is held instead
+            info = await client.subscribe_pull(spec.topic, spec.sub_name, read_old=True,
+                                               generation=state.generation,
+                                               on_reset=spec.on_reset)
+        state.generation = info.generation
+        return info.cursor
+
+
+@dataclass
+class _PullState:
+    """What a pull reader keeps across connections."""
+
+    generation: int | None = None   # the generation it knows (passed on SUBSCRIBE and FETCH)
+    left: bool = False              # its last connection ended on purpose
+    checkpoint: tuple[int, int] | None = None   # (generation, offset) of a commit it made
 
 
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:

@@ -230,6 +230,87 @@ def retire_restarts_offsets() -> contextlib.AbstractContextManager[Any]:
     return _wrap(ShardCore, "_retire", make)
 
 
+def fetch_skips_message() -> contextlib.AbstractContextManager[Any]:
+    """G1: a FETCHED page of two or more messages leaves out its second one, so every
+    later message of the page is reported one offset early."""
+    original = ShardCore._handlers[protocol.FETCH]
+
+    def fetch(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
+        before = len(session.out)
+        original(self, session, frame, now)
+        if len(session.out) > before and session.out[-1][0] == protocol.FETCHED:
+            reply = session.out[-1]
+            ids, payloads, times = reply[4:7]
+            if len(ids) >= 2:
+                kept = list(protocol.times_of(times))
+                del kept[1]
+                reply[4:7] = [ids[:1] + ids[2:], list(payloads[:1]) + list(payloads[2:]),
+                              protocol.time_runs(kept)]
+    return mock.patch.dict(ShardCore._handlers, {protocol.FETCH: fetch})
+
+
+def commit_moves_back() -> contextlib.AbstractContextManager[Any]:
+    """G6: a COMMIT sets the cursor to its offset even when that is below the cursor."""
+    def commit(self: Subscription, offset: int) -> None:
+        self.cursor = offset
+        self.acked = {o for o in self.acked if o > offset}
+    return mock.patch.object(Subscription, "commit", commit)
+
+
+def cleanup_ignores_pull_cursors() -> contextlib.AbstractContextManager[Any]:
+    """G5: message cleanup looks only at push subscriptions' cursors, so it deletes what
+    a pull subscription has not committed past."""
+    def make(f: Any) -> Any:
+        def cleanup(self: ShardCore, now: float) -> bool:
+            kept = {name: topic.subs for name, topic in self.topics.items()}
+            for topic in self.topics.values():
+                topic.subs = {k: sub for k, sub in topic.subs.items() if sub.mode != "pull"}
+            try:
+                done: bool = f(self, now)
+            finally:
+                for name, subs in kept.items():
+                    if name in self.topics:
+                        self.topics[name].subs = subs
+            return done
+        return cleanup
+    return _wrap(ShardCore, "_cleanup_messages", make)
+
+
+def _pull_sub_named(core: ShardCore, frame: list[Any], at: int) -> Subscription | None:
+    """The existing pull subscription the options map at ``frame[at]`` names, if any."""
+    opts = frame[at] if len(frame) > at and isinstance(frame[at], dict) else {}
+    topic = core.topics.get(opts.get("topic"))
+    sub = topic.subs.get(opts.get("name")) if topic is not None else None
+    return sub if sub is not None and sub.mode == "pull" else None
+
+
+def resume_forgets_commit() -> contextlib.AbstractContextManager[Any]:
+    """G6: a pull SUBSCRIBE that resumes a subscription puts its cursor back to where
+    the subscription started, forgetting every COMMIT."""
+    original = ShardCore._handlers[protocol.SUBSCRIBE]
+
+    def subscribe(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
+        sub = _pull_sub_named(self, frame, 3)
+        if sub is not None:
+            sub.cursor = sub.start_offset
+        original(self, session, frame, now)
+    return mock.patch.dict(ShardCore._handlers, {protocol.SUBSCRIBE: subscribe})
+
+
+def fetch_keeps_nothing_alive() -> contextlib.AbstractContextManager[Any]:
+    """G6: a FETCH does not count as activity, so a pull subscription read but not
+    committed to goes inactive and is deleted under its reader."""
+    original = ShardCore._handlers[protocol.FETCH]
+
+    def fetch(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
+        sub = _pull_sub_named(self, frame, 2)
+        kept = (sub.active, sub.last_activity, sub.inactive_since) if sub is not None else None
+        original(self, session, frame, now)
+        if sub is not None and kept is not None:
+            sub.active, sub.last_activity, sub.inactive_since = kept
+    return mock.patch.dict(ShardCore._handlers, {protocol.FETCH: fetch})
+
+
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
     "duplicate-wrong-offset": duplicate_wrong_offset,
@@ -248,9 +329,14 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "impatient-heartbeat": impatient_heartbeat,
     "start-at-oldest": start_at_oldest,
     "retire-restarts-offsets": retire_restarts_offsets,
+    "fetch-skips-message": fetch_skips_message,
+    "commit-moves-back": commit_moves_back,
+    "cleanup-ignores-pull-cursors": cleanup_ignores_pull_cursors,
+    "resume-forgets-commit": resume_forgets_commit,
+    "fetch-keeps-nothing-alive": fetch_keeps_nothing_alive,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise).
 SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "keep-inactive-forever": "cleanup", "delete-inactive-at-once": "cleanup",
-            "retire-restarts-offsets": "topics"}
+            "retire-restarts-offsets": "topics", "cleanup-ignores-pull-cursors": "cleanup"}

@@ -579,3 +579,16 @@ def test_broker_closing_a_healthy_session_breaks_g6() -> None:
     calm.add(h.SessionEnded(0.5, "c1/n", 1, "t", "lost")).subscribe(0.6, 2, created=False,
                                                                     cursor=2)
     assert "G6/dropped-without-cause" not in calm.end().rules()
+
+
+def test_a_slow_links_backlog_after_it_ends_is_not_quiet() -> None:
+    """G4: what a slow link (latency x factor) sent arrives late even after the spell
+    ends, so a first push and its re-push may arrive together; well after, timing counts."""
+    for first, rules in ((1.2, []), (5.0, ["G4/early-redelivery"])):
+        s = Story(liveness=False).hello(0.0).subscribe(0.01).publish(0.1, "a", 0)
+        s.h.meta["plan"] = "slow:c1<->shard-0@0.5+0.5x30"
+        s.add(h.FaultInjected(0.5, "slow", "c1<->shard-0", "begin"))
+        s.add(h.FaultInjected(1.0, "slow", "c1<->shard-0", "end"))
+        s.deliver(first, 0, "a").deliver(first + 0.01, 0, "a", attempt=2)
+        s.ack(first + 0.02, 0, 1)
+        assert [r for r in s.end().rules() if r.startswith("G4")] == rules, first

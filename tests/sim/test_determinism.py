@@ -132,3 +132,16 @@ def test_seed_and_run_both_matter() -> None:
     a, b = run(1, "no-faults"), run(2, "no-faults")
     assert a.digest != b.digest
     assert math.isfinite(a.sim_time) and a.sim_time > 30
+
+
+def test_pull_readers_replay_by_seed() -> None:
+    """Pull readers (FETCH, COMMIT, resubscribes after crashes) keep a run a function of
+    its seed: the same digest in another process, with another hash seed."""
+    from flux.sim import history as h
+    from flux.sim.runner import run, workload_for
+
+    assert any(s.behaviour == "puller" for s in workload_for(1, "crashes").subscribers)
+    result = run(1, "crashes", keep_history=True)
+    assert result.history is not None
+    assert result.history.of(h.Fetched) and result.history.of(h.Committed)
+    assert {_digest(1, "crashes", hashseed) for hashseed in ("3", "4")} == {result.digest}

@@ -2,7 +2,8 @@
 
 Jepsen-style accounting of every published message (acked, delivered, lost and
 whether a crash explains it) plus Flux's own rules: order, dedup, redelivery
-schedule, cleanup, subscription lifetime, and liveness once faults heal. Shared
+schedule, cleanup, subscription lifetime, the pull path's pages and cursors, and
+liveness once faults heal. Shared
 by the simulator and chaos runs; it reads only :mod:`flux.sim.history` data.
 """
 
@@ -62,7 +63,7 @@ class Report:
 
 def check(history: History) -> Report:
     """Check ``history`` against G1-G7 and liveness; the report lists every violation."""
-    from flux.sim.checker import delivery, liveness, publish, retention, starts
+    from flux.sim.checker import delivery, liveness, publish, pull, retention, starts
 
     report = Report()
     index = Index(history)
@@ -71,6 +72,7 @@ def check(history: History) -> Report:
     retention.check(index, report)
     starts.check(index, report)
     liveness.check(index, report)
+    pull.check(index, report)
     # the same fact can break a rule more than once (e.g. one message, many sessions)
     report.violations = sorted(set(report.violations))
     return report

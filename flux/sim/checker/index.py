@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flux.sim import history as h
+from flux.sim.faults import decode_plan
+
+# a slow link's latency factor when the history's plan does not say (the largest drawn)
+SLOW_FACTOR_UNKNOWN = 30.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class Index:
         self.heal_at = math.inf
         self.stopped: dict[int, float] = {}   # generation -> when its shard stopped
         self.end_at = history.events[-1].t if history.events else 0.0
+        self._slow_factor: float | None = None
         open_faults: dict[tuple[str, str], float] = {}
         for position, event in enumerate(history.events):
             if isinstance(event, h.Subscribed):
@@ -146,7 +151,8 @@ class Index:
                 self.heal_at = min(self.heal_at, event.t)
         for (fault, target), begin in open_faults.items():
             end = self.heal_at if self.heal_at < math.inf else self.end_at
-            self.disturbances.append(Disturbance(fault, _hosts(target), begin, max(begin, end)))
+            self.disturbances.append(Disturbance(fault, _hosts(target), begin,
+                                                 max(begin, end) + self._tail(fault)))
 
     def _subscribed(self, sub: h.Subscribed) -> None:
         inc: Incarnation | None = None
@@ -178,10 +184,26 @@ class Index:
             open_faults.setdefault(key, event.t)
         elif event.detail == "end":
             begin = open_faults.pop(key, event.t)
-            self.disturbances.append(Disturbance(event.fault, _hosts(event.target), begin, event.t))
+            self.disturbances.append(Disturbance(event.fault, _hosts(event.target), begin,
+                                                 event.t + self._tail(event.fault)))
         else:  # an instant fault
             self.disturbances.append(Disturbance(event.fault, _hosts(event.target), event.t,
                                                  event.t))
+
+    def _tail(self, fault: str) -> float:
+        """How long a fault keeps disturbing its link after it ends: what a slow link sent
+        arrives up to ``factor`` latency bounds later, and a stream delivers in order, so
+        what is sent just after it ends queues behind that."""
+        if fault != "slow":
+            return 0.0
+        if self._slow_factor is None:
+            try:
+                plan = decode_plan(str(self.history.meta.get("plan", "")))
+            except ValueError:
+                plan = None
+            factors = [f.factor for f in plan.faults if f.kind == "slow"] if plan else []
+            self._slow_factor = max(factors, default=SLOW_FACTOR_UNKNOWN)
+        return self._slow_factor * self.params.latency
 
     def last_attached(self, session: Session) -> float:
         """A time at which the shard surely had ``session`` attached, as late as the

@@ -1,7 +1,8 @@
 """Liveness once faults heal (as in TigerBeetle's VOPR), and the loss accounting.
 
 Every subscription the workload keeps alive must, by the end, have been given
-every message acked in its topic's final generation from its start on; publishes
+(pushed, or read by FETCH for a pull subscription) every message acked in its
+topic's final generation from its start on; publishes
 made after the heal must be acked. A subscriber asking for a ``from_offset`` past
 the end of its topic's final generation is refused (OffsetOutOfRange) every time,
 rightly, so it need not be subscribed at the end. Acked messages of a generation
@@ -38,6 +39,11 @@ def check(index: Index, report: Report) -> None:
         elif isinstance(e, h.Delivered):
             delivered.setdefault((e.subscriber, e.topic, e.generation), set()).add(e.offset)
             anyone.add((e.topic, e.generation, e.offset))
+        elif isinstance(e, h.Fetched) and e.name is not None:
+            page = range(e.first, e.first + len(e.ids))
+            for seen in (consumed, delivered):  # a pull reader's pages are what it read
+                seen.setdefault((e.subscriber, e.topic, e.generation), set()).update(page)
+            anyone.update((e.topic, e.generation, o) for o in page)
         elif isinstance(e, h.ShardHello):
             latest_generation[e.shard] = e.generation
             shard_of[e.generation] = e.shard

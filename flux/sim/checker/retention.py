@@ -21,10 +21,29 @@ def check(index: Index, report: Report) -> None:
     _check_ephemeral_deletions(index, report)
 
 
-def _ack_times(inc: Incarnation) -> dict[int, float]:
-    """When an ack covering each offset was first sent by any session of ``inc``."""
+def _commits(index: Index) -> dict[tuple[str, str], list[tuple[float, int | None, int]]]:
+    """Every COMMIT sent, by (topic, subscription name): (when, generation, offset)."""
+    commits: dict[tuple[str, str], list[tuple[float, int | None, int]]] = {}
+    for e in index.history:
+        if isinstance(e, h.CommitSent):
+            commits.setdefault((e.topic, e.name), []).append((e.t, e.generation, e.offset))
+    return commits
+
+
+def _ack_times(inc: Incarnation,
+               commits: dict[tuple[str, str], list[tuple[float, int | None, int]]]) -> dict[int, float]:
+    """When an ack covering each offset was first sent by any session of ``inc``, or a
+    COMMIT past it (pull) named it: any COMMIT of its name and generation (or of no
+    stated generation), even one sent to an earlier incarnation, which may arrive late."""
     delivered: dict[int, set[int]] = {}
     acked: dict[int, float] = {}
+    if inc.name is not None:
+        through = 0   # every offset below it is committed from the time of the commit
+        for t, generation, offset in commits.get((inc.topic, inc.name), ()):
+            if generation in (None, inc.generation) and offset > through:
+                for o in range(max(through, inc.start), offset):
+                    acked.setdefault(o, t)
+                through = offset
     for e in inc.events:
         if isinstance(e, h.Delivered):
             delivered.setdefault(e.session, set()).add(e.offset)
@@ -52,7 +71,8 @@ def _check_trims(index: Index, report: Report) -> None:
     by_topic: dict[tuple[str, int], list[Incarnation]] = {}
     for inc in index.incarnations:
         by_topic.setdefault((inc.topic, inc.generation), []).append(inc)
-    ack_times = {id(inc): _ack_times(inc) for inc in index.incarnations}
+    commits = _commits(index)
+    ack_times = {id(inc): _ack_times(inc, commits) for inc in index.incarnations}
     trimmed = 0
     for position, trim in enumerate(index.history.events):
         if not isinstance(trim, h.Trimmed):
@@ -123,6 +143,17 @@ def _check_ephemeral_deletions(index: Index, report: Report) -> None:
                        f" touched it and the session had not ended by {heard_by:.3f}")
 
 
+def _pull_activity(index: Index) -> dict[tuple[str, int, str | None], list[tuple[float, float]]]:
+    """Every FETCH or COMMIT a pull subscription answered (it existed, and was active,
+    when the shard handled it, which was after it was sent): (sent, answered) by key."""
+    seen: dict[tuple[str, int, str | None], list[tuple[float, float]]] = {}
+    for e in index.history:
+        if isinstance(e, (h.Fetched, h.Committed)) and e.name is not None \
+                and e.generation is not None:
+            seen.setdefault((e.topic, e.generation, e.name), []).append((e.requested, e.t))
+    return seen
+
+
 def _check_subscription_lifetimes(index: Index, report: Report) -> None:
     p = index.params
     oracle = bool(index.history.meta.get("oracle", False))
@@ -130,10 +161,17 @@ def _check_subscription_lifetimes(index: Index, report: Report) -> None:
     for inc in index.incarnations:
         if inc.name is not None:
             by_key.setdefault(inc.key, []).append(inc)
+    pulled = _pull_activity(index) if oracle else {}
     for incs in by_key.values():
         for i, inc in enumerate(incs):
             successor = incs[i + 1] if i + 1 < len(incs) else None
             evidence = max(index.last_attached(s) for s in inc.sessions)
+            if inc.deleted_at is not None:
+                # a FETCH or COMMIT naming it, answered before the oracle saw it deleted,
+                # was handled (after it was sent) by it or by one deleted before it was
+                # created: either way it cannot go inactive_time after that sending
+                evidence = max([evidence] + [sent for sent, t in pulled.get(inc.key, ())
+                                             if t < inc.deleted_at])
             earliest = evidence + p.inactive_time
             gone = inc.deleted_at
             if gone is None and successor is not None:

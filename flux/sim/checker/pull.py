@@ -1,0 +1,222 @@
+"""Checks on the pull path (FETCH / FETCHED, COMMIT / COMMITTED): what a page holds
+(G1, G2, G7), that nothing a pull subscription still holds is skipped (G5), that its
+cursor never moves back (G6), and that a live pull reader reads to the end (liveness).
+
+A request is handled by the shard some time between when it was sent and when its
+reply arrived, whatever the links did meanwhile: every rule here reasons only with
+that, so delays, stalls and partitions cannot make one fire falsely. Whether a
+subscription was deleted in between is the oracle's word (``SubscriptionGone``,
+``ShardStopped``): the rules that need it are skipped in histories without an oracle.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+from flux.sim import history as h
+from flux.sim.checker import Report
+from flux.sim.checker.index import Index
+
+Key = tuple[str, int, str]   # (topic, generation, subscription name)
+
+# liveness: acks later than this before the end need not be read by then
+SETTLE = 5.0
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """A cursor the shard reported (a pull SUBSCRIBED or a COMMITTED reply)."""
+
+    requested: float
+    t: float
+    cursor: int
+    what: str
+    created: bool = False
+
+
+def check(index: Index, report: Report) -> None:
+    history = index.history
+    ids: dict[tuple[str, int, int], str] = {}
+    attempted: set[tuple[str, str]] = set()
+    acked: dict[tuple[str, int], list[tuple[float, int]]] = {}   # (topic, gen) -> (t, offset)
+    cursors: dict[Key, list[_Cursor]] = {}
+    subscribed: dict[Key, list[h.Subscribed]] = {}
+    commits: dict[tuple[str, str], list[tuple[float, int | None, int]]] = {}
+    gone = _Deletions()
+    fetches = gaps = 0
+    for e in history:
+        if isinstance(e, h.PublishAttempted):
+            attempted.add((e.topic, e.id))
+        elif isinstance(e, h.PublishAcked):
+            ids.setdefault((e.topic, e.generation, e.offset), e.id)
+            acked.setdefault((e.topic, e.generation), []).append((e.t, e.offset))
+        elif isinstance(e, h.Delivered):
+            ids.setdefault((e.topic, e.generation, e.offset), e.id)
+        elif isinstance(e, h.Subscribed) and e.mode == "pull" and e.name is not None:
+            key = (e.topic, e.generation, e.name)
+            subscribed.setdefault(key, []).append(e)
+            cursors.setdefault(key, []).append(
+                _Cursor(e.requested, e.t, e.cursor, "resumed at", e.created))
+        elif isinstance(e, h.CommitSent):
+            commits.setdefault((e.topic, e.name), []).append((e.t, e.generation, e.offset))
+        elif isinstance(e, h.Committed):
+            if e.cursor < e.offset:
+                report.add("G6", "commit-not-applied", e.t,
+                           f"{e.subscriber}: COMMIT {e.topic}@{e.offset} answered with cursor"
+                           f" {e.cursor}; a commit moves the cursor forward to its offset")
+            if e.generation is not None:
+                cursors.setdefault((e.topic, e.generation, e.name), []).append(
+                    _Cursor(e.requested, e.t, e.cursor, "committed to"))
+        elif isinstance(e, h.Fetched):
+            fetches += 1
+            gaps += e.first > e.offset and e.name is not None
+            _check_page(e, ids, attempted, acked, report)
+        elif isinstance(e, h.SubscriptionGone):
+            gone.add((e.topic, e.generation, e.name), e.t)
+        elif isinstance(e, h.ShardStopped):
+            gone.stop(e.generation, e.t)
+    report.count("fetched_pages", fetches)
+    report.count("fetch_gaps", gaps)   # pages that found offsets they asked for cleaned up
+    if history.meta.get("oracle", False):
+        for key, seen in cursors.items():
+            _check_cursors(key, seen, gone, report)
+        judged = sum(_check_skipped(e, subscribed, commits, gone, report)
+                     for e in history.of(h.Fetched))
+        report.count("fetch_gaps_judged", judged)
+    _check_liveness(index, cursors, acked, report)
+
+
+class _Deletions:
+    """When the oracle saw each pull subscription deleted, or its shard stop."""
+
+    def __init__(self) -> None:
+        self.times: dict[Key, list[float]] = {}
+        self.stopped: dict[int, float] = {}
+
+    def add(self, key: Key, t: float) -> None:
+        self.times.setdefault(key, []).append(t)
+
+    def stop(self, generation: int, t: float) -> None:
+        self.stopped.setdefault(generation, t)
+
+    def between(self, key: Key, t1: float, t2: float) -> bool:
+        """Whether the subscription may have been deleted between ``t1`` and ``t2``
+        (both included: at one instant, either order is possible)."""
+        if self.stopped.get(key[1], math.inf) <= t2:
+            return True
+        times = self.times.get(key, [])
+        i = bisect.bisect_left(times, t1)
+        return i < len(times) and times[i] <= t2
+
+
+def _check_page(e: h.Fetched, ids: dict[tuple[str, int, int], str],
+                attempted: set[tuple[str, str]],
+                acked: dict[tuple[str, int], list[tuple[float, int]]], report: Report) -> None:
+    """G1/G2/G7 on one FETCHED page, from what it says and what clients saw before."""
+    where = f"{e.subscriber}: FETCH {e.topic}@{e.offset}"
+    if e.asked_generation is not None and e.generation != e.asked_generation:
+        report.add("G7", "fetch-generation", e.t,
+                   f"{where} of generation {e.asked_generation:#x} answered from generation"
+                   f" {e.generation:#x} (TopicReset expected)")
+        return
+    if e.oldest > e.next or e.first != max(e.offset, e.oldest) \
+            or (e.ids and e.first + len(e.ids) > e.next):
+        report.add("G1", "fetch-range", e.t,
+                   f"{where} got first={e.first}, {len(e.ids)} message(s), oldest={e.oldest},"
+                   f" next={e.next}: a page starts at max(offset, oldest) and ends by next")
+    elif not e.ids and e.first < e.next and e.max_messages > 0:
+        report.add("G2", "fetch-empty", e.t,
+                   f"{where} got no message though [{e.first}, {e.next}) is held")
+    late = [o for t, o in acked.get((e.topic, e.generation), ()) if t < e.requested and o >= e.next]
+    if late:
+        report.add("G1", "fetch-next", e.t,
+                   f"{where} says next={e.next}, but offset {min(late)} was acked before the"
+                   " FETCH was sent")
+    for i, message_id in enumerate(e.ids):
+        offset = e.first + i
+        known = ids.setdefault((e.topic, e.generation, offset), message_id)
+        if known != message_id:
+            report.add("G1", "fetch-id", e.t,
+                       f"{where} read {e.topic}@{offset} as {message_id!r}; it holds"
+                       f" {known!r} (generation {e.generation:#x})")
+        if (e.topic, message_id) not in attempted:
+            report.add("G2", "fetch-unexpected", e.t,
+                       f"{where} read {e.topic}@{offset} id={message_id!r}, never published")
+
+
+def _check_cursors(key: Key, seen: list[_Cursor], gone: _Deletions, report: Report) -> None:
+    """G6: a pull subscription's cursor never moves back. A reply that arrived before
+    another request was sent was answered first; unless the subscription may have been
+    deleted in between, the later answer's cursor is at least the earlier one's."""
+    ordered = sorted(seen, key=lambda c: c.t)
+    arrivals = [c.t for c in ordered]
+    for b in ordered:
+        before = ordered[:bisect.bisect_left(arrivals, b.requested)]
+        floor = max((a for a in before if not gone.between(key, a.requested, b.t)),
+                    key=lambda a: a.cursor, default=None)
+        if floor is None or b.cursor >= floor.cursor:
+            continue
+        rule = "commit-moved-back" if b.what == "committed to" else "resume-below-commit"
+        report.add("G6", rule, b.t,
+                   f"{key[0]}/{key[2]} {b.what} cursor {b.cursor} (asked at {b.requested:.3f}),"
+                   f" below the cursor {floor.cursor} it was {floor.what} at {floor.t:.3f}")
+
+
+def _check_skipped(e: h.Fetched, subscribed: dict[Key, list[h.Subscribed]],
+                   commits: dict[tuple[str, str], list[tuple[float, int | None, int]]],
+                   gone: _Deletions, report: Report) -> bool:
+    """G5: a FETCH that names its pull subscription never finds cleaned up a message
+    that subscription still held. A SUBSCRIBED reply that arrived before the FETCHED
+    says the subscription held every offset from its start (created) or cursor
+    (resumed) on, and kept holding each until a COMMIT past it: if no COMMIT past an
+    offset was sent before the reply arrived, and the subscription may not have been
+    deleted meanwhile, the page must not start above it. True if the page skipped
+    offsets (cleaned up) and the rule could judge it."""
+    if e.name is None or e.first <= e.offset:
+        return False
+    key = (e.topic, e.generation, e.name)
+    held = min((s.start if s.created else s.cursor for s in subscribed.get(key, ())
+                if s.t < e.t and not gone.between(key, s.requested, e.t)), default=None)
+    if held is None:
+        return False
+    committed = max((offset for t, generation, offset in commits.get((e.topic, e.name), ())
+                     if t < e.t and generation in (None, e.generation)), default=0)
+    low = max(e.offset, held, committed)
+    if e.first > low:
+        report.add("G5", "fetch-skipped", e.t,
+                   f"{e.subscriber}: FETCH {e.topic}@{e.offset} started at {e.first} (oldest"
+                   f" {e.oldest}); offsets {low}..{e.first - 1} were held for subscription"
+                   f" {e.name} (from {held}, committed to {committed}) and not committed past")
+    return True
+
+
+def _check_liveness(index: Index, cursors: dict[Key, list[_Cursor]],
+                    acked: dict[tuple[str, int], list[tuple[float, int]]],
+                    report: Report) -> None:
+    """A live pull reader, once faults heal, commits up to the end of what was acked in
+    its subscription's generation (all but the last ``SETTLE`` seconds of acks)."""
+    history = index.history
+    last: dict[str, h.Subscribed] = {}
+    for e in history.of(h.Subscribed):
+        if e.mode == "pull" and e.name is not None:
+            last[e.subscriber] = e
+    final = {e.topic: e.generation for e in history.of(h.PublishAcked)}
+    for spec in history.meta.get("liveness", []):
+        sub = last.get(spec["subscriber"])
+        if not spec.get("pull") or sub is None or sub.topic != spec["topic"] \
+                or final.get(sub.topic) != sub.generation:
+            continue  # (never-subscribed, stale-generation: the liveness module's)
+        assert sub.name is not None
+        key = (sub.topic, sub.generation, sub.name)
+        due = [o for t, o in acked.get((sub.topic, sub.generation), ())
+               if t <= index.end_at - SETTLE]
+        if not due or index.heal_at + SETTLE > index.end_at:
+            continue
+        cursor = max((c.cursor for c in cursors.get(key, ())), default=0)
+        if cursor <= max(due):
+            report.add("liveness", "pull-behind", index.end_at,
+                       f"{sub.subscriber} committed {sub.topic} generation {sub.generation:#x}"
+                       f" only to {cursor}; offset {max(due)} was acked before"
+                       f" {index.end_at - SETTLE:.3f}")
