@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None, base: ChaosSettings) -> ChaosSettings:
                    help="seconds after the heal for deliveries to complete")
     p.add_argument("--producers", type=int, default=base.producers)
     p.add_argument("--subscribers", type=int, default=base.subscribers)
+    p.add_argument("--pullers", type=int, default=base.pullers,
+                   help="pull readers (FETCH, COMMIT after each page)")
     p.add_argument("--flavours", default=",".join(base.flavours),
                    help="client flavours to cycle through (trio,asyncio)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -54,11 +56,14 @@ def parse_args(argv: list[str] | None, base: ChaosSettings) -> ChaosSettings:
     flavours = tuple(f for f in a.flavours.split(",") if f)
     if not flavours or any(f not in ("trio", "asyncio") for f in flavours):
         p.error("--flavours takes trio and/or asyncio")
-    if a.faults < 0 or a.duration <= 0 or a.rate <= 0 or a.producers < 1 or a.subscribers < 1:
-        p.error("--faults >= 0, --duration > 0, --rate > 0, at least one producer and subscriber")
+    if a.faults < 0 or a.duration <= 0 or a.rate <= 0 or a.producers < 1 or a.subscribers < 1 \
+            or a.pullers < 0:
+        p.error("--faults >= 0, --duration > 0, --rate > 0, at least one producer and"
+                " subscriber, --pullers >= 0")
     return base.replace(seed=a.seed, duration=a.duration, faults=a.faults,
                         mix=a.mix if a.mix is not None else base.mix, rate=a.rate,
                         liveness=a.liveness, producers=a.producers, subscribers=a.subscribers,
+                        pullers=a.pullers,
                         flavours=flavours, extra_settings=tuple(a.set), out=a.out,
                         plant=a.plant, png=not a.no_png)
 

@@ -64,12 +64,12 @@ def merge(out: RunOutput) -> h.History:
         unreadable += bad
     events.sort(key=lambda e: e.t)   # stable: each process's own order is kept
     producers = [w for w in out.workers if w.role == "producer"]
-    subscribers = [w for w in out.workers if w.role == "subscriber"]
+    subscribers = [w for w in out.workers if w.role in ("subscriber", "puller")]
     meta: dict[str, Any] = {
         "source": "chaos", "seed": s.seed, "config": config.to_dict(), "oracle": False,
         "latency_bound": s.latency_bound, "plan": " ".join(f.describe() for f in out.plan),
-        "liveness": [{"subscriber": w.subscriber_id(t), "topic": t}
-                     for w in subscribers for t in w.topics],
+        "liveness": [{"subscriber": w.subscriber_id(t), "topic": t,
+                      "pull": w.role == "puller"} for w in subscribers for t in w.topics],
         "canaries": [[t, w.canary_id(t)] for w in producers for t in w.topics],
         "topics": out.topics, "unreadable_lines": unreadable,
     }

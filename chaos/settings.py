@@ -43,6 +43,7 @@ class ChaosSettings:
     liveness: float = 15.0           # seconds after the heal for everything to arrive
     producers: int = 3
     subscribers: int = 3
+    pullers: int = 1                 # pull readers (FETCH, COMMIT after each page)
     topics: int = 4
     rate: float = 16.0               # messages per second per producer and topic
     flavours: tuple[str, ...] = ("trio", "asyncio")

@@ -1,10 +1,11 @@
-"""A chaos client process: a producer or a subscriber on the real Flux client.
+"""A chaos client process: a producer, a subscriber or a pull reader on the real Flux client.
 
 Run by the runner as ``python -m chaos.worker --spec JSON`` (a :class:`WorkerSpec`),
 in the trio or the asyncio flavour. It records what its client saw to a history
 file (:mod:`chaos.recording`), switches to liveness mode on SIGUSR1 (producers
-stop, then publish a canary per topic; subscribers ack at once) and flushes and
-exits on SIGTERM. Which faults happen is not its business.
+stop, then publish a canary per topic; subscribers ack at once; pull readers, which
+FETCH pages and COMMIT after each, go on) and flushes and exits on SIGTERM. Which
+faults happen is not its business.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ ENDED = (errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.Topic
          errors.NotDelivered, errors.UnknownSubscription, errors.OffsetOutOfRange,
          errors.RetryDeadlineExceeded, errors.ConnectionLost, errors.RequestTimeout,
          errors.ShuttingDown)
+# After these a pull reader subscribes again (its subscription or generation is gone).
+PULL_ENDED = (errors.TopicReset, errors.UnknownSubscription, errors.OffsetOutOfRange,
+              errors.RetryDeadlineExceeded, errors.RequestTimeout, errors.ShuttingDown)
 FLUSH_EVERY = 0.5
 PAYLOAD_PAD = b"." * 64
 
@@ -42,7 +46,7 @@ PAYLOAD_PAD = b"." * 64
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
     index: int
-    role: str                       # "producer" or "subscriber"
+    role: str                       # "producer", "subscriber" or "puller"
     name: str                       # its host name in the history
     flavour: str                    # "trio" or "asyncio"
     url: str
@@ -60,6 +64,7 @@ class WorkerSpec:
     slow_ack_max: float = 2.0       # subscriber: the latest a late ack comes, in seconds
     withhold: float = 0.0           # subscriber: share of messages never acked in their first
                                     # session, so they use all their pushes (G4: inactive)
+    page: int = 50                  # puller: most messages per FETCH
 
     def subscription(self, topic: str) -> str:
         return f"{self.name}-{topic}"
@@ -134,6 +139,8 @@ class Worker:
             for topic in self.spec.topics:
                 if self.spec.role == "producer":
                     tg.start_soon(self._produce, client, topic)
+                elif self.spec.role == "puller":
+                    tg.start_soon(self._pull, client, topic)
                 else:
                     tg.start_soon(self._subscribe, client, topic, tg)
         # producers are done (canaries acked): idle until stopped
@@ -216,6 +223,32 @@ class Worker:
             except ENDED:
                 done |= withheld
                 withheld.clear()
+                await anyio.sleep(rng.uniform(0.05, 0.5))
+
+    # -- pull reading ------------------------------------------------------------------
+
+    async def _pull(self, client: Any, topic: str) -> None:
+        """Read ``topic`` through the pull path as the Spark source does: a named pull
+        subscription, FETCH pages from its cursor, COMMIT after each. The tap records
+        the pages (the checker's pull rules and liveness read them)."""
+        spec, rng = self.spec, self.rng
+        name = spec.subscription(topic)
+        generation: int | None = None
+        while True:
+            try:
+                info = await client.subscribe_pull(topic, name, read_old=True,
+                                                   generation=generation)
+                generation, position = info.generation, info.cursor
+                while True:
+                    page = await client.fetch(topic, position, spec.page, name=name,
+                                              generation=generation)
+                    if page.messages:
+                        position = page.messages[-1].offset + 1
+                        await client.commit(topic, name, position, generation)
+                    else:
+                        position = max(position, page.oldest)
+                        await anyio.sleep(rng.uniform(0.05, 0.2))
+            except PULL_ENDED:
                 await anyio.sleep(rng.uniform(0.05, 0.5))
 
 
