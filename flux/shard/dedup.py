@@ -152,11 +152,12 @@ class DedupWindow:
                      keys: dict[str, int] | None = None) -> None:
         """Remember ``ids``, accepted at offsets ``first``, ``first + 1``, ... (``size``:
         their lengths summed, ``keys``: :meth:`keys_for` of them, if the caller has them;
-        a caller with ``keys`` made sure none is known). None may be in its window."""
+        a caller with ``keys`` made sure none is known, and forgot a slice of due ids
+        just before). None may be in its window."""
         if self.window <= 0 or not ids:
             return
-        self.expire(now, EXPIRE_SLICE)  # (it never changes next_mark)
         if keys is None:
+            self.expire(now, EXPIRE_SLICE)  # (it never changes next_mark)
             keys = self.keys_for(ids)
             if not self._known.isdisjoint(keys):
                 self._blank([i for i in keys if i in self._known])

@@ -63,7 +63,8 @@ class Publishing(ShardState):
             topic = touched.get(name)
             if topic is None:
                 topic = touched[name] = self._topic(name)
-            topic.dedup.expire(now, EXPIRE_SLICE)  # a slice: the cleanup passes do the rest
+            if topic.dedup.expire(now, EXPIRE_SLICE):  # a slice: the cleanup passes do the rest
+                self._recount(topic)
             result = self._publish_fast(topic, ids, payloads, counts, now)
             if result is None:
                 result = self._publish_slow(topic, ids, payloads, counts, now)
@@ -71,7 +72,6 @@ class Publishing(ShardState):
         session.out.append([P.PUBLISHED, rid, self.generation, results])
         dirty = self._dirty
         for topic in touched.values():
-            self._recount(topic)  # (the dedup window may also have forgotten ids)
             for sub in topic.subs.values():
                 if sub.session is not None:
                     dirty[id(sub)] = sub
