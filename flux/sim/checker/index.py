@@ -8,6 +8,7 @@ Shard hosts are named ``shard-<index>``, the router ``router``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,6 +205,15 @@ class Index:
             factors = [f.factor for f in plan.faults if f.kind == "slow"] if plan else []
             self._slow_factor = max(factors, default=SLOW_FACTOR_UNKNOWN)
         return self._slow_factor * self.params.latency
+
+    @functools.cached_property
+    def commits(self) -> dict[tuple[str, str], list[tuple[float, int | None, int]]]:
+        """Every COMMIT sent, by (topic, pull subscription name): (when, generation, offset)."""
+        commits: dict[tuple[str, str], list[tuple[float, int | None, int]]] = {}
+        for e in self.history:
+            if isinstance(e, h.CommitSent):
+                commits.setdefault((e.topic, e.name), []).append((e.t, e.generation, e.offset))
+        return commits
 
     def last_attached(self, session: Session) -> float:
         """A time at which the shard surely had ``session`` attached, as late as the

@@ -43,7 +43,7 @@ def check(index: Index, report: Report) -> None:
     acked: dict[tuple[str, int], list[tuple[float, int]]] = {}   # (topic, gen) -> (t, offset)
     cursors: dict[Key, list[_Cursor]] = {}
     subscribed: dict[Key, list[h.Subscribed]] = {}
-    commits: dict[tuple[str, str], list[tuple[float, int | None, int]]] = {}
+    commits = index.commits
     gone = _Deletions()
     fetches = gaps = 0
     for e in history:
@@ -59,8 +59,6 @@ def check(index: Index, report: Report) -> None:
             subscribed.setdefault(key, []).append(e)
             cursors.setdefault(key, []).append(
                 _Cursor(e.requested, e.t, e.cursor, "resumed at", e.created))
-        elif isinstance(e, h.CommitSent):
-            commits.setdefault((e.topic, e.name), []).append((e.t, e.generation, e.offset))
         elif isinstance(e, h.Committed):
             if e.cursor < e.offset:
                 report.add("G6", "commit-not-applied", e.t,

@@ -21,15 +21,6 @@ def check(index: Index, report: Report) -> None:
     _check_ephemeral_deletions(index, report)
 
 
-def _commits(index: Index) -> dict[tuple[str, str], list[tuple[float, int | None, int]]]:
-    """Every COMMIT sent, by (topic, subscription name): (when, generation, offset)."""
-    commits: dict[tuple[str, str], list[tuple[float, int | None, int]]] = {}
-    for e in index.history:
-        if isinstance(e, h.CommitSent):
-            commits.setdefault((e.topic, e.name), []).append((e.t, e.generation, e.offset))
-    return commits
-
-
 def _ack_times(inc: Incarnation,
                commits: dict[tuple[str, str], list[tuple[float, int | None, int]]]) -> dict[int, float]:
     """When an ack covering each offset was first sent by any session of ``inc``, or a
@@ -71,8 +62,7 @@ def _check_trims(index: Index, report: Report) -> None:
     by_topic: dict[tuple[str, int], list[Incarnation]] = {}
     for inc in index.incarnations:
         by_topic.setdefault((inc.topic, inc.generation), []).append(inc)
-    commits = _commits(index)
-    ack_times = {id(inc): _ack_times(inc, commits) for inc in index.incarnations}
+    ack_times = {id(inc): _ack_times(inc, index.commits) for inc in index.incarnations}
     trimmed = 0
     for position, trim in enumerate(index.history.events):
         if not isinstance(trim, h.Trimmed):
