@@ -34,6 +34,8 @@ class Violation:
 class Report:
     violations: list[Violation] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    # ``guarantee/rule`` -> how many facts (events, pages, messages) the rule judged
+    examined: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -44,6 +46,12 @@ class Report:
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
+
+    def examine(self, guarantee: str, rule: str, n: int = 1) -> None:
+        """Rule ``guarantee/rule`` judged ``n`` more facts (whether or not they broke it),
+        so a rule that never fires in a scenario set shows up (``flux sim --rule-stats``)."""
+        key = f"{guarantee}/{rule}"
+        self.examined[key] = self.examined.get(key, 0) + n
 
     def rules(self) -> list[str]:
         """Distinct ``guarantee/rule`` ids broken, in order of first occurrence."""
