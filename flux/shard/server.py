@@ -33,18 +33,32 @@ BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
 BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
+def draw_generation(host: Host) -> int:
+    """A new incarnation's generation: 64 random bits from the host's randomness, never 0
+    (0 means "no generation known" on the wire)."""
+    generation = 0
+    while not generation:
+        generation = host.random.getrandbits(64)
+    return generation
+
+
 async def run_shard(host: Host, spec: ShardSpec, *, pid: int, generation: int | None = None,
                     stop: trio.Event | None = None,
+                    on_start: Callable[[ShardServer], None] | None = None,
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Serve shard ``spec.index`` until drained (DRAIN, ``stop`` set, or orphaned).
 
-    Reports the bound port through ``task_status.started(port)``. Raises OSError
-    if the port cannot be bound and ConfigError if ``spec.config`` is invalid.
+    This is the one start path of a shard incarnation, in production and in the
+    simulator. ``on_start`` sees the server once it is built, before it serves (the
+    simulator attaches its observer there). Reports the bound port through
+    ``task_status.started(port)``. Raises OSError if the port cannot be bound and
+    ConfigError if ``spec.config`` is invalid.
     """
     config = config_mod.from_dict(spec.config)
-    while not generation:
-        generation = host.random.getrandbits(64)
-    shard = ShardServer(host, spec, config, pid=pid, generation=generation)
+    shard = ShardServer(host, spec, config, pid=pid,
+                        generation=generation or draw_generation(host))
+    if on_start is not None:
+        on_start(shard)
     await shard.run(stop, task_status)
 
 

@@ -44,10 +44,51 @@ def _event(cls: type[E]) -> type[E]:
 
 # -- publishing ------------------------------------------------------------------------
 
+def payload_key(data: bytes) -> str:
+    """How a history names a payload: the text of a short ASCII one (the simulator's
+    are), else a digest of it."""
+    if len(data) <= 64 and data.isascii():
+        return data.decode()
+    return "#" + hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class PublishCalled(Event):
+    """User code called ``publish`` or ``publish_many`` (the user-level operation, one
+    however many attempts the client makes): ``call`` numbers a producer's calls;
+    ``ids`` is None when the client chose the ids."""
+
+    kind: ClassVar[str] = "publish_called"
+    producer: str
+    call: int
+    topic: str
+    payloads: tuple[str, ...]
+    ids: tuple[str, ...] | None
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class PublishReturned(Event):
+    """The call returned its acks (message ``i``: ``ids[i]`` at ``offsets[i]`` of
+    ``generations[i]``), or raised ``error`` (then the tuples are empty)."""
+
+    kind: ClassVar[str] = "publish_returned"
+    producer: str
+    call: int
+    topic: str
+    ids: tuple[str, ...]
+    offsets: tuple[int, ...]
+    generations: tuple[int, ...]
+    duplicates: tuple[bool, ...]
+    error: str = ""
+
+
 @_event
 @dataclass(frozen=True, slots=True)
 class PublishAttempted(Event):
-    """A producer is about to call publish; ``op`` is unique per producer, kept on retries."""
+    """A PUBLISH item left the client; ``op`` is its request id, ``attempt`` counts the
+    client's sends of this (topic, id)."""
 
     kind: ClassVar[str] = "publish_attempted"
     producer: str
@@ -55,6 +96,7 @@ class PublishAttempted(Event):
     topic: str
     id: str
     attempt: int
+    payload: str | None = None   # payload_key of what it carried (None: not recorded)
 
 
 @_event
@@ -126,6 +168,7 @@ class Delivered(Event):
     id: str
     attempt: int
     timestamp: float
+    payload: str | None = None   # payload_key of what it carried (None: not recorded)
 
 
 @_event
@@ -249,6 +292,7 @@ class Fetched(Event):
     first: int
     ids: tuple[str, ...]
     requested: float
+    payloads: tuple[str, ...] = ()   # payload_key of each message (empty: not recorded)
 
 
 @_event

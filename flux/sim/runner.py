@@ -21,7 +21,7 @@ from flux.sim import history as h
 from flux.sim.checker import check
 from flux.sim.determinism import SimClock, WallWatchdog, seed_scheduler, task_tree
 from flux.sim.faults import FaultPlan, draw_plan
-from flux.sim.scenarios import SCENARIOS
+from flux.sim.scenarios import SCENARIOS, with_client_ids
 from flux.sim.simhost import EPOCH, derive_seed
 from flux.sim.workload import Actors, Workload
 from flux.sim.world import World, leaf_errors
@@ -54,7 +54,8 @@ class RunResult:
 def workload_for(seed: int, scenario: str) -> Workload:
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
-    return SCENARIOS[scenario](random.Random(derive_seed(seed, "workload", scenario)))
+    workload = SCENARIOS[scenario](random.Random(derive_seed(seed, "workload", scenario)))
+    return with_client_ids(workload, random.Random(derive_seed(seed, "client-ids", scenario)))
 
 
 def plan_for(seed: int, workload: Workload) -> FaultPlan:

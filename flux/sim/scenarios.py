@@ -215,6 +215,14 @@ def topics(rng: random.Random) -> Workload:
                                 links=(("client<->shard", 4.0), ("router<->shard", 1.0))))
 
 
+def with_client_ids(workload: Workload, rng: random.Random) -> Workload:
+    """About half the producers let the client choose their ids, so the client's own id
+    generation runs (and the checker knows their messages by payload). Drawn from a
+    stream of its own, so every scenario's other draws stay as they were."""
+    producers = tuple(replace(p, auto_ids=rng.random() < 0.5) for p in workload.producers)
+    return replace(workload, producers=producers)
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,

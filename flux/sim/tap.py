@@ -111,12 +111,12 @@ class WireTap:
             rid, groups = frame[1], frame[2]
             items = [[(topic, message_id) for message_id in ids] for topic, ids, _ in groups]
             self.pending[rid] = ("publish", items)
-            for group in items:
-                for topic, message_id in group:
+            for group, (_, _, payloads) in zip(items, groups, strict=True):
+                for (topic, message_id), payload in zip(group, payloads, strict=True):
                     key = (self.client, topic, message_id)
                     tries = self.rec.publish_tries[key] = self.rec.publish_tries.get(key, 0) + 1
                     self._add(h.PublishAttempted(now, self.client, rid, topic, message_id,
-                                                 tries))
+                                                 tries, h.payload_key(payload)))
         elif kind == P.SUBSCRIBE:
             self.pending[frame[1]] = ("subscribe", frame[2], frame[3], now)
         elif kind == P.UNSUBSCRIBE:
@@ -170,21 +170,24 @@ class WireTap:
         if kind == P.DELIVER:
             s = self.sessions.get(frame[1])
             if s is not None:
-                _, _, generation, attempt, offsets, ids, _payloads, times = frame
-                for offset, message_id, timestamp in zip(P.offsets_of(offsets, len(ids)),
-                                                         ids, P.times_of(times), strict=True):
+                _, _, generation, attempt, offsets, ids, payloads, times = frame
+                for offset, message_id, payload, timestamp in zip(
+                        P.offsets_of(offsets, len(ids)), ids, payloads, P.times_of(times),
+                        strict=True):
                     self._add(h.Delivered(now, s.subscriber, s.id, s.topic, generation, offset,
-                                          message_id, attempt, timestamp))
+                                          message_id, attempt, timestamp,
+                                          h.payload_key(payload)))
         elif kind == P.PUBLISHED:
             self._published(frame, now)
         elif kind == P.FETCHED:
             pending = self.pending.pop(frame[1], None)
             if pending is not None and pending[0] == "fetch":
                 _, subscriber, topic, name, asked, offset, max_messages, sent = pending
-                body, first, ids = frame[2], frame[3], frame[4]
+                body, first, ids, payloads = frame[2], frame[3], frame[4], frame[5]
                 self._add(h.Fetched(now, subscriber, self.client, self.shard, topic, name,
                                     body["generation"], asked, offset, max_messages,
-                                    body["oldest"], body["next"], first, tuple(ids), sent))
+                                    body["oldest"], body["next"], first, tuple(ids), sent,
+                                    tuple(map(h.payload_key, payloads))))
         elif kind == P.COMMITTED:
             pending = self.pending.pop(frame[1], None)
             if pending is not None and pending[0] == "commit":

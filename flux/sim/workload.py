@@ -10,7 +10,7 @@ choices come from a ``random.Random`` of its own, so runs replay. Scenarios
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +19,7 @@ import trio
 
 from flux import errors
 from flux.client.trio import Client, connect
+from flux.client.types import PublishAck
 from flux.sim import history as h
 from flux.sim.faults import FaultMix
 from flux.sim.simhost import derive_seed
@@ -51,6 +52,7 @@ class ProducerSpec:
     count: int
     gap: float                 # mean seconds between publishes
     batch: int = 1             # most messages per publish_many
+    auto_ids: bool = False     # let the client choose the ids (payloads name the call)
 
 
 @dataclass(frozen=True)
@@ -130,33 +132,51 @@ class Actors:
         rng = self.rng(spec.name)
         host = self.world.client_host(spec.name)
         n = 0
+        calls = iter(range(1 << 62))
         while n < spec.count and not self.publishing_over.is_set():
             try:
                 async with self._client(host) as client:
                     while n < spec.count and not self.publishing_over.is_set():
                         await trio.sleep(rng.expovariate(1.0 / spec.gap))
-                        size = rng.randint(1, spec.batch)
-                        ids = [f"{spec.name}-{n + i}" for i in range(min(size, spec.count - n))]
-                        await self._publish(client, rng, rng.choice(spec.topics), ids)
+                        size = min(rng.randint(1, spec.batch), spec.count - n)
+                        ids = [f"{spec.name}-{n + i}" for i in range(size)]
+                        await self._publish(client, rng, spec, rng.choice(spec.topics), ids,
+                                            calls)
                         n += len(ids)
             except (errors.FluxError, OSError):
                 await trio.sleep(rng.uniform(0.1, 1.0))
 
-    async def _publish(self, client: Client, rng: random.Random, topic: str,
-                       ids: list[str]) -> None:
-        """Publish until acked, retrying with the same ids; give up before dedup_window."""
+    async def _publish(self, client: Client, rng: random.Random, spec: ProducerSpec,
+                       topic: str, ids: list[str], calls: Iterator[int]) -> None:
+        """Publish until acked, calling again with the same ids (or, when the client
+        chooses them, the same messages under new ones); give up before dedup_window.
+        Each call is recorded: the user-level operation and what it returned."""
         give_up = trio.current_time() + self.w.give_up_after
-        payloads = [i.encode() for i in ids]
         while True:
+            call = next(calls)
+            # with client-chosen ids a payload names its call, so copies a call stored
+            # under ids the history cannot link are still seen to be one call's
+            payloads = [f"{spec.name}.{call}.{i}".encode() for i in range(len(ids))] \
+                if spec.auto_ids else [i.encode() for i in ids]
+            given = None if spec.auto_ids else tuple(ids)
+            self.world.record(h.PublishCalled(trio.current_time(), spec.name, call, topic,
+                                              tuple(p.decode() for p in payloads), given))
             try:
                 if len(ids) == 1:
-                    await client.publish(topic, payloads[0], id=ids[0])
+                    acks: Sequence[PublishAck] = [await client.publish(
+                        topic, payloads[0], id=None if given is None else given[0])]
                 else:
-                    await client.publish_many(topic, payloads, ids=ids)
+                    acks = await client.publish_many(topic, payloads, ids=given)
+                self.world.record(h.PublishReturned(
+                    trio.current_time(), spec.name, call, topic, tuple(a.id for a in acks),
+                    tuple(a.offset for a in acks), tuple(a.generation for a in acks),
+                    tuple(a.duplicate for a in acks)))
                 return
             except (errors.TopicFull, errors.Busy, errors.RetryDeadlineExceeded,
                     errors.ConnectionLost, errors.RequestTimeout, errors.ShuttingDown,
-                    errors.WrongShard):
+                    errors.WrongShard) as exc:
+                self.world.record(h.PublishReturned(trio.current_time(), spec.name, call,
+                                                    topic, (), (), (), (), type(exc).__name__))
                 if trio.current_time() + self.w.retry_deadline > give_up:
                     return
                 await trio.sleep(rng.uniform(0.05, 0.5))

@@ -15,12 +15,11 @@ from typing import Any
 
 import trio
 
-from flux import config as config_mod
 from flux.config import Config
 from flux.router.launcher import TaskLauncher, TaskShard
 from flux.router.router import run_router
 from flux.router.state import MemoryStateStore
-from flux.shard.server import ShardServer
+from flux.shard.server import ShardServer, run_shard
 from flux.sim import history as h
 from flux.sim.faults import Fault
 from flux.sim.network import Network, SimStream
@@ -202,8 +201,8 @@ def _directions(target: str) -> list[tuple[str, str]]:
 class SimLauncher(TaskLauncher):
     """Shards as tasks in the simulator's nursery, each incarnation on a fresh host.
 
-    Builds the real :class:`ShardServer` itself (instead of ``run_shard``) only to
-    attach the oracle to its core's ``on_event`` hook.
+    Runs the production start path (:func:`~flux.shard.server.run_shard`), whose
+    ``on_start`` hook attaches the oracle to the new core's ``on_event``.
     """
 
     def __init__(self, nursery: trio.Nursery, world: World) -> None:
@@ -214,21 +213,25 @@ class SimLauncher(TaskLauncher):
         world = self.world
         index = shard.spec.index
         host = world.new_host(f"shard-{index}")
-        generation = 0
-        while not generation:
-            generation = host.random.getrandbits(64)
-        config = config_mod.from_dict(shard.spec.config)
-        server = ShardServer(host, shard.spec, config, pid=shard.pid, generation=generation)
-        server.core.on_event = functools.partial(world.oracle, index, generation, server)
-        world.shards[index] = (host, shard)
+        started: list[int] = []   # the generation run_shard drew, once it built the server
+
+        def attach(server: ShardServer) -> None:
+            generation = server.core.generation
+            started.append(generation)
+            server.core.on_event = functools.partial(world.oracle, index, generation, server)
+            world.shards[index] = (host, shard)
+
         try:
-            await server.run(shard.stop, task_status)
+            await run_shard(host, shard.spec, pid=shard.pid, stop=shard.stop, on_start=attach,
+                            task_status=task_status)
         except Exception as exc:
-            world.failed(f"shard {index} (generation {generation:#x}) raised", exc)
+            what = f" (generation {started[0]:#x})" if started else ""
+            world.failed(f"shard {index}{what} raised", exc)
             raise
         finally:
             world.network.crash(host)  # a dead process's sockets close with it
-            world.record(h.ShardStopped(trio.current_time(), index, generation))
+            if started:
+                world.record(h.ShardStopped(trio.current_time(), index, started[0]))
             if world.shards.get(index, (None, None))[1] is shard:
                 del world.shards[index]
 

@@ -10,6 +10,9 @@ from typing import Any
 from unittest import mock
 
 from flux import protocol
+from flux.client.dispatch import Dispatch
+from flux.client.requests import PublishPart
+from flux.shard import server as shard_server
 from flux.shard.core import ShardCore
 from flux.shard.dedup import DedupWindow
 from flux.shard.subscription import Subscription
@@ -311,6 +314,82 @@ def fetch_keeps_nothing_alive() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.dict(ShardCore._handlers, {protocol.FETCH: fetch})
 
 
+def repush_reversed() -> contextlib.AbstractContextManager[Any]:
+    """G1: re-pushes due together go out in reverse offset order (first pushes keep
+    theirs, so only a rule on re-push order sees it)."""
+    def make(f: Any) -> Any:
+        def redeliver(self: ShardCore, sub: Subscription, due: list[tuple[float, int, int]]) -> None:
+            session = self.sessions.get(sub.session[0]) if sub.session else None
+            before = len(session.out) if session is not None else 0
+            f(self, sub, due)
+            if session is None:
+                return
+            for frame in session.out[before:]:
+                if frame[0] == protocol.DELIVER and len(frame[5]) > 1:
+                    _, _, _, _, offsets, ids, payloads, times = frame
+                    frame[4:8] = [list(protocol.offsets_of(offsets, len(ids)))[::-1],
+                                  ids[::-1], payloads[::-1],
+                                  protocol.time_runs(list(protocol.times_of(times))[::-1])]
+        return redeliver
+    return _wrap(ShardCore, "_redeliver", make)
+
+
+def generation_from_index() -> contextlib.AbstractContextManager[Any]:
+    """G7: the shard's start path draws its generation from a generator seeded by the
+    shard index, so a restarted shard comes back with the generation it had."""
+    def draw(host: Any) -> int:
+        return 1 + sum(map(ord, str(getattr(host, "name", ""))))
+    return mock.patch.object(shard_server, "draw_generation", draw)
+
+
+def ack_moves_cursor_early() -> contextlib.AbstractContextManager[Any]:
+    """G6: an ack of the offset just above the cursor moves the cursor past both (an
+    off-by-one in "is this the cursor?"), though the cursor's own message is unacked:
+    it stays in flight, so nothing a client sees changes until cleanup or a resume."""
+    def ack(self: Subscription, offset: int) -> bool:
+        if self.in_flight.pop(offset, None) is None:
+            return False
+        if offset - self.cursor <= 1:
+            cursor = offset + 1
+            while cursor in self.acked:
+                self.acked.remove(cursor)
+                cursor += 1
+            self.cursor = cursor
+        else:
+            self.acked.add(offset)
+        return True
+    return mock.patch.object(Subscription, "ack", ack)
+
+
+def commit_off_by_one() -> contextlib.AbstractContextManager[Any]:
+    """G6: a COMMIT of offset n moves a pull cursor to n + 1 (taking n for the last
+    offset read rather than the next to read), so each commit skips a message."""
+    def make(f: Any) -> Any:
+        def commit(self: Subscription, offset: int) -> None:
+            f(self, offset + 1 if offset > self.cursor else offset)
+        return commit
+    return _wrap(Subscription, "commit", make)
+
+
+def new_ids_on_retry() -> contextlib.AbstractContextManager[Any]:
+    """G3: the client draws a message's id each time it sends it, not once per call, so a
+    retry after a lost reply stores the message again under another id."""
+    def make(f: Any) -> Any:
+        def publish_failed(self: Dispatch, part: PublishPart, exc: Any, now: float) -> bool:
+            batch = part.batch
+            for i in range(part.lo, part.hi):
+                if _client_chosen(batch.ids[i]):
+                    batch.ids[i] = f"{self.rng.getrandbits(128):032x}"
+            again: bool = f(self, part, exc, now)
+            return again
+        return publish_failed
+    return _wrap(Dispatch, "_publish_failed", make)
+
+
+def _client_chosen(message_id: str) -> bool:
+    return len(message_id) == 32 and all(c in "0123456789abcdef" for c in message_id)
+
+
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
     "duplicate-wrong-offset": duplicate_wrong_offset,
@@ -334,9 +413,15 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "cleanup-ignores-pull-cursors": cleanup_ignores_pull_cursors,
     "resume-forgets-commit": resume_forgets_commit,
     "fetch-keeps-nothing-alive": fetch_keeps_nothing_alive,
+    "repush-reversed": repush_reversed,
+    "generation-from-index": generation_from_index,
+    "ack-moves-cursor-early": ack_moves_cursor_early,
+    "commit-off-by-one": commit_off_by_one,
+    "new-ids-on-retry": new_ids_on_retry,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise).
 SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "keep-inactive-forever": "cleanup", "delete-inactive-at-once": "cleanup",
-            "retire-restarts-offsets": "topics", "cleanup-ignores-pull-cursors": "cleanup"}
+            "retire-restarts-offsets": "topics", "cleanup-ignores-pull-cursors": "cleanup",
+            "new-ids-on-retry": "dedup"}

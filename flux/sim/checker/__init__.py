@@ -71,11 +71,12 @@ class Report:
 
 def check(history: History) -> Report:
     """Check ``history`` against G1-G7 and liveness; the report lists every violation."""
-    from flux.sim.checker import delivery, liveness, publish, pull, retention, starts
+    from flux.sim.checker import calls, delivery, liveness, publish, pull, retention, starts
 
     report = Report()
     index = Index(history)
     publish.check(index, report)
+    calls.check(index, report)
     delivery.check(index, report)
     retention.check(index, report)
     starts.check(index, report)

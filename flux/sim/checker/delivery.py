@@ -20,6 +20,7 @@ class _State:
     attempts: dict[int, int] = field(default_factory=dict)
     pushes: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
     ack_sent: dict[int, float] = field(default_factory=dict)  # offset -> first ack sent
+    last_repush: dict[int, int] = field(default_factory=dict)  # attempt -> offset last pushed
 
 
 class _Confirmed:
@@ -58,6 +59,40 @@ class _Confirmed:
         return any(where == session or at < since for at, where in self.offsets.get(offset, ()))
 
 
+class _AcksSent:
+    """The offsets some session of one subscription sent an ack for, and the lowest
+    offset at or above its start that no ack covered yet.
+
+    Rule G6/cursor-past-unacked: the cursor a SUBSCRIBED or ACKED reply reports is the
+    lowest unacked offset, so every offset from the subscription's start up to it was
+    acked before the shard answered, and so by an ack sent before the reply arrived.
+    Sound under any delay and fault: an ack counts from when it left the client, an
+    ``ack_through(n)`` for every offset up to n this session received (the shard's
+    own view of what it covers is no larger: first pushes go in offset order on the
+    session's one connection, and a re-push follows a first push), and acks of
+    sessions the shard refused (taken over) count too; a subscription deleted and
+    made again is another incarnation with its own start."""
+
+    def __init__(self, start: int) -> None:
+        self.offsets: set[int] = set()
+        self.low = start
+
+    def add(self, covered: set[int]) -> None:
+        self.offsets |= covered
+        while self.low in self.offsets:
+            self.low += 1
+
+    def check(self, e: h.Subscribed | h.AckConfirmed, cursor: int, inc: Incarnation,
+              report: Report) -> None:
+        report.examine("G6", "cursor-past-unacked")
+        if cursor > self.low:
+            what = "SUBSCRIBED" if isinstance(e, h.Subscribed) else "ACKED"
+            report.add("G6", "cursor-past-unacked", e.t,
+                       f"{e.subscriber}: {what} reports {inc.topic}/{inc.name} at cursor"
+                       f" {cursor}, but no ack for offset {self.low} (at or above its start"
+                       f" {inc.start}) was sent before it")
+
+
 def check(index: Index, report: Report) -> None:
     duplicates = 0
     for inc in index.incarnations:
@@ -68,9 +103,12 @@ def check(index: Index, report: Report) -> None:
 def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
     states: dict[int, _State] = {}
     confirmed = _Confirmed()
+    acks = _AcksSent(inc.start)
     redeliveries = 0
     for e in inc.events:
         if isinstance(e, h.Subscribed):
+            if e.mode == "push":   # a pull cursor moves by COMMIT (the pull rules')
+                acks.check(e, e.cursor, inc, report)
             states[e.session] = _State()
             window = index.sessions[e.session].window(index.params.max_in_flight)
             if e.max_in_flight > window:
@@ -100,7 +138,9 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
             for o in covered:
                 st.unacked.pop(o, None)
                 st.ack_sent.setdefault(o, e.t)
+            acks.add(covered)
         elif isinstance(e, h.AckConfirmed):
+            acks.check(e, e.cursor, inc, report)
             for o in set(e.offsets) | {o for o in st.delivered if o <= e.through}:
                 confirmed.offsets.setdefault(o, []).append((e.t, e.session))
             # the shard answered the ACK some time after it was sent: a reply held up on
@@ -151,6 +191,7 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
         if e.attempt != previous + 1:
             report.add("G4", "attempt-numbering", e.t,
                        f"{where} attempt {e.attempt} follows attempt {previous}")
+        _check_repush_order(st, e, where, report)
     if e.attempt > 1 + p.retry_count:
         report.add("G4", "too-many-pushes", e.t,
                    f"{where} pushed {e.attempt} times (retry_count={p.retry_count})")
@@ -159,6 +200,26 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
     if e.offset not in st.ack_sent:
         st.unacked[e.offset] = None
     st.pushes.setdefault(e.offset, []).append((e.t, e.attempt))
+
+
+def _check_repush_order(st: _State, e: h.Delivered, where: str, report: Report) -> None:
+    """G1: the k-th pushes of one session arrive in increasing offset order, for every k.
+
+    Sound under any delay and fault: a session's first pushes go in increasing offset
+    order (G1), so a lower offset was first pushed no later than a higher one, and
+    its k-th push is due no later (G4: push k at ``t0 + (k-1)(timeout +
+    retry_interval)``, the same period for every message). Re-pushes due at the
+    same moment go in offset order (G1), and one due earlier is never sent after one
+    due later (the shard's timers fire in time order, a pause delays both). A
+    session is one connection, which keeps the order of what the shard sent; a
+    message acked or exhausted before its k-th push simply has none to compare."""
+    report.examine("G1", "repush-order")
+    last = st.last_repush.get(e.attempt, -1)
+    if e.offset <= last:
+        report.add("G1", "repush-order", e.t,
+                   f"{where} attempt {e.attempt} pushed after offset {last}'s attempt"
+                   f" {e.attempt}: a lower offset's push k is due no later")
+    st.last_repush[e.attempt] = max(last, e.offset)
 
 
 def _check_schedule(index: Index, session: Session, st: _State, report: Report) -> None:

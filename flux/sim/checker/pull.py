@@ -80,6 +80,7 @@ def check(index: Index, report: Report) -> None:
     if history.meta.get("oracle", False):
         for key, seen in cursors.items():
             _check_cursors(key, seen, gone, report)
+            _check_cursor_bound(key, seen, commits, gone, report)
         judged = sum(_check_skipped(e, subscribed, commits, gone, report)
                      for e in history.of(h.Fetched))
         report.count("fetch_gaps_judged", judged)
@@ -160,6 +161,31 @@ def _check_cursors(key: Key, seen: list[_Cursor], gone: _Deletions, report: Repo
         report.add("G6", rule, b.t,
                    f"{key[0]}/{key[2]} {b.what} cursor {b.cursor} (asked at {b.requested:.3f}),"
                    f" below the cursor {floor.cursor} it was {floor.what} at {floor.t:.3f}")
+
+
+def _check_cursor_bound(key: Key, seen: list[_Cursor],
+                        commits: dict[tuple[str, str], list[tuple[float, int | None, int]]],
+                        gone: _Deletions, report: Report) -> None:
+    """G6: a pull subscription's cursor moves only by COMMIT, so a cursor the shard
+    reports (a resume, a COMMITTED) is at most the larger of its start and the highest
+    COMMIT its name was sent before the reply arrived. Sound under any delay: the
+    start is a created SUBSCRIBED reply that arrived first, with no deletion of the
+    subscription possible between that SUBSCRIBE's sending and this reply (else the
+    subscription may be another, with another start); a COMMIT counts from when it
+    left the client, whatever incarnation or generation it named (more only widens
+    the bound)."""
+    names = commits.get((key[0], key[2]), ())
+    for b in seen:
+        starts = [a.cursor for a in seen
+                  if a.created and a.t <= b.t and not gone.between(key, a.requested, b.t)]
+        if not starts:
+            continue
+        report.examine("G6", "cursor-past-commit")
+        bound = max([max(starts)] + [offset for t, _g, offset in names if t <= b.t])
+        if b.cursor > bound:
+            report.add("G6", "cursor-past-commit", b.t,
+                       f"{key[0]}/{key[2]} {b.what} cursor {b.cursor}, past its start and"
+                       f" every COMMIT sent before the reply (at most {bound})")
 
 
 def _check_skipped(e: h.Fetched, subscribed: dict[Key, list[h.Subscribed]],
