@@ -123,6 +123,7 @@ class PublishFailed(Event):
     topic: str
     id: str
     error: str
+    generation: int | None = None   # the PUBLISHED reply's, when it refused the item
 
 
 # -- subscribing -----------------------------------------------------------------------

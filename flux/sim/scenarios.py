@@ -173,10 +173,21 @@ def dedup(rng: random.Random) -> Workload:
                                 links=(("client<->shard", 4.0), ("router<->shard", 1.0))))
 
 
+# Backpressure subscribers: mostly slow or absent acks, so topics sit at their limits
+# with unacked messages held (and a retried publish meets TopicFull as a duplicate).
+SLOW_ACKERS = (("slow", 3.0), ("never", 2.5), ("window", 1.5), ("strict", 1.0),
+               ("flaky", 1.0), ("ack", 1.0))
+
+
 def backpressure(rng: random.Random) -> Workload:
     """Topics (and shards) so small that publishes hit TopicFull until consumers ack and
-    cleanup runs."""
+    cleanup runs; subscribers that ack slowly or never hold messages at the limits."""
     w = default(rng)
+    kinds, weights = zip(*SLOW_ACKERS, strict=True)
+    subs = [_subscriber(rng, i, topic, rng.choices(kinds, weights)[0])
+            for i, topic in enumerate(w.topics + tuple(rng.choice(w.topics)
+                                                       for _ in range(rng.randint(0, 2))))]
+    w = replace(w, subscribers=_with_pullers(rng, w.topics, subs))
     config = dict(w.config)
     config["topic"] = {"max_bytes": rng.choice((300, 600, 1200)), "buffer": rng.choice((2, 64))}
     # sometimes the shard's limit is the tighter one (shared by its topics)

@@ -231,7 +231,7 @@ class WireTap:
                     zip(group, P.offsets_of(offsets, len(group)), strict=False)):
                 if index in codes:
                     self._add(h.PublishFailed(now, self.client, rid, topic, message_id,
-                                              error_name(codes[index])))
+                                              error_name(codes[index]), generation))
                 else:
                     self._add(h.PublishAcked(now, self.client, rid, topic, message_id,
                                              generation, offset, index in dups))

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
-from flux import protocol
+from flux import errors, protocol
 from flux.client.dispatch import Dispatch
 from flux.client.requests import PublishPart
 from flux.shard import server as shard_server
@@ -390,6 +390,61 @@ def _client_chosen(message_id: str) -> bool:
     return len(message_id) == 32 and all(c in "0123456789abcdef" for c in message_id)
 
 
+def inactive_holds_nothing() -> contextlib.AbstractContextManager[Any]:
+    """G5: the subscriber cleanup pass also drops expired messages of topics whose
+    subscriptions are all inactive (as if an inactive subscription held nothing),
+    through a path that reports no trim."""
+    def make(f: Any) -> Any:
+        def cleanup(self: ShardCore, now: float) -> None:
+            f(self, now)
+            for topic in self.topics.values():
+                idle = topic.subs and not any(sub.active for sub in topic.subs.values())
+                if idle and topic.log.trim(topic.log.next_offset, now - self.config.message.ttl):
+                    self._recount(topic)
+        return cleanup
+    return _wrap(ShardCore, "_cleanup_subscribers", make)
+
+
+def acked_freed_at_once() -> contextlib.AbstractContextManager[Any]:
+    """G5: the subscriber cleanup pass frees messages every subscription acked without
+    waiting for their ttl (to save memory early), through a path that reports no trim."""
+    def make(f: Any) -> Any:
+        def cleanup(self: ShardCore, now: float) -> None:
+            f(self, now)
+            for topic in self.topics.values():
+                if topic.subs:
+                    below = min(sub.cursor for sub in topic.subs.values())
+                    if topic.log.trim(below, now):
+                        self._recount(topic)
+        return cleanup
+    return _wrap(ShardCore, "_cleanup_subscribers", make)
+
+
+def full_before_dedup() -> contextlib.AbstractContextManager[Any]:
+    """G3: the TopicFull check runs before the dedup check, so a retried publish whose
+    original is stored gets TopicFull instead of its original offset when the topic
+    is at its limit."""
+    def make(f: Any) -> Any:
+        def publish_slow(self: ShardCore, topic: Any, ids: list[Any], payloads: list[Any],
+                         counts: dict[str, int], now: float) -> list[Any]:
+            held = topic.held_bytes(now)
+            result: list[Any] = f(self, topic, ids, payloads, counts, now)
+            offsets, duplicates, refused = result
+            if not duplicates:
+                return result
+            kept = []
+            for i in duplicates:
+                if held + len(payloads[i]) + 2 * len(ids[i]) > self.config.topic.max_bytes:
+                    offsets[i] = protocol.REFUSED
+                    refused.append([i, errors.TopicFull.code, "topic is full"])
+                else:
+                    kept.append(i)
+            refused.sort()
+            return [offsets, kept, refused]
+        return publish_slow
+    return _wrap(ShardCore, "_publish_slow", make)
+
+
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
     "duplicate-wrong-offset": duplicate_wrong_offset,
@@ -418,10 +473,13 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "ack-moves-cursor-early": ack_moves_cursor_early,
     "commit-off-by-one": commit_off_by_one,
     "new-ids-on-retry": new_ids_on_retry,
+    "inactive-holds-nothing": inactive_holds_nothing,
+    "acked-freed-at-once": acked_freed_at_once,
+    "full-before-dedup": full_before_dedup,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise).
 SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "keep-inactive-forever": "cleanup", "delete-inactive-at-once": "cleanup",
             "retire-restarts-offsets": "topics", "cleanup-ignores-pull-cursors": "cleanup",
-            "new-ids-on-retry": "dedup"}
+            "new-ids-on-retry": "dedup", "full-before-dedup": "backpressure"}

@@ -61,10 +61,44 @@ def check(index: Index, report: Report) -> None:
                        f"{topic} id={message_id!r} acked twice at the same offset in generation"
                        f" {generation:#x} without duplicate=True")
 
+    _check_full_after_dedup(index, report)
     _check_generations(index, report)
     report.count("published", len(first_attempt))
     report.count("acked", len(acked))
     report.count("delivered_offsets", len(delivered))
+
+
+def _check_full_after_dedup(index: Index, report: Report) -> None:
+    """G3/full-before-dedup: the dedup check comes before the TopicFull check, so a
+    publish whose id was stored in the window is answered as a duplicate, never as
+    TopicFull. Sound under any delay: the refusal names its generation; the id's
+    ack in that generation arrived before the refused attempt was sent, so the
+    shard had stored it before it judged the attempt; the window counts from the
+    store, which came after the id's first attempt, and the refusal arrived less
+    than ``dedup_window`` after that attempt, so the id was still remembered."""
+    window = index.params.dedup_window
+    first_attempt: dict[tuple[str, str], float] = {}
+    sent: dict[tuple[str, int, str, str], float] = {}   # (producer, op, topic, id) -> t
+    stored: dict[tuple[str, int, str], float] = {}      # (topic, generation, id) -> ack
+    for e in index.history:
+        if isinstance(e, h.PublishAttempted):
+            first_attempt.setdefault((e.topic, e.id), e.t)
+            sent[(e.producer, e.op, e.topic, e.id)] = e.t
+        elif isinstance(e, h.PublishAcked):
+            stored.setdefault((e.topic, e.generation, e.id), e.t)
+        elif isinstance(e, h.PublishFailed) and e.error == "TopicFull" \
+                and e.generation is not None:
+            report.examine("G3", "full-before-dedup")
+            acked = stored.get((e.topic, e.generation, e.id))
+            attempt = sent.get((e.producer, e.op, e.topic, e.id))
+            first = first_attempt.get((e.topic, e.id))
+            if acked is None or attempt is None or first is None:
+                continue
+            if acked < attempt and e.t < first + window - index.params.latency:
+                report.add("G3", "full-before-dedup", e.t,
+                           f"{e.producer}: {e.topic} id={e.id!r} refused TopicFull in"
+                           f" generation {e.generation:#x}, though it was stored there (acked"
+                           f" at {acked:.3f}) within dedup_window={window:g}s")
 
 
 def _check_generations(index: Index, report: Report) -> None:

@@ -17,6 +17,7 @@ from flux.sim.checker.index import Incarnation, Index
 
 def check(index: Index, report: Report) -> None:
     _check_trims(index, report)
+    _check_gone(index, report)
     _check_subscription_lifetimes(index, report)
     _check_ephemeral_deletions(index, report)
 
@@ -88,6 +89,86 @@ def _check_trims(index: Index, report: Report) -> None:
                                f"{trim.topic}@{offset} deleted while subscription {who}"
                                f" (start {inc.start}) had not acked it")
     report.count("trimmed", trimmed)
+
+
+def _gone_below(e: h.Event) -> tuple[str, int, int] | None:
+    """What a reply shows deleted: ``(topic, generation, oldest)``, every offset below
+    ``oldest`` gone when the shard answered. A FETCHED reply says what it held; a
+    SUBSCRIBED that created a subscription at the oldest held message (``read_old``,
+    a ``from_offset`` raised to it, a reset clamped to it) says so by its start."""
+    if isinstance(e, h.Fetched):
+        return (e.topic, e.generation, e.oldest)
+    if isinstance(e, h.Subscribed) and e.created and (
+            e.read_old or e.reset
+            or (e.from_offset is not None and e.start > e.from_offset)):
+        return (e.topic, e.generation, e.start)
+    return None
+
+
+def _check_gone(index: Index, report: Report) -> None:
+    """G5 from what clients see, whatever path deleted a message (the oracle's trims
+    show only the paths that report them): every offset below the oldest a FETCHED or
+    SUBSCRIBED reply shows was deleted before that reply arrived, so
+
+    - G5/gone-before-ttl: it was stored at least ``ttl`` earlier, and it was stored
+      after its id's first publish attempt was sent;
+    - G5/gone-unacked: every subscription that held it then had acked it: one that
+      starts at or below it and that surely existed until the reply (the oracle saw
+      no deletion before it; an ephemeral one's session was surely attached) held it
+      from its creation (its start shows it was not gone then) to the deletion, so an
+      ack (or COMMIT) covering it must have been sent before the reply arrived.
+
+    Sound under any delay: only the reply's arrival and the sending of attempts and
+    acks are used. Each offset is judged at the first reply that shows it gone (the
+    earliest arrival is the strictest test of both rules)."""
+    p = index.params
+    history = index.history
+    oracle = bool(history.meta.get("oracle", False))
+    first_attempt: dict[tuple[str, str], float] = {}
+    ids: dict[tuple[str, int, int], str] = {}
+    judged: dict[tuple[str, int], int] = {}
+    by_topic: dict[tuple[str, int], list[Incarnation]] = {}
+    for inc in index.incarnations:
+        by_topic.setdefault((inc.topic, inc.generation), []).append(inc)
+    ack_times: dict[int, dict[int, float]] = {}
+    for position, e in enumerate(history.events):
+        if isinstance(e, h.PublishAttempted):
+            first_attempt.setdefault((e.topic, e.id), e.t)
+        elif isinstance(e, (h.PublishAcked, h.Delivered)):
+            ids.setdefault((e.topic, e.generation, e.offset), e.id)
+        elif isinstance(e, h.Fetched):
+            for i, message_id in enumerate(e.ids):
+                ids.setdefault((e.topic, e.generation, e.first + i), message_id)
+        gone = _gone_below(e)
+        if gone is None:
+            continue
+        topic, generation, oldest = gone
+        low = judged.get((topic, generation), 0)
+        if oldest <= low:
+            continue
+        judged[(topic, generation)] = oldest
+        holders = [inc for inc in by_topic.get((topic, generation), ())
+                   if inc.known_start and inc.created_at <= e.t] if oracle else []
+        for offset in range(low, oldest):
+            report.examine("G5", "gone-before-ttl")
+            message_id = ids.get((topic, generation, offset))
+            tried = first_attempt.get((topic, message_id)) if message_id is not None else None
+            if tried is not None and e.t < tried + p.ttl - 1e-5:
+                report.add("G5", "gone-before-ttl", e.t,
+                           f"{topic}@{offset} (generation {generation:#x}) was gone at {e.t:.3f},"
+                           f" less than ttl={p.ttl:g}s after its first publish at {tried:.3f}")
+            for inc in holders:
+                if not _held_for(index, inc, offset, e.t, position):
+                    continue
+                report.examine("G5", "gone-unacked")
+                if id(inc) not in ack_times:
+                    ack_times[id(inc)] = _ack_times(inc, index.commits)
+                sent = ack_times[id(inc)].get(offset)
+                if sent is None or sent > e.t:
+                    who = inc.name if inc.name is not None else "an ephemeral subscription"
+                    report.add("G5", "gone-unacked", e.t,
+                               f"{topic}@{offset} was gone at {e.t:.3f} though subscription"
+                               f" {who} (start {inc.start}) had sent no ack for it")
 
 
 def _held_for(index: Index, inc: Incarnation, offset: int, t: float, position: int) -> bool:
