@@ -196,8 +196,12 @@ def backpressure(rng: random.Random) -> Workload:
     config["message"] = {**w.config["message"], "ttl": 0.5, "cleanup_time": 0.25,  # type: ignore[dict-item]
                          "dedup_window": 3.0}
     producers = tuple(replace(p, batch=4) for p in w.producers)
+    # more lost replies on the clients' links than by default, so retries meet full topics
+    mix = replace(w.mix, weights=(*ALL_FAULTS, ("reset", 2.0), ("stall", 1.0)),
+                  links=(("client<->shard", 3.0), ("client<->router", 1.0),
+                         ("router<->shard", 1.0)))
     return replace(w, scenario="backpressure", config=config, producers=producers,
-                   request_timeout=0.5, retry_deadline=1.0, give_up_after=2.0)
+                   request_timeout=0.5, retry_deadline=1.0, give_up_after=2.0, mix=mix)
 
 
 def topics(rng: random.Random) -> Workload:
