@@ -359,6 +359,52 @@ class ShardHello(Event):
     requested: float | None = None  # when the HELLO was sent (None: not recorded)
 
 
+# -- bad input (G8) --------------------------------------------------------------------
+
+@_event
+@dataclass(frozen=True, slots=True)
+class BadRequestSent(Event):
+    """A client sent shard ``shard`` a request that is wrong on purpose (``what``); for a
+    PUBLISH, ``valid`` lists the items that are fine and must be judged on their own."""
+
+    kind: ClassVar[str] = "bad_request_sent"
+    client: str
+    shard: int
+    rid: int
+    what: str
+    valid: tuple[int, ...] = ()
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class BadRequestAnswered(Event):
+    """The answer to a bad request: an ERROR (``error``: its class name) or a PUBLISHED
+    with ``stored`` items and ``refused`` ones (``"index:ErrorName"``)."""
+
+    kind: ClassVar[str] = "bad_request_answered"
+    client: str
+    shard: int
+    rid: int
+    what: str
+    error: str = ""
+    stored: tuple[int, ...] = ()
+    refused: tuple[str, ...] = ()
+
+
+@_event
+@dataclass(frozen=True, slots=True)
+class BadRequestUnanswered(Event):
+    """No answer came to a bad request: the connection ``closed`` or it timed out."""
+
+    kind: ClassVar[str] = "bad_request_unanswered"
+    client: str
+    shard: int
+    rid: int
+    what: str
+    reason: str
+    sent: float
+
+
 # -- the world -------------------------------------------------------------------------
 
 @_event

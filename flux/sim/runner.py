@@ -21,7 +21,7 @@ from flux.sim import history as h
 from flux.sim.checker import check
 from flux.sim.determinism import SimClock, WallWatchdog, seed_scheduler, task_tree
 from flux.sim.faults import FaultPlan, draw_plan
-from flux.sim.scenarios import SCENARIOS, with_client_ids
+from flux.sim.scenarios import SCENARIOS, with_client_ids, with_vandals
 from flux.sim.simhost import EPOCH, derive_seed
 from flux.sim.workload import Actors, Workload
 from flux.sim.world import World, leaf_errors
@@ -55,7 +55,8 @@ def workload_for(seed: int, scenario: str) -> Workload:
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     workload = SCENARIOS[scenario](random.Random(derive_seed(seed, "workload", scenario)))
-    return with_client_ids(workload, random.Random(derive_seed(seed, "client-ids", scenario)))
+    workload = with_client_ids(workload, random.Random(derive_seed(seed, "client-ids", scenario)))
+    return with_vandals(workload, random.Random(derive_seed(seed, "vandals", scenario)))
 
 
 def plan_for(seed: int, workload: Workload) -> FaultPlan:
@@ -145,6 +146,8 @@ async def _drive(world: World, workload: Workload, plan: FaultPlan, seed: int) -
             clients.start_soon(actors.producer, p, name=f"producer {p.name}")
         for s in workload.subscribers:
             clients.start_soon(actors.subscriber, s, name=f"subscriber {s.name}")
+        for name in workload.vandals:
+            clients.start_soon(actors.vandal, name, name=f"vandal {name}")
         async with trio.open_nursery() as faults:
             faults.start_soon(world.run_plan, list(plan))
             world.record(h.Phase(trio.current_time(), "faults"))

@@ -238,6 +238,12 @@ def with_client_ids(workload: Workload, rng: random.Random) -> Workload:
     return replace(workload, producers=producers)
 
 
+def with_vandals(workload: Workload, rng: random.Random) -> Workload:
+    """Some runs get a client that sends the shards bad input on purpose (G8), through
+    the faults (a stream of its own, as for :func:`with_client_ids`)."""
+    return replace(workload, vandals=("v0",) if rng.random() < 0.4 else ())
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,

@@ -136,6 +136,8 @@ class WireTap:
     def _pull_request(self, request: str, rid: Any, opts: dict[str, Any], now: float) -> None:
         topic, name, generation = opts["topic"], opts.get("name"), opts.get("generation")
         offset = opts.get("offset") or 0
+        if type(offset) is not int:
+            raise ValueError("not an offset")  # malformed on purpose: the broker judges it
         subscriber = f"{self.client}/{name if name is not None else '~'}"
         if request == "fetch":
             max_messages = opts.get("max_messages") or 0

@@ -24,6 +24,7 @@ from flux.sim import history as h
 from flux.sim.faults import FaultMix
 from flux.sim.simhost import derive_seed
 from flux.sim.tap import TappedHost
+from flux.sim.vandal import Vandal
 from flux.sim.world import World
 
 ROUTER_URL = "flux://127.0.0.1:7070"
@@ -93,6 +94,7 @@ class Workload:
     request_timeout: float = 2.0
     retry_deadline: float = 10.0
     give_up_after: float = 20.0  # a producer's own retries of one id (with retry_deadline < dedup)
+    vandals: tuple[str, ...] = ()  # clients that send bad input on purpose (G8)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -180,6 +182,12 @@ class Actors:
                 if trio.current_time() + self.w.retry_deadline > give_up:
                     return
                 await trio.sleep(rng.uniform(0.05, 0.5))
+
+    async def vandal(self, name: str) -> None:
+        """Bad input on purpose until the heal (:mod:`flux.sim.vandal`)."""
+        host = self.world.client_host(name)
+        await Vandal(host, self.w.topics, self.rng(name), ROUTER_PORT,
+                     self.world.record).run(self.healed)
 
     async def canary(self, topics: tuple[str, ...]) -> None:
         """After the heal: one publish per topic that must be acked (liveness)."""

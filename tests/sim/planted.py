@@ -445,6 +445,34 @@ def full_before_dedup() -> contextlib.AbstractContextManager[Any]:
     return _wrap(ShardCore, "_publish_slow", make)
 
 
+def bad_id_fails_frame() -> contextlib.AbstractContextManager[Any]:
+    """G8: the whole PUBLISH frame is checked for valid ids before anything is stored, so
+    one bad id refuses every item of the frame, the valid ones too."""
+    original = ShardCore._handlers[protocol.PUBLISH]
+
+    def publish(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
+        groups = frame[2] if len(frame) > 2 and type(frame[2]) is list else []
+        for group in groups:
+            for message_id in group[1] if type(group) is list and len(group) == 3 else []:
+                protocol.check_message_id(message_id)
+        original(self, session, frame, now)
+    return mock.patch.dict(ShardCore._handlers, {protocol.PUBLISH: publish})
+
+
+def unknown_kind_closes() -> contextlib.AbstractContextManager[Any]:
+    """G8: a frame of an unknown kind is answered, then its connection closed, as if it
+    were framing corruption."""
+    def make(f: Any) -> Any:
+        def handle(self: ShardCore, conn: int, frame: list[Any], now: float) -> None:
+            f(self, conn, frame, now)
+            session = self.sessions.get(conn)
+            if session is not None and isinstance(frame, list) and frame \
+                    and frame[0] not in ShardCore._handlers:
+                session.close = True
+        return handle
+    return _wrap(ShardCore, "_handle", make)
+
+
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
     "duplicate-wrong-offset": duplicate_wrong_offset,
@@ -476,6 +504,8 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "inactive-holds-nothing": inactive_holds_nothing,
     "acked-freed-at-once": acked_freed_at_once,
     "full-before-dedup": full_before_dedup,
+    "bad-id-fails-frame": bad_id_fails_frame,
+    "unknown-kind-closes": unknown_kind_closes,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise).

@@ -147,3 +147,41 @@ def test_a_pull_cursor_at_its_last_commit_passes() -> None:
     s.publish(0.1, "a", 0).publish(0.1, "b", 1)
     s.fetch(0.2, 0, ("a", "b")).commit(0.3, 2).pull(0.4, created=False, cursor=2)
     assert "G6/cursor-past-commit" not in s.end().rules()
+
+
+def _bad(s: Story, t: float, what: str, valid: tuple[int, ...] = ()) -> Story:
+    return s.add(h.BadRequestSent(t, "v0", 0, 11, what, valid))
+
+
+def test_a_valid_item_refused_beside_a_bad_one_breaks_g8() -> None:
+    s = _bad(Story(liveness=False).hello(0.0), 0.1, "publish-mixed", (0, 2))
+    s.add(h.BadRequestAnswered(0.11, "v0", 0, 11, "publish-mixed", "InvalidMessageId"))
+    assert "G8/batch-item" in s.end().rules()
+
+
+def test_each_item_judged_on_its_own_passes_g8() -> None:
+    s = _bad(Story(liveness=False).hello(0.0), 0.1, "publish-mixed", (0, 2))
+    s.add(h.BadRequestAnswered(0.11, "v0", 0, 11, "publish-mixed", "", (0,),
+                               ("1:InvalidMessageId", "2:TopicFull")))
+    rules = s.end().rules()
+    assert "G8/batch-item" not in rules and "G8/untyped-error" not in rules
+
+
+def test_an_untyped_answer_breaks_g8() -> None:
+    s = _bad(Story(liveness=False).hello(0.0), 0.1, "unknown-kind")
+    s.add(h.BadRequestAnswered(0.11, "v0", 0, 11, "unknown-kind", "RemoteError"))
+    assert "G8/untyped-error" in s.end().rules()
+
+
+def test_a_bad_request_left_unanswered_on_a_quiet_link_breaks_g8() -> None:
+    s = _bad(Story(liveness=False).hello(0.0), 0.1, "unknown-kind")
+    s.add(h.BadRequestUnanswered(0.2, "v0", 0, 11, "unknown-kind", "closed", 0.1))
+    assert "G8/unanswered" in s.end().rules()
+
+
+def test_a_bad_request_unanswered_across_a_shard_pause_passes() -> None:
+    s = _bad(Story(liveness=False).hello(0.0), 0.1, "unknown-kind")
+    s.add(h.FaultInjected(0.15, "pause", "shard-0", "begin"))
+    s.add(h.BadRequestUnanswered(2.1, "v0", 0, 11, "unknown-kind", "timeout", 0.1))
+    s.add(h.FaultInjected(3.0, "pause", "shard-0", "end"))
+    assert "G8/unanswered" not in s.end().rules()

@@ -71,7 +71,7 @@ class Report:
 
 def check(history: History) -> Report:
     """Check ``history`` against G1-G7 and liveness; the report lists every violation."""
-    from flux.sim.checker import calls, delivery, liveness, publish, pull, retention, starts
+    from flux.sim.checker import bad_input, calls, delivery, liveness, publish, pull, retention, starts
 
     report = Report()
     index = Index(history)
@@ -82,6 +82,7 @@ def check(history: History) -> Report:
     starts.check(index, report)
     liveness.check(index, report)
     pull.check(index, report)
+    bad_input.check(index, report)
     # the same fact can break a rule more than once (e.g. one message, many sessions)
     report.violations = sorted(set(report.violations))
     return report

@@ -151,8 +151,8 @@ def _check_gone(index: Index, report: Report) -> None:
                    if inc.known_start and inc.created_at <= e.t] if oracle else []
         for offset in range(low, oldest):
             report.examine("G5", "gone-before-ttl")
-            message_id = ids.get((topic, generation, offset))
-            tried = first_attempt.get((topic, message_id)) if message_id is not None else None
+            known = ids.get((topic, generation, offset))
+            tried = first_attempt.get((topic, known)) if known is not None else None
             if tried is not None and e.t < tried + p.ttl - 1e-5:
                 report.add("G5", "gone-before-ttl", e.t,
                            f"{topic}@{offset} (generation {generation:#x}) was gone at {e.t:.3f},"
