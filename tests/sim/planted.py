@@ -473,6 +473,25 @@ def unknown_kind_closes() -> contextlib.AbstractContextManager[Any]:
     return _wrap(ShardCore, "_handle", make)
 
 
+def retried_acks_at_batch_start() -> contextlib.AbstractContextManager[Any]:
+    """G2 (client): the offsets of a retried piece of a batch (items split off after a
+    Busy refusal) are written at the batch's start instead of at the piece's place, so
+    the call returns acks that name other messages' offsets."""
+    def make(f: Any) -> Any:
+        def on_published(self: Dispatch, conn: Any, layout: list[list[PublishPart]],
+                         frame: list[Any], error: Any, now: float) -> None:
+            saved = [(part, list(part.batch.offsets[part.lo:part.hi]))
+                     for parts in layout for part in parts if part.lo > 0]
+            f(self, conn, layout, frame, error, now)
+            for part, before in saved:
+                batch, n = part.batch, part.hi - part.lo
+                got = batch.offsets[part.lo:part.hi]
+                batch.offsets[part.lo:part.hi] = before
+                batch.offsets[0:n] = got
+        return on_published
+    return _wrap(Dispatch, "_on_published", make)
+
+
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
     "duplicate-wrong-offset": duplicate_wrong_offset,
@@ -506,10 +525,12 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "full-before-dedup": full_before_dedup,
     "bad-id-fails-frame": bad_id_fails_frame,
     "unknown-kind-closes": unknown_kind_closes,
+    "retried-acks-at-batch-start": retried_acks_at_batch_start,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise).
 SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "keep-inactive-forever": "cleanup", "delete-inactive-at-once": "cleanup",
             "retire-restarts-offsets": "topics", "cleanup-ignores-pull-cursors": "cleanup",
-            "new-ids-on-retry": "dedup", "full-before-dedup": "backpressure"}
+            "new-ids-on-retry": "dedup", "full-before-dedup": "backpressure",
+            "retried-acks-at-batch-start": "backpressure"}
