@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 from flux.cli import main
 from flux.sim import checker
 from flux.sim.checker import RULES, Report
+from flux.sim.command import run_one
 from flux.sim.rule_stats import RuleStats
 
 CHECKER = Path(checker.__file__).parent
@@ -60,6 +62,15 @@ def test_rule_stats_counts_runs_facts_and_breaks() -> None:
     assert stats.broken_runs == {"G1/order": 1}
     assert "G2/lost" in stats.idle() and "G1/order" not in stats.idle()
     assert len(stats.idle()) == len(RULES) - 1
+
+
+@pytest.mark.sim
+def test_a_worker_sends_back_what_each_rule_examined() -> None:
+    outcome = run_one((0, "default", None, False))
+    outcome = pickle.loads(pickle.dumps(outcome))   # as it comes back from a worker
+    assert outcome.ok and outcome.examined
+    assert set(outcome.examined) <= set(RULES)
+    assert outcome.examined["G1/order"] > 0
 
 
 @pytest.mark.sim
