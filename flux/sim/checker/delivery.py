@@ -117,7 +117,7 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
                            " confirmed before the ACK was sent")
             confirmed.cursors.append((e.t, e.session, e.cursor))
         elif isinstance(e, h.AckRefused) and e.error == "NotDelivered" \
-                and e.offset in st.delivered and session.end is None:
+                and e.offset in st.delivered and (session.end is None or e.t < session.end.t):
                 report.add("G1", "ack-refused", e.t,
                            f"{e.subscriber} acked {inc.topic}@{e.offset}, delivered to this"
                            " session, and the shard refused it as not delivered")
