@@ -655,6 +655,33 @@ def fetch_unknown_sub_unchecked() -> contextlib.AbstractContextManager[Any]:
 
 
 
+def through_refuses_acked() -> contextlib.AbstractContextManager[Any]:
+    """G1: an ACK's ``through`` is applied offset by offset from where the session's
+    pushes began, and each offset of that range no longer in flight (acked before) is
+    refused as NotDelivered, though it was delivered to this session."""
+    held: dict[int, tuple[Subscription, set[int]]] = {}   # session -> its sub, in flight
+
+    def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
+        sub = session.subs.get(frame[2]) if len(frame) > 5 and type(frame[2]) is int else None
+        if sub is not None:
+            held[id(session)] = (sub, set(sub.in_flight))
+        return frame
+
+    def after(core: ShardCore, session: Any, frame: list[Any], reply: list[Any] | None,
+              now: float) -> None:
+        found = held.pop(id(session), None)
+        if found is None or reply is None or reply[0] != protocol.ACKED:
+            return
+        sub, in_flight = found
+        listed = set(frame[4]) if isinstance(frame[4], list) else set()
+        through = frame[5] if type(frame[5]) is int else -1
+        for offset in range(sub.attached_from, through + 1):
+            if offset not in in_flight and offset not in listed:
+                reply[4].append([offset, errors.NotDelivered.code,
+                                 f"offset {offset} was not delivered to this session"])
+    return _handler(protocol.ACK, before=before, after=after)
+
+
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
     "duplicate-wrong-offset": duplicate_wrong_offset,
@@ -703,6 +730,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "credit-over-window-refused": credit_over_window_refused,
     "commit-last-read": commit_last_read,
     "fetch-unknown-sub-unchecked": fetch_unknown_sub_unchecked,
+    "through-refuses-acked": through_refuses_acked,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise): each is
@@ -764,14 +792,11 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "resubscribe-forgotten": ("liveness/stale-generation",),
     "credit-over-window-refused": ("liveness/never-subscribed",),
     "commit-last-read": ("liveness/pull-behind",),
+    "through-refuses-acked": ("G1/ack-refused",),
 }
 
 # Rules no realistic planted bug can trip, and why (flux.sim.checker.RULES says so too).
-NO_PLANT = {
-    "G1/ack-refused": "the client acks each offset at most once per session, and the shard"
-                      " refuses an ack only if its offset is neither in flight nor in the"
-                      " range this attachment pushed: one bug would have to lose both",
-}
+NO_PLANT: dict[str, str] = {}
 
 
 def resume_skips_in_flight() -> contextlib.AbstractContextManager[Any]:

@@ -32,9 +32,6 @@ RULES: dict[str, str] = {
                   " never has more unacked first pushes out",
     "G1/order": "a session's first deliveries come in strictly increasing offset order",
     "G1/redelivered-acked": "a message is not pushed after the shard confirmed its ack",
-    # no planted bug trips it (tests/sim/planted.py NO_PLANT): clients ack an offset at
-    # most once per session, so only a shard that loses an offset both from its in-flight
-    # window and from what it knows it pushed to the session could refuse one
     "G1/ack-refused": "an ack of an offset delivered to the live session is not refused"
                       " as NotDelivered",
     "G4/attempt-numbering": "a redelivery's attempt number is one more than the last push's",
