@@ -288,8 +288,8 @@ def cleanup_ignores_pull_cursors() -> contextlib.AbstractContextManager[Any]:
 def _pull_sub_named(core: ShardCore, frame: list[Any], at: int) -> Subscription | None:
     """The existing pull subscription the options map at ``frame[at]`` names, if any."""
     opts = frame[at] if len(frame) > at and isinstance(frame[at], dict) else {}
-    topic = core.topics.get(opts.get("topic"))
-    sub = topic.subs.get(opts.get("name")) if topic is not None else None
+    topic = core.topics.get(str(opts.get("topic")))
+    sub = topic.subs.get(str(opts.get("name"))) if topic is not None else None
     return sub if sub is not None and sub.mode == "pull" else None
 
 
@@ -346,7 +346,7 @@ def _move_start(core: ShardCore, session: Any, frame: list[Any], reply: list[Any
     if reply is None or reply[0] != protocol.SUBSCRIBED or not reply[3]["created"]:
         return
     opts = frame[3] if isinstance(frame[3], dict) else {}
-    topic = core.topics.get(opts.get("topic"))
+    topic = core.topics.get(str(opts.get("topic")))
     name = opts.get("name")
     sub = topic.subs.get(name if name is not None else f"~{session.conn}.{frame[2]}") \
         if topic is not None else None
@@ -451,8 +451,8 @@ def resume_rewinds_cursor() -> contextlib.AbstractContextManager[Any]:
     start offset (the start options applied again), forgetting its acks."""
     def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
         opts = frame[3] if len(frame) > 3 and isinstance(frame[3], dict) else {}
-        topic = core.topics.get(opts.get("topic"))
-        sub = topic.subs.get(opts.get("name")) if topic is not None else None
+        topic = core.topics.get(str(opts.get("topic")))
+        sub = topic.subs.get(str(opts.get("name"))) if topic is not None else None
         if sub is not None and sub.mode == "push":
             sub.cursor = max(sub.start_offset, topic.log.oldest)  # type: ignore[union-attr]
             sub.acked = set()
@@ -493,7 +493,7 @@ def from_offset_clamped_down() -> contextlib.AbstractContextManager[Any]:
     def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
         opts = frame[3] if len(frame) > 3 and isinstance(frame[3], dict) else None
         if opts is not None and isinstance(opts.get("from_offset"), int):
-            topic = core.topics.get(opts.get("topic"))
+            topic = core.topics.get(str(opts.get("topic")))
             oldest = topic.log.oldest if topic is not None else core._next_offset(
                 str(opts.get("topic")))
             if oldest < opts["from_offset"]:
@@ -645,7 +645,7 @@ def fetch_unknown_sub_unchecked() -> contextlib.AbstractContextManager[Any]:
     def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
         opts = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else None
         if opts is not None and opts.get("name") is not None:
-            topic = core.topics.get(opts.get("topic"))
+            topic = core.topics.get(str(opts.get("topic")))
             if topic is None or opts["name"] not in topic.subs:
                 frame = [*frame[:2], {k: v for k, v in opts.items()
                                       if k not in ("name", "generation")}, *frame[3:]]
