@@ -37,6 +37,7 @@ class Outcome:
     digest: str
     shrunk_plan: str | None = None
     shrunk_problems: list[str] = field(default_factory=list)
+    examined: dict[str, int] = field(default_factory=dict)   # rule -> facts judged
 
     def replay(self) -> str:
         plan = self.shrunk_plan if self.shrunk_plan is not None else self.plan
@@ -55,7 +56,8 @@ def run_one(job: tuple[int, str, str | None, bool]) -> Outcome:
         seed, workload_for(seed, scenario))
     result = run(seed, scenario, plan)
     outcome = Outcome(seed, scenario, result.ok, result.plan, result.rules, result.problems(),
-                      result.sim_time, result.wall_time, result.cpu_time, result.digest)
+                      result.sim_time, result.wall_time, result.cpu_time, result.digest,
+                      examined=result.examined)
     if not result.ok and do_shrink and len(plan):
         smaller, again = shrink(result, plan)
         outcome.shrunk_plan = smaller.encode()
@@ -113,28 +115,32 @@ def _outcomes(jobs: list[tuple[int, str, str | None, bool]], workers: int,
 @click.option("--spark", "spark_master", is_flag=False, flag_value="local[*]", default=None,
               metavar="[MASTER]",
               help="Run the seeds on Spark: local[*], or a cluster URL (needs the spark extra).")
+@click.option("--rule-stats", is_flag=True,
+              help="After the runs, print per checker rule the runs that examined it, the"
+                   " facts it examined and the runs that broke it.")
 def sim(seed_range: str | None, seed: int | None, scenario: str, workers: int | None,
         plan: str | None, trace: bool, save: str | None, shrink: bool,
-        spark_master: str | None) -> None:
+        spark_master: str | None, rule_stats: bool) -> None:
     """Run the deterministic simulator: the real router, shards and clients under a fake
     clock and network with injected faults, checked against G1-G7.
 
     \b
       flux sim --seeds 0:500 --workers 2     # a sweep, with a summary
       flux sim --seed 17 --trace              # one run, every event, its digest
+      flux sim --seeds 0:50 --scenario all --rule-stats   # which rules judged anything
 
     A failing run prints the command that replays it exactly (its fault plan shrunk).
     """
     if seed is not None:
-        sys.exit(_single(seed, scenario, plan, trace, save))
+        sys.exit(_single(seed, scenario, plan, trace, save, rule_stats))
     seeds = parse_seeds(seed_range or "0:100")
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     jobs = [(s, sc, plan, shrink) for sc in scenarios for s in seeds]
-    sys.exit(_sweep(jobs, workers or os.cpu_count() or 1, spark_master))
+    sys.exit(_sweep(jobs, workers or os.cpu_count() or 1, spark_master, rule_stats))
 
 
 def _single(seed: int, scenario: str, plan_text: str | None, trace: bool,
-            save: str | None) -> int:
+            save: str | None, rule_stats: bool = False) -> int:
     from flux.sim import history as h
     from flux.sim.faults import decode_plan
     from flux.sim.runner import describe, run
@@ -161,15 +167,26 @@ def _single(seed: int, scenario: str, plan_text: str | None, trace: bool,
         click.echo(line)
     click.echo(f"plan {result.plan}")
     click.echo(f"digest {result.digest}")
+    if rule_stats:
+        from rich.console import Console
+
+        from flux.sim.rule_stats import RuleStats
+
+        stats = RuleStats()
+        stats.add(result.examined, result.rules)
+        Console().print(stats.table())
     return 0 if result.ok else 1
 
 
 def _sweep(jobs: list[tuple[int, str, str | None, bool]], workers: int,
-           spark: str | None = None) -> int:
+           spark: str | None = None, rule_stats: bool = False) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from flux.sim.rule_stats import RuleStats
+
     console = Console(stderr=True)
+    stats = RuleStats()
     failures: list[Outcome] = []
     sim_total = wall_total = cpu_total = 0.0
     started = time.perf_counter()  # seam-ok: the sweep's own wall time
@@ -181,6 +198,7 @@ def _sweep(jobs: list[tuple[int, str, str | None, bool]], workers: int,
             sim_total += outcome.sim_time
             wall_total += outcome.wall_time
             cpu_total += outcome.cpu_time
+            stats.add(outcome.examined, outcome.rules)
             if not outcome.ok:
                 failures.append(outcome)
                 progress.console.print(_failure_text(outcome), markup=False, highlight=False,
@@ -201,6 +219,8 @@ def _sweep(jobs: list[tuple[int, str, str | None, bool]], workers: int,
     for outcome in sorted(failures, key=lambda o: (o.scenario, o.seed)):
         click.echo(f"FAIL seed {outcome.seed} [{outcome.scenario}] {','.join(outcome.rules)}:"
                    f" {outcome.replay()}")
+    if rule_stats:
+        Console().print(stats.table())
     return 1 if failures else 0
 
 

@@ -41,6 +41,8 @@ class RunResult:
     failures: list[str] = field(default_factory=list)
     tracebacks: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    # ``guarantee/rule`` -> facts the rule judged (``flux sim --rule-stats``)
+    examined: dict[str, int] = field(default_factory=dict)
     sim_time: float = 0.0
     wall_time: float = 0.0
     cpu_time: float = 0.0
@@ -102,6 +104,7 @@ def run(seed: int, scenario: str = "default", plan: FaultPlan | None = None, *,
     result = RunResult(seed, scenario, plan.encode(), ok=not failures and report.ok,
                        violations=[str(v) for v in report.violations], rules=report.rules(),
                        failures=failures, tracebacks=tracebacks, counts=report.counts,
+                       examined=report.examined,
                        sim_time=clock.current_time(), wall_time=wall, cpu_time=cpu, digest=history.digest(),
                        history=history if keep_history else None)
     if failures:

@@ -1,5 +1,10 @@
-"""Bugs planted on purpose in the shard (by patching, never in the source) to prove
-that the simulator and its checker catch them. Each entry is a context manager."""
+"""Bugs planted on purpose in the shard, the client core or the router (by patching,
+never in the source) to prove that the simulator and its checker catch them.
+
+Each entry of ``PLANTED`` is a context manager; ``EXPECT`` names the checker rule(s)
+it must trip, ``SCENARIO`` where it is caught soonest. Every rule
+of ``flux.sim.checker.RULES`` is some bug's catch, except those in ``NO_PLANT``;
+``BLIND_SPOTS`` are bugs the checker does not see yet."""
 
 from __future__ import annotations
 
@@ -10,11 +15,14 @@ from typing import Any
 from unittest import mock
 
 from flux import errors, protocol
+from flux.client.core import ClientCore
 from flux.client.dispatch import Dispatch
 from flux.client.requests import PublishPart
+from flux.router.router import Router, Slot
 from flux.shard import server as shard_server
 from flux.shard.core import ShardCore
 from flux.shard.dedup import DedupWindow
+from flux.shard.server import ShardServer
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
 
@@ -282,8 +290,8 @@ def cleanup_ignores_pull_cursors() -> contextlib.AbstractContextManager[Any]:
 def _pull_sub_named(core: ShardCore, frame: list[Any], at: int) -> Subscription | None:
     """The existing pull subscription the options map at ``frame[at]`` names, if any."""
     opts = frame[at] if len(frame) > at and isinstance(frame[at], dict) else {}
-    topic = core.topics.get(opts.get("topic"))
-    sub = topic.subs.get(opts.get("name")) if topic is not None else None
+    topic = core.topics.get(str(opts.get("topic")))
+    sub = topic.subs.get(str(opts.get("name"))) if topic is not None else None
     return sub if sub is not None and sub.mode == "pull" else None
 
 
@@ -445,6 +453,78 @@ def full_before_dedup() -> contextlib.AbstractContextManager[Any]:
     return _wrap(ShardCore, "_publish_slow", make)
 
 
+def _handler(kind: int, before: Callable[[ShardCore, Any, list[Any], float], list[Any]] | None
+             = None, after: Callable[[ShardCore, Any, list[Any], list[Any] | None, float], None]
+             | None = None) -> contextlib.AbstractContextManager[Any]:
+    """Wrap the shard's handler of frame ``kind``: ``before`` may rewrite the frame;
+    ``after`` sees the frame and the reply it queued (None if it queued nothing)."""
+    original = ShardCore._handlers[kind]
+
+    def handle(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
+        if before is not None:
+            frame = before(self, session, frame, now)
+        queued = len(session.out)
+        original(self, session, frame, now)
+        if after is not None:
+            after(self, session, frame, session.out[queued] if len(session.out) > queued
+                  else None, now)
+    # frames are dispatched through this table, built when the class was
+    return mock.patch.dict(ShardCore._handlers, {kind: handle})
+
+
+def _move_start(core: ShardCore, session: Any, frame: list[Any], reply: list[Any] | None,
+                start: Callable[[ShardCore, Subscription], int]) -> None:
+    """Make the subscription a SUBSCRIBED ``reply`` to ``frame`` created start at
+    ``start(core, sub)`` (before anything is pushed: pushes follow the handler)."""
+    if reply is None or reply[0] != protocol.SUBSCRIBED or not reply[3]["created"]:
+        return
+    opts = frame[3] if isinstance(frame[3], dict) else {}
+    topic = core.topics.get(str(opts.get("topic")))
+    name = opts.get("name")
+    sub = topic.subs.get(name if name is not None else f"~{session.conn}.{frame[2]}") \
+        if topic is not None else None
+    if sub is None:
+        return
+    sub.cursor = sub.start_offset = sub.next_push = sub.attached_from = start(core, sub)
+    reply[3]["start_offset"] = reply[3]["cursor"] = sub.cursor
+
+
+def fetched_next_inclusive() -> contextlib.AbstractContextManager[Any]:
+    """G1: FETCHED says ``next`` is the topic's last offset, not the one after it."""
+    def after(core: ShardCore, session: Any, frame: list[Any], reply: list[Any] | None,
+              now: float) -> None:
+        if reply is not None and reply[0] == protocol.FETCHED:
+            reply[2]["next"] -= 1
+    return _handler(protocol.FETCH, after=after)
+
+
+def fetched_next_is_page_end() -> contextlib.AbstractContextManager[Any]:
+    """G1: FETCHED says ``next`` is where the page ends, not the topic's next offset,
+    so a reader is told a page is the end of the topic."""
+    def after(core: ShardCore, session: Any, frame: list[Any], reply: list[Any] | None,
+              now: float) -> None:
+        if reply is not None and reply[0] == protocol.FETCHED:
+            reply[2]["next"] = reply[3] + len(reply[4])
+    return _handler(protocol.FETCH, after=after)
+
+
+def page_one_short() -> contextlib.AbstractContextManager[Any]:
+    """G2: a read returns at most ``max_messages - 1`` messages (an off-by-one in the
+    page limit), so a page of one is always empty."""
+    return _wrap(TopicLog, "fit", lambda f: lambda self, start, max_messages, max_bytes:
+                 f(self, start, max_messages - 1, max_bytes))
+
+
+def duplicate_not_flagged() -> contextlib.AbstractContextManager[Any]:
+    """G3: a duplicate gets its original offset but no duplicate flag in PUBLISHED."""
+    def make(f: Any) -> Any:
+        def publish_slow(self: ShardCore, *args: Any) -> list[Any]:
+            result: list[Any] = f(self, *args)
+            return [result[0], [], result[2]]
+        return publish_slow
+    return _wrap(ShardCore, "_publish_slow", make)
+
+
 def bad_id_fails_frame() -> contextlib.AbstractContextManager[Any]:
     """G8: the whole PUBLISH frame is checked for valid ids before anything is stored, so
     one bad id refuses every item of the frame, the valid ones too."""
@@ -473,6 +553,24 @@ def unknown_kind_closes() -> contextlib.AbstractContextManager[Any]:
     return _wrap(ShardCore, "_handle", make)
 
 
+def malformed_is_internal_error() -> contextlib.AbstractContextManager[Any]:
+    """G8: a malformed request is answered with the generic error code (an "internal
+    error") rather than InvalidRequest, so a caller cannot tell its own mistake from
+    the broker's."""
+    def make(f: Any) -> Any:
+        def handle(self: ShardCore, conn: int, frame: list[Any], now: float) -> None:
+            session = self.sessions.get(conn)
+            before = len(session.out) if session is not None else 0
+            f(self, conn, frame, now)
+            if session is None:
+                return
+            for reply in session.out[before:]:
+                if reply[0] == protocol.ERROR and reply[2] == errors.InvalidRequest.code:
+                    reply[2] = errors.FluxError.code
+        return handle
+    return _wrap(ShardCore, "_handle", make)
+
+
 def retried_acks_at_batch_start() -> contextlib.AbstractContextManager[Any]:
     """G2 (client): the offsets of a retried piece of a batch (items split off after a
     Busy refusal) are written at the batch's start instead of at the piece's place, so
@@ -490,6 +588,294 @@ def retried_acks_at_batch_start() -> contextlib.AbstractContextManager[Any]:
                 batch.offsets[0:n] = got
         return on_published
     return _wrap(Dispatch, "_on_published", make)
+
+
+def attempt_counted_twice() -> contextlib.AbstractContextManager[Any]:
+    """G4: a redelivery's DELIVER says attempt k + 2 for its push k + 1 (the push count
+    is incremented before it is sent, then once more)."""
+    def make(f: Any) -> Any:
+        def deliver(self: ShardCore, session: Any, sid: int, attempt: int,
+                    *args: Any) -> None:
+            f(self, session, sid, attempt + 1 if attempt > 1 else attempt, *args)
+        return deliver
+    return _wrap(ShardCore, "_deliver", make)
+
+
+def timeout_counted_twice() -> contextlib.AbstractContextManager[Any]:
+    """G4: a re-push waits ``timeout + retry_interval`` after its ack deadline, not
+    ``retry_interval``, so redeliveries come late."""
+    def make(f: Any) -> Any:
+        def run_timers(self: ShardCore, sub: Subscription, now: float) -> None:
+            cfg = self.config.subscriber
+            with _with_config(self, retry_interval=cfg.retry_interval + cfg.timeout):
+                f(self, sub, now)
+        return run_timers
+    return _wrap(ShardCore, "_run_timers", make)
+
+
+def exhausted_one_push_early() -> contextlib.AbstractContextManager[Any]:
+    """G4: a message counts as out of pushes after ``retry_count`` pushes (an off-by-one),
+    so its subscription is made inactive one push early."""
+    def make(f: Any) -> Any:
+        def run_timers(self: ShardCore, sub: Subscription, now: float) -> None:
+            with _with_config(self, retry_count=self.config.subscriber.retry_count - 1):
+                f(self, sub, now)
+        return run_timers
+    return _wrap(ShardCore, "_run_timers", make)
+
+
+def trim_ignores_age() -> contextlib.AbstractContextManager[Any]:
+    """G5: once the oldest message outlived ttl, cleanup trims every acked message, young
+    or not (the cut-off passed is "now", not "now - ttl")."""
+    return _wrap(TopicLog, "trim", lambda f: lambda self, below, before, most=None:
+                 f(self, below, float("inf"), most))
+
+
+def read_old_dropped() -> contextlib.AbstractContextManager[Any]:
+    """G5: SUBSCRIBE drops ``read_old`` when it parses the options, so such a
+    subscription starts at the next offset, past messages still held."""
+    def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
+        opts = frame[3] if len(frame) > 3 and isinstance(frame[3], dict) else None
+        if opts is not None and opts.get("read_old"):
+            frame = [*frame[:3], {**opts, "read_old": False}, *frame[4:]]
+        return frame
+    return _handler(protocol.SUBSCRIBE, before=before)
+
+
+def resume_rewinds_cursor() -> contextlib.AbstractContextManager[Any]:
+    """G6: a SUBSCRIBE that resumes a push subscription puts its cursor back to its
+    start offset (the start options applied again), forgetting its acks."""
+    def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
+        opts = frame[3] if len(frame) > 3 and isinstance(frame[3], dict) else {}
+        topic = core.topics.get(str(opts.get("topic")))
+        sub = topic.subs.get(str(opts.get("name"))) if topic is not None else None
+        if sub is not None and sub.mode == "push":
+            sub.cursor = max(sub.start_offset, topic.log.oldest)  # type: ignore[union-attr]
+            sub.acked = set()
+        return frame
+    return _handler(protocol.SUBSCRIBE, before=before)
+
+
+def reply_start_is_next() -> contextlib.AbstractContextManager[Any]:
+    """G6: SUBSCRIBED reports the topic's next offset as a new subscription's start
+    offset (the wrong variable), though it pushes from where it really starts."""
+    def after(core: ShardCore, session: Any, frame: list[Any], reply: list[Any] | None,
+              now: float) -> None:
+        if reply is not None and reply[0] == protocol.SUBSCRIBED and reply[3]["created"]:
+            reply[3]["start_offset"] = reply[3]["next_offset"]
+    return _handler(protocol.SUBSCRIBE, after=after)
+
+
+def committed_before_commit() -> contextlib.AbstractContextManager[Any]:
+    """G6: COMMITTED reports the cursor as it was before the commit was applied."""
+    cursors: dict[int, int | None] = {}   # session -> the cursor before its COMMIT
+
+    def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
+        sub = _pull_sub_named(core, frame, 2)
+        cursors[id(session)] = sub.cursor if sub is not None else None
+        return frame
+
+    def after(core: ShardCore, session: Any, frame: list[Any], reply: list[Any] | None,
+              now: float) -> None:
+        cursor = cursors.pop(id(session), None)
+        if reply is not None and reply[0] == protocol.COMMITTED and cursor is not None:
+            reply[2]["cursor"] = cursor
+    return _handler(protocol.COMMIT, before=before, after=after)
+
+
+def from_offset_clamped_down() -> contextlib.AbstractContextManager[Any]:
+    """G6: ``from_offset`` is clamped with min() instead of max(): a subscription asked
+    to start above the oldest held message starts at the oldest."""
+    def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
+        opts = frame[3] if len(frame) > 3 and isinstance(frame[3], dict) else None
+        if opts is not None and isinstance(opts.get("from_offset"), int):
+            topic = core.topics.get(str(opts.get("topic")))
+            oldest = topic.log.oldest if topic is not None else core._next_offset(
+                str(opts.get("topic")))
+            if oldest < opts["from_offset"]:
+                frame = [*frame[:3], {**opts, "from_offset": oldest}, *frame[4:]]
+        return frame
+    return _handler(protocol.SUBSCRIBE, before=before)
+
+
+def default_start_skips_one() -> contextlib.AbstractContextManager[Any]:
+    """G6: a new subscription without start options starts one past the next offset,
+    so it never gets the first message published after it subscribed."""
+    def after(core: ShardCore, session: Any, frame: list[Any], reply: list[Any] | None,
+              now: float) -> None:
+        opts = frame[3] if isinstance(frame[3], dict) else {}
+        if reply is not None and reply[0] == protocol.SUBSCRIBED and not reply[3]["reset"] \
+                and not opts.get("read_old") and opts.get("from_offset") is None:
+            _move_start(core, session, frame, reply, lambda c, sub: sub.start_offset + 1)
+    return _handler(protocol.SUBSCRIBE, after=after)
+
+
+def push_stops_one_short() -> contextlib.AbstractContextManager[Any]:
+    """G2: pushes stop one message short of the log's end (its last offset taken as the
+    end of the range), so the newest message waits for the next publish, and the last
+    one of all is never pushed."""
+    def make(f: Any) -> Any:
+        def push_new(self: ShardCore, sub: Subscription, now: float) -> None:
+            log = self.topics[sub.topic].log
+            short = property(lambda held: held._next - 1 if held is log else held._next)
+            with mock.patch.object(TopicLog, "next_offset", short):
+                f(self, sub, now)
+        return push_new
+    return _wrap(ShardCore, "_push_new", make)
+
+
+
+
+def subscribed_echoes_generation() -> contextlib.AbstractContextManager[Any]:
+    """G7: SUBSCRIBED echoes the generation the client sent instead of the shard's, so
+    a session resumed across a restart is told the old generation."""
+    def after(core: ShardCore, session: Any, frame: list[Any], reply: list[Any] | None,
+              now: float) -> None:
+        opts = frame[3] if isinstance(frame[3], dict) else {}
+        if reply is not None and reply[0] == protocol.SUBSCRIBED \
+                and isinstance(opts.get("generation"), int):
+            reply[3]["generation"] = opts["generation"]
+    return _handler(protocol.SUBSCRIBE, after=after)
+
+
+
+
+def reset_starts_at_next() -> contextlib.AbstractContextManager[Any]:
+    """G7: a subscription re-created after its topic was reset (on_reset="earliest")
+    starts at the new generation's next offset instead of 0."""
+    def after(core: ShardCore, session: Any, frame: list[Any], reply: list[Any] | None,
+              now: float) -> None:
+        if reply is not None and reply[0] == protocol.SUBSCRIBED and reply[3]["reset"]:
+            _move_start(core, session, frame, reply,
+                        lambda c, sub: c.topics[sub.topic].log.next_offset)
+    return _handler(protocol.SUBSCRIBE, after=after)
+
+
+def restart_forgets_shards() -> contextlib.AbstractContextManager[Any]:
+    """G7: a restarted router does not see the previous router's shards as running and
+    launches every shard afresh, so each old one serves its clients beside its successor
+    until it gives up its orphanhood."""
+    return mock.patch.object(Router, "_running", lambda self, entry: False)
+
+
+def watchdog_counts_from_launch() -> contextlib.AbstractContextManager[Any]:
+    """G7: the router's watchdog measures a registered shard's silence from when it was
+    launched, not from its last heartbeat, so it restarts healthy shards."""
+    return mock.patch.object(Slot, "last_seen", property(lambda self: self.since,
+                                                         lambda self, value: None))
+
+
+def span_cache_ignores_topic() -> contextlib.AbstractContextManager[Any]:
+    """G2: the shard reuses the last span of messages it read (ids, payloads, times) when
+    the next read asks for the same offsets, whatever the topic: a push or a FETCH of
+    one topic may carry another topic's messages."""
+    last: list[Any] = [None, None]
+
+    def make(f: Any) -> Any:
+        def span(self: TopicLog, start: int, stop: int, epoch: float = 0.0) -> Any:
+            if last[0] != (start, stop, epoch):
+                last[0], last[1] = (start, stop, epoch), f(self, start, stop, epoch)
+            return last[1]
+        return span
+    return _wrap(TopicLog, "span", make)
+
+
+def drain_when_orphaned() -> contextlib.AbstractContextManager[Any]:
+    """Liveness: a shard that loses its router stops taking publishes (it drains, as when
+    the router asks it to) and never takes them again once a router has it back."""
+    def make(f: Any) -> Any:
+        async def control_session(self: ShardServer, stream: Any) -> None:
+            try:
+                await f(self, stream)
+            finally:
+                if self.registered:
+                    self.core.draining = True
+        return control_session
+    return _wrap(ShardServer, "_control_session", make)
+
+
+def resubscribe_forgotten() -> contextlib.AbstractContextManager[Any]:
+    """Liveness: the client does not subscribe again when its connection to a shard
+    drops: the subscription's iterator just waits, on a session that is gone."""
+    def make(f: Any) -> Any:
+        def close(self: Dispatch, conn: Any, exc: Any, now: float, tell_shell: bool = True
+                  ) -> None:
+            lost = [sub for sid, sub in conn.subs.items() if sub.sid == sid]
+            f(self, conn, exc, now, tell_shell)
+            if conn.role == "shard" and conn.index is not None:
+                for sub in lost:
+                    self.slots[conn.index].subs.pop(sub.key, None)
+        return close
+    return _wrap(Dispatch, "_close", make)
+
+
+def credit_over_window_refused() -> contextlib.AbstractContextManager[Any]:
+    """Liveness: SUBSCRIBE refuses a credit larger than the subscription's window
+    (InvalidRequest) instead of taking it, so a client with the default prefetch can
+    never subscribe."""
+    def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
+        opts = frame[3] if len(frame) > 3 and isinstance(frame[3], dict) else {}
+        window = min(opts.get("max_in_flight") or core.config.subscriber.max_in_flight,
+                     core.config.subscriber.max_in_flight)
+        if opts.get("mode", "push") == "push" and (opts.get("credit") or 0) > window:
+            raise errors.InvalidRequest(f"credit must be at most max_in_flight={window}")
+        return frame
+    return _handler(protocol.SUBSCRIBE, before=before)
+
+
+def commit_last_read() -> contextlib.AbstractContextManager[Any]:
+    """Liveness: the client commits the offset of the last message read, not the one after
+    it, so a pull reader's cursor stays one message behind what it read."""
+    def make(f: Any) -> Any:
+        def commit(self: ClientCore, topic: str, name: str, offset: int,
+                   generation: int | None, now: float) -> Any:
+            return f(self, topic, name, max(0, offset - 1), generation, now)
+        return commit
+    return _wrap(ClientCore, "commit", make)
+
+
+def fetch_unknown_sub_unchecked() -> contextlib.AbstractContextManager[Any]:
+    """G7: FETCH checks the generation inside its lookup of the named subscription, so a
+    FETCH naming one this shard does not have (its generation was lost) is answered,
+    from the new generation, as an unnamed read."""
+    def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
+        opts = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else None
+        if opts is not None and opts.get("name") is not None:
+            topic = core.topics.get(str(opts.get("topic")))
+            if topic is None or opts["name"] not in topic.subs:
+                frame = [*frame[:2], {k: v for k, v in opts.items()
+                                      if k not in ("name", "generation")}, *frame[3:]]
+        return frame
+    return _handler(protocol.FETCH, before=before)
+
+
+
+
+def through_refuses_acked() -> contextlib.AbstractContextManager[Any]:
+    """G1: an ACK's ``through`` is applied offset by offset from where the session's
+    pushes began, and each offset of that range no longer in flight (acked before) is
+    refused as NotDelivered, though it was delivered to this session."""
+    held: dict[int, tuple[Subscription, set[int]]] = {}   # session -> its sub, in flight
+
+    def before(core: ShardCore, session: Any, frame: list[Any], now: float) -> list[Any]:
+        sub = session.subs.get(frame[2]) if len(frame) > 5 and type(frame[2]) is int else None
+        if sub is not None:
+            held[id(session)] = (sub, set(sub.in_flight))
+        return frame
+
+    def after(core: ShardCore, session: Any, frame: list[Any], reply: list[Any] | None,
+              now: float) -> None:
+        found = held.pop(id(session), None)
+        if found is None or reply is None or reply[0] != protocol.ACKED:
+            return
+        sub, in_flight = found
+        listed = set(frame[4]) if isinstance(frame[4], list) else set()
+        through = frame[5] if type(frame[5]) is int else -1
+        for offset in range(sub.attached_from, through + 1):
+            if offset not in in_flight and offset not in listed:
+                reply[4].append([offset, errors.NotDelivered.code,
+                                 f"offset {offset} was not delivered to this session"])
+    return _handler(protocol.ACK, before=before, after=after)
 
 
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
@@ -526,11 +912,131 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "bad-id-fails-frame": bad_id_fails_frame,
     "unknown-kind-closes": unknown_kind_closes,
     "retried-acks-at-batch-start": retried_acks_at_batch_start,
+    "malformed-is-internal-error": malformed_is_internal_error,
+    "fetched-next-inclusive": fetched_next_inclusive,
+    "fetched-next-is-page-end": fetched_next_is_page_end,
+    "page-one-short": page_one_short,
+    "duplicate-not-flagged": duplicate_not_flagged,
+    "attempt-counted-twice": attempt_counted_twice,
+    "timeout-counted-twice": timeout_counted_twice,
+    "exhausted-one-push-early": exhausted_one_push_early,
+    "trim-ignores-age": trim_ignores_age,
+    "read-old-dropped": read_old_dropped,
+    "resume-rewinds-cursor": resume_rewinds_cursor,
+    "reply-start-is-next": reply_start_is_next,
+    "committed-before-commit": committed_before_commit,
+    "from-offset-clamped-down": from_offset_clamped_down,
+    "default-start-skips-one": default_start_skips_one,
+    "push-stops-one-short": push_stops_one_short,
+    "subscribed-echoes-generation": subscribed_echoes_generation,
+    "reset-starts-at-next": reset_starts_at_next,
+    "restart-forgets-shards": restart_forgets_shards,
+    "watchdog-counts-from-launch": watchdog_counts_from_launch,
+    "span-cache-ignores-topic": span_cache_ignores_topic,
+    "drain-when-orphaned": drain_when_orphaned,
+    "resubscribe-forgotten": resubscribe_forgotten,
+    "credit-over-window-refused": credit_over_window_refused,
+    "commit-last-read": commit_last_read,
+    "fetch-unknown-sub-unchecked": fetch_unknown_sub_unchecked,
+    "through-refuses-acked": through_refuses_acked,
 }
 
-# The scenario that exercises each bug's code path most (default otherwise).
+# The scenario that exercises each bug's code path most (default otherwise): each is
+# caught within a few seeds of it, so the whole set runs fast.
 SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "keep-inactive-forever": "cleanup", "delete-inactive-at-once": "cleanup",
             "retire-restarts-offsets": "topics", "cleanup-ignores-pull-cursors": "cleanup",
             "new-ids-on-retry": "dedup", "full-before-dedup": "backpressure",
-            "retried-acks-at-batch-start": "backpressure"}
+            "retried-acks-at-batch-start": "backpressure",
+            "duplicate-not-flagged": "backpressure", "subscribed-echoes-generation": "crashes",
+            "fetch-unknown-sub-unchecked": "crashes", "reset-starts-at-next": "crashes",
+            "restart-forgets-shards": "crashes", "resubscribe-forgotten": "crashes"}
+
+# The rule(s) of flux.sim.checker.RULES each bug must trip (every one of them, within
+# MAX_SEEDS seeds of its scenario; other rules may fire too).
+EXPECT: dict[str, tuple[str, ...]] = {
+    "skip-dedup": ("G3/stored-twice",),
+    "duplicate-wrong-offset": ("G1/offset-reused",),
+    "delete-on-ttl-alone": ("G5/deleted-unacked",),
+    "cursor-before-ack": ("G4/missed-redelivery", "G1/redelivered-acked"),
+    "ack-ignored": ("G4/redelivered-after-ack",),
+    "redeliver-whole-window": ("G4/early-redelivery",),
+    "no-retry-interval": ("G4/early-redelivery",),
+    "one-push-too-many": ("G4/too-many-pushes",),
+    "reverse-first-deliveries": ("G1/order",),
+    "ignore-max-in-flight": ("G1/window",),
+    "keep-inactive-forever": ("G6/kept-too-long",),
+    "delete-inactive-at-once": ("G6/deleted-too-early",),
+    "drop-attached-ephemeral": ("G6/deleted-without-cause",),
+    "reuse-generation": ("G1/offset-reused",),
+    "impatient-heartbeat": ("G6/dropped-without-cause",),
+    "start-at-oldest": ("G6/start-not-next",),
+    "retire-restarts-offsets": ("G1/offset-reused",),
+    "fetch-skips-message": ("G1/fetch-id",),
+    "commit-moves-back": ("G6/commit-moved-back",),
+    "cleanup-ignores-pull-cursors": ("G5/fetch-skipped",),
+    "resume-forgets-commit": ("G6/resume-below-commit",),
+    "fetch-keeps-nothing-alive": ("G6/deleted-too-early",),
+    "fetched-next-inclusive": ("G1/fetch-range",),
+    "fetched-next-is-page-end": ("G1/fetch-next",),
+    "page-one-short": ("G2/fetch-empty",),
+    "duplicate-not-flagged": ("G3/duplicate-flag",),
+    "attempt-counted-twice": ("G4/attempt-numbering",),
+    "timeout-counted-twice": ("G4/late-redelivery",),
+    "exhausted-one-push-early": ("G4/spurious-inactive",),
+    "trim-ignores-age": ("G5/deleted-before-ttl",),
+    "read-old-dropped": ("G5/start-past-held",),
+    "resume-rewinds-cursor": ("G6/cursor-moved-back",),
+    "reply-start-is-next": ("G6/below-start",),
+    "committed-before-commit": ("G6/commit-not-applied",),
+    "from-offset-clamped-down": ("G6/start-before-asked",),
+    "default-start-skips-one": ("G6/start-past-new",),
+    "push-stops-one-short": ("G2/lost",),
+    "subscribed-echoes-generation": ("G7/generations-mixed",),
+    "fetch-unknown-sub-unchecked": ("G7/fetch-generation",),
+    "reset-starts-at-next": ("G7/reset-start",),
+    "restart-forgets-shards": ("G7/two-incarnations",),
+    "watchdog-counts-from-launch": ("G7/restart-without-cause",),
+    "span-cache-ignores-topic": ("G2/unexpected", "G2/fetch-unexpected"),
+    "drain-when-orphaned": ("liveness/publish-stuck",),
+    "resubscribe-forgotten": ("liveness/stale-generation",),
+    "credit-over-window-refused": ("liveness/never-subscribed",),
+    "commit-last-read": ("liveness/pull-behind",),
+    "through-refuses-acked": ("G1/ack-refused",),
+    "repush-reversed": ("G1/repush-order",),
+    "generation-from-index": ("G1/offset-reused",),
+    "ack-moves-cursor-early": ("G6/cursor-past-unacked",),
+    "commit-off-by-one": ("G6/cursor-past-commit",),
+    "new-ids-on-retry": ("G3/call-stored-twice",),
+    "retried-acks-at-batch-start": ("G2/call-ack-mismatch",),
+    "inactive-holds-nothing": ("G5/gone-unacked",),
+    "acked-freed-at-once": ("G5/gone-before-ttl",),
+    "full-before-dedup": ("G3/full-before-dedup",),
+    "bad-id-fails-frame": ("G8/batch-item",),
+    "unknown-kind-closes": ("G8/unanswered",),
+    "malformed-is-internal-error": ("G8/untyped-error",),
+}
+
+# Rules no realistic planted bug can trip, and why (flux.sim.checker.RULES says so too).
+NO_PLANT: dict[str, str] = {}
+
+
+def resume_skips_in_flight() -> contextlib.AbstractContextManager[Any]:
+    """G2: a session that attaches to a subscription resumes pushing after the last
+    offset pushed to the previous session, not from the cursor: what that session left
+    unacked is never pushed again."""
+    def make(f: Any) -> Any:
+        def attach(self: Subscription, session: tuple[int, int], credit: int,
+                   max_in_flight: int, now: float) -> None:
+            pushed = self.next_push
+            f(self, session, credit, max_in_flight, now)
+            self.next_push = max(self.next_push, pushed)
+        return attach
+    return _wrap(Subscription, "attach", make)
+
+
+# Bugs the checker does not see yet (blind spots), with seeds of the default scenario
+# in which the bug happened and no rule fired.
+BLIND_SPOTS: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[Any]], list[int]]] = {
+    "resume-skips-in-flight": (resume_skips_in_flight, [1, 3]),
+}

@@ -111,6 +111,7 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
                 acks.check(e, e.cursor, inc, report)
             states[e.session] = _State()
             window = index.sessions[e.session].window(index.params.max_in_flight)
+            report.examine("G1", "window")
             if e.max_in_flight > window:
                 report.add("G1", "window", e.t,
                            f"{e.subscriber} asked for max_in_flight={e.asked_max_in_flight}"
@@ -119,6 +120,7 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
             # the shard answered the SUBSCRIBE some time after it was sent: a reply held up
             # on its way (a stall) may report a cursor acks have moved past meanwhile
             before = confirmed.cursor_sent_before(e.requested)
+            report.examine("G6", "cursor-moved-back")
             if e.cursor < before:
                 report.add("G6", "cursor-moved-back", e.t,
                            f"{e.subscriber} resumed {inc.topic}/{inc.name} at cursor {e.cursor},"
@@ -129,6 +131,8 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
                               h.TopicWasReset, h.SessionEnded))
         session = index.sessions[e.session]
         st = states[e.session]
+        if isinstance(e, h.AckRefused):
+            report.examine("G1", "ack-refused")
         if isinstance(e, h.Delivered):
             if e.attempt > 1:
                 redeliveries += 1
@@ -146,13 +150,14 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
             # the shard answered the ACK some time after it was sent: a reply held up on
             # its way may arrive after another session's acks moved the cursor on
             before = confirmed.cursor_before(e.session, e.requested)
+            report.examine("G6", "cursor-moved-back")
             if e.cursor < before:
                 report.add("G6", "cursor-moved-back", e.t,
                            f"{e.subscriber}: ACKED cursor {e.cursor} below the cursor {before}"
                            " confirmed before the ACK was sent")
             confirmed.cursors.append((e.t, e.session, e.cursor))
         elif isinstance(e, h.AckRefused) and e.error == "NotDelivered" \
-                and e.offset in st.delivered and session.end is None:
+                and e.offset in st.delivered and (session.end is None or e.t < session.end.t):
                 report.add("G1", "ack-refused", e.t,
                            f"{e.subscriber} acked {inc.topic}@{e.offset}, delivered to this"
                            " session, and the shard refused it as not delivered")
@@ -166,17 +171,24 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
                confirmed: _Confirmed, report: Report) -> None:
     p = index.params
     where = f"{e.subscriber} session {e.session}: {e.topic}@{e.offset}"
+    report.examine("G7", "generations-mixed")
     if e.generation != session.sub.generation:
         report.add("G7", "generations-mixed", e.t,
                    f"{where} of generation {e.generation:#x} on a session of generation"
                    f" {session.sub.generation:#x}")
         return
+    if inc.known_start:
+        report.examine("G6", "below-start")
+    report.examine("G1", "redelivered-acked")
+    report.examine("G4", "too-many-pushes")
     if inc.known_start and e.offset < inc.start:
         report.add("G6", "below-start", e.t, f"{where} is below the subscription's start {inc.start}")
     if confirmed.acked(e.offset, e.session, session.sub.requested):
         report.add("G1", "redelivered-acked", e.t,
                    f"{where} attempt {e.attempt} after the shard confirmed its ack")
     if e.attempt == 1:
+        report.examine("G1", "order")
+        report.examine("G1", "window")
         if e.offset <= st.last_first:
             report.add("G1", "order", e.t,
                        f"{where} first delivered after offset {st.last_first}")
@@ -188,6 +200,7 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
                        f" (max_in_flight={window})")
     else:
         previous = st.attempts.get(e.offset, 0)
+        report.examine("G4", "attempt-numbering")
         if e.attempt != previous + 1:
             report.add("G4", "attempt-numbering", e.t,
                        f"{where} attempt {e.attempt} follows attempt {previous}")
@@ -240,6 +253,10 @@ def _check_schedule(index: Index, session: Session, st: _State, report: Report) 
             if attempt == 1 or not index.quiet(hosts, t1, t):
                 continue
             due = t1 + (attempt - 1) * period
+            if acked_at is not None:
+                report.examine("G4", "redelivered-after-ack")
+            report.examine("G4", "early-redelivery")
+            report.examine("G4", "late-redelivery")
             if acked_at is not None and acked_at + lat < t - lat:
                 report.add("G4", "redelivered-after-ack", t,
                            f"{where} attempt {attempt} at {t:.3f}, its ack was sent at"
@@ -258,10 +275,14 @@ def _check_schedule(index: Index, session: Session, st: _State, report: Report) 
         else:
             due = t1 + last * period
             what = f"pushed again (attempt {last + 1})"
+        if due + tol + lat < end and index.quiet(hosts, t1, due + tol):
+            report.examine("G4", "missed-redelivery")
         if (acked_at is None or acked_at > due + lat) and due + tol + lat < end \
                 and index.quiet(hosts, t1, due + tol):
             report.add("G4", "missed-redelivery", due,
                        f"{where} unacked since {t1:.3f} was not {what} by {due + tol:.3f}")
+    if session.end is not None and session.end.reason == "inactive":
+        report.examine("G4", "spurious-inactive")
     if session.end is not None and session.end.reason == "inactive" and not exhausted:
         report.add("G4", "spurious-inactive", session.end.t,
                    f"{session.sub.subscriber} session {session.sub.session} was made inactive"
@@ -277,6 +298,7 @@ def _check_dropped(index: Index, session: Session, report: Report) -> None:
     stopped = index.stopped.get(session.sub.generation)
     if stopped is not None and stopped <= end.t + p.latency:
         return  # its shard died or drained (G7)
+    report.examine("G6", "dropped-without-cause")
     since = end.t - 2 * p.heartbeat - 2 * p.latency
     if index.quiet((session.sub.client, session.host), since, end.t):
         report.add("G6", "dropped-without-cause", end.t,

@@ -59,6 +59,7 @@ def check(index: Index, report: Report) -> None:
                 or latest_generation.get(found.sub.shard, found.sub.generation)
                 != found.sub.generation) and _past_the_end(spec, acked, final):
             continue  # refused with OffsetOutOfRange in the final generation, rightly
+        report.examine("liveness", "never-subscribed")
         if found is None or found.sub.topic != topic:
             report.add("liveness", "never-subscribed", index.end_at,
                        f"{subscriber} has no subscription to {topic} at the end")
@@ -66,6 +67,7 @@ def check(index: Index, report: Report) -> None:
         session = found
         generation = session.sub.generation
         newest = latest_generation.get(session.sub.shard, generation)
+        report.examine("liveness", "stale-generation")
         if newest != generation:
             report.add("liveness", "stale-generation", index.end_at,
                        f"{subscriber} still on generation {generation:#x} of shard"
@@ -73,6 +75,8 @@ def check(index: Index, report: Report) -> None:
             continue
         inc = session.incarnation
         got = received.get((subscriber, topic, generation), set())
+        report.examine("G2", "lost", sum(1 for o in acked.get((topic, generation), {})
+                                         if o >= inc.start))
         missing = sorted(o for o in acked.get((topic, generation), {}) if o >= inc.start
                          and o not in got)
         if missing:
@@ -83,6 +87,7 @@ def check(index: Index, report: Report) -> None:
             report.count("lost", len(missing))
 
     for topic, message_id in history.meta.get("canaries", []):
+        report.examine("liveness", "publish-stuck")
         if (topic, message_id) not in acked_at:
             report.add("liveness", "publish-stuck", index.end_at,
                        f"publish of {topic} id={message_id!r} after the heal was never acked")

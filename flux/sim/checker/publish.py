@@ -21,6 +21,7 @@ def check(index: Index, report: Report) -> None:
 
     def stored(t: float, topic: str, generation: int, offset: int, message_id: str) -> None:
         key = (topic, generation, offset)
+        report.examine("G1", "offset-reused")
         known = at_offset.setdefault(key, message_id)
         if known != message_id:
             report.add("G1", "offset-reused", t,
@@ -37,12 +38,14 @@ def check(index: Index, report: Report) -> None:
             if not e.duplicate:
                 fresh_acks.setdefault((e.topic, e.generation, e.id), []).append((e.t, e.offset))
         elif isinstance(e, (h.Delivered, h.Consumed)):
+            report.examine("G2", "unexpected")
             if (e.topic, e.id) not in first_attempt:
                 report.add("G2", "unexpected", e.t,
                            f"{e.subscriber} got {e.topic}@{e.offset} id={e.id!r}, never published")
             stored(e.t, e.topic, e.generation, e.offset, e.id)
             delivered.add((e.topic, e.generation, e.offset))
 
+    report.examine("G3", "stored-twice", len(offsets_of))
     for (topic, generation, message_id), offsets in offsets_of.items():
         if len(offsets) < 2:
             continue
@@ -54,6 +57,7 @@ def check(index: Index, report: Report) -> None:
                            f"{topic} id={message_id!r} stored at offsets"
                            f" {[o for o, _ in ordered]} in generation {generation:#x} within"
                            f" dedup_window={p.dedup_window:g}s of its first publish")
+    report.examine("G3", "duplicate-flag", len(fresh_acks))
     for (topic, generation, message_id), acks in fresh_acks.items():
         fresh = [o for _, o in acks]
         if len(fresh) != len(set(fresh)):
@@ -115,6 +119,7 @@ def _check_generations(index: Index, report: Report) -> None:
                 current[e.shard] = (e.generation, e.t)
             continue
         retired.setdefault(e.shard, set()).add(now[0])
+        report.examine("G7", "restart-without-cause")
         hosts = (f"shard-{e.shard}", "router")
         if index.quiet(hosts, now[1], e.t):
             report.add("G7", "restart-without-cause", e.t,
@@ -162,6 +167,7 @@ def _check_overlap(index: Index, report: Report) -> None:
         else:
             continue
         key = (shard, e.generation)
+        report.examine("G7", "two-incarnations")
         after = -math.inf if sent is None else sent
         if e.t - lat > after and index.quiet((client, f"shard-{shard}"), e.t - lat, e.t):
             after = e.t - lat

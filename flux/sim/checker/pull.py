@@ -60,6 +60,7 @@ def check(index: Index, report: Report) -> None:
             cursors.setdefault(key, []).append(
                 _Cursor(e.requested, e.t, e.cursor, "resumed at", e.created))
         elif isinstance(e, h.Committed):
+            report.examine("G6", "commit-not-applied")
             if e.cursor < e.offset:
                 report.add("G6", "commit-not-applied", e.t,
                            f"{e.subscriber}: COMMIT {e.topic}@{e.offset} answered with cursor"
@@ -115,11 +116,19 @@ def _check_page(e: h.Fetched, ids: dict[tuple[str, int, int], str],
                 acked: dict[tuple[str, int], list[tuple[float, int]]], report: Report) -> None:
     """G1/G2/G7 on one FETCHED page, from what it says and what clients saw before."""
     where = f"{e.subscriber}: FETCH {e.topic}@{e.offset}"
+    if e.asked_generation is not None:
+        report.examine("G7", "fetch-generation")
     if e.asked_generation is not None and e.generation != e.asked_generation:
         report.add("G7", "fetch-generation", e.t,
                    f"{where} of generation {e.asked_generation:#x} answered from generation"
                    f" {e.generation:#x} (TopicReset expected)")
         return
+    report.examine("G1", "fetch-range")
+    report.examine("G1", "fetch-next")
+    if e.first < e.next and e.max_messages > 0:
+        report.examine("G2", "fetch-empty")
+    report.examine("G1", "fetch-id", len(e.ids))
+    report.examine("G2", "fetch-unexpected", len(e.ids))
     if e.oldest > e.next or e.first != max(e.offset, e.oldest) \
             or (e.ids and e.first + len(e.ids) > e.next):
         report.add("G1", "fetch-range", e.t,
@@ -155,6 +164,9 @@ def _check_cursors(key: Key, seen: list[_Cursor], gone: _Deletions, report: Repo
         before = ordered[:bisect.bisect_left(arrivals, b.requested)]
         floor = max((a for a in before if not gone.between(key, a.requested, b.t)),
                     key=lambda a: a.cursor, default=None)
+        if floor is not None:
+            report.examine("G6", "commit-moved-back" if b.what == "committed to"
+                           else "resume-below-commit")
         if floor is None or b.cursor >= floor.cursor:
             continue
         rule = "commit-moved-back" if b.what == "committed to" else "resume-below-commit"
@@ -205,6 +217,7 @@ def _check_skipped(e: h.Fetched, subscribed: dict[Key, list[h.Subscribed]],
                 if s.t < e.t and not gone.between(key, s.requested, e.t)), default=None)
     if held is None:
         return False
+    report.examine("G5", "fetch-skipped")
     committed = max((offset for t, generation, offset in commits.get((e.topic, e.name), ())
                      if t < e.t and generation in (None, e.generation)), default=0)
     low = max(e.offset, held, committed)
@@ -239,6 +252,7 @@ def _check_liveness(index: Index, cursors: dict[Key, list[_Cursor]],
         if not due or index.heal_at + SETTLE > index.end_at:
             continue
         cursor = max((c.cursor for c in cursors.get(key, ())), default=0)
+        report.examine("liveness", "pull-behind")
         if cursor <= max(due):
             report.add("liveness", "pull-behind", index.end_at,
                        f"{sub.subscriber} committed {sub.topic} generation {sub.generation:#x}"

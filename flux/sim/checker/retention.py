@@ -75,6 +75,8 @@ def _check_trims(index: Index, report: Report) -> None:
             stored = stored_at.get(key)
             if stored is None and message_id is not None:
                 stored = first_attempt.get((trim.topic, message_id))
+            if stored is not None:
+                report.examine("G5", "deleted-before-ttl")
             if stored is not None and trim.t < stored + p.ttl - 1e-5:  # timestamps: float error
                 report.add("G5", "deleted-before-ttl", trim.t,
                            f"{trim.topic}@{offset} deleted {trim.t - stored:.3f}s after it was"
@@ -82,6 +84,7 @@ def _check_trims(index: Index, report: Report) -> None:
             for inc in by_topic.get((trim.topic, trim.generation), []):
                 if not _held_for(index, inc, offset, trim.t, position):
                     continue
+                report.examine("G5", "deleted-unacked")
                 sent = ack_times[id(inc)].get(offset)
                 if sent is None or sent > trim.t:
                     who = inc.name if inc.name is not None else "an ephemeral subscription"
@@ -204,6 +207,8 @@ def _check_ephemeral_deletions(index: Index, report: Report) -> None:
         gone = index.history.events[inc.deleted_event].t
         session = inc.sessions[0]
         heard_by = gone + 2 * lat
+        if heard_by < index.end_at:
+            report.examine("G6", "deleted-without-cause")
         if heard_by >= index.end_at or (session.end is not None and session.end.t <= heard_by):
             continue
         since = gone - 2 * index.params.heartbeat - 2 * lat
@@ -247,6 +252,8 @@ def _check_subscription_lifetimes(index: Index, report: Report) -> None:
             gone = inc.deleted_at
             if gone is None and successor is not None:
                 gone = successor.created_at  # deleted at the latest when re-created
+            if gone is not None and not inc.died_with_shard:
+                report.examine("G6", "deleted-too-early")
             if gone is not None and gone < earliest - 1e-9 and not inc.died_with_shard:
                 report.add("G6", "deleted-too-early", gone,
                            f"subscription {inc.topic}/{inc.name} deleted at {gone:.3f}, but it was"
@@ -271,6 +278,7 @@ def _check_kept_too_long(index: Index, inc: Incarnation, successor: Incarnation 
         if following is not None:
             if following.sub.requested <= end.t:
                 continue
+            report.examine("G6", "kept-too-long")
             if following.sub.requested > limit and index.quiet((host,), end.t, limit):
                 report.add("G6", "kept-too-long", following.sub.t,
                            f"subscription {inc.topic}/{inc.name} inactive since {end.t:.3f} still"
@@ -278,6 +286,7 @@ def _check_kept_too_long(index: Index, inc: Incarnation, successor: Incarnation 
             continue
         if not oracle or not index.quiet((host,), end.t, limit):
             continue
+        report.examine("G6", "kept-too-long")
         gone = inc.deleted_at
         if gone is None and successor is not None:
             gone = successor.created_at

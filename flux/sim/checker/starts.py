@@ -30,6 +30,7 @@ def check(index: Index, report: Report) -> None:
         name = sub.name if sub.name is not None else "(ephemeral)"
         where = f"{sub.subscriber} created {sub.topic}/{name} at offset {sub.start}"
         if sub.reset:
+            report.examine("G7", "reset-start")
             # earliest restarts at 0, or at the oldest held when the new generation's
             # first messages outlived their ttl before anyone subscribed (clamped)
             young = [o for tried, _t, o in stored.get(key, ())
@@ -40,7 +41,10 @@ def check(index: Index, report: Report) -> None:
                            f" ttl={p.ttl:g}s before; on_reset=earliest starts at 0")
             continue
         before = [o for t, o in acked.get(key, []) if t < sub.requested]
+        if before and not sub.read_old and sub.from_offset is None:
+            report.examine("G6", "start-not-next")
         if sub.read_old or sub.from_offset is not None:
+            report.examine("G5", "start-past-held")
             floor = sub.from_offset if sub.from_offset is not None else 0
             # messages stored surely less than ttl before the subscribe was processed
             young = [o for tried, t, o in stored.get(key, ())
@@ -49,6 +53,8 @@ def check(index: Index, report: Report) -> None:
                 report.add("G5", "start-past-held", sub.t,
                            f"{where}, past offset {min(young)} which was stored less than"
                            f" ttl={p.ttl:g}s before")
+            if sub.from_offset is not None:
+                report.examine("G6", "start-before-asked")
             if sub.from_offset is not None and sub.start < sub.from_offset:
                 report.add("G6", "start-before-asked", sub.t,
                            f"{where}, below the from_offset {sub.from_offset} it asked for")
@@ -56,6 +62,8 @@ def check(index: Index, report: Report) -> None:
             report.add("G6", "start-not-next", sub.t,
                        f"{where}, but offset {max(before)} was acked before it subscribed")
         later = [o for tried, _t, o in stored.get(key, ()) if tried > sub.t]
+        if later and not sub.read_old and sub.from_offset is None:
+            report.examine("G6", "start-past-new")
         if later and min(later) < sub.start and not sub.read_old and sub.from_offset is None:
             report.add("G6", "start-past-new", sub.t,
                        f"{where}, past offset {min(later)} first published after it subscribed")
