@@ -96,6 +96,8 @@ RULES: dict[str, str] = {
     "G5/gone-before-ttl": "every offset below a reply's oldest was held for message.ttl",
     "G5/gone-unacked": "every offset below a reply's oldest was acked by each subscription"
                        " that held it",
+    "G4/left-unacked": "a live subscription acks, by the end, every message of its final"
+                       " generation from its start on (unacked ones are pushed again)",
     # bad_input.py: G8
     "G8/untyped-error": "a bad request gets an error of a class a caller can act on",
     "G8/batch-item": "each item of a PUBLISH gets its own result: valid ones stored,"

@@ -17,6 +17,8 @@ from flux.sim import history as h
 from flux.sim.checker import Report
 from flux.sim.checker.index import Index, Session
 
+SETTLE = 5.0   # seconds before the end after which a publish need not be acked yet
+
 
 def check(index: Index, report: Report) -> None:
     history = index.history
@@ -85,6 +87,10 @@ def check(index: Index, report: Report) -> None:
                        f"{subscriber} never got {len(missing)} acked message(s) of {topic}"
                        f" generation {generation:#x} after faults healed: offsets {shown}")
             report.count("lost", len(missing))
+            continue
+        if session.sub.mode == "push":
+            _check_left_unacked(index, session, acked.get((topic, generation), {}),
+                                acked_at, report)
 
     for topic, message_id in history.meta.get("canaries", []):
         report.examine("liveness", "publish-stuck")
@@ -127,6 +133,32 @@ def _missed_by_crash(index: Index, acked: dict[tuple[str, int], dict[int, str]],
             start = starts.get(key, 0)
             missed += sum(1 for o in offsets if o >= start and o not in got)
     return missed
+
+
+def _check_left_unacked(index: Index, session: Session, acked: dict[int, str],
+                        acked_at: dict[tuple[str, str], float], report: Report) -> None:
+    """G4/left-unacked: at-least-once means a message a subscription has not acked is
+    pushed again (a later session resumes from the cursor), and a live subscriber
+    acks all it is given once faults heal; so by the end each message of its final
+    generation from its start on, published ``SETTLE`` seconds before the end, has
+    an ack sent by some session of the subscription. A delivery to an earlier session
+    that was lost before its ack does not count (``G2/lost`` counts it as received)."""
+    from flux.sim.checker.retention import _ack_times
+
+    inc = session.incarnation
+    if index.heal_at + SETTLE > index.end_at:
+        return
+    sent = _ack_times(inc, index.commits)
+    due = [o for o, message_id in acked.items() if o >= inc.start
+           and acked_at.get((inc.topic, message_id), index.end_at) <= index.end_at - SETTLE]
+    report.examine("G4", "left-unacked", len(due))
+    missing = sorted(o for o in due if o not in sent)
+    if missing:
+        shown = ", ".join(str(o) for o in missing[:8]) + (" ..." if len(missing) > 8 else "")
+        report.add("G4", "left-unacked", index.end_at,
+                   f"{session.sub.subscriber} never acked {len(missing)} message(s) of"
+                   f" {inc.topic} generation {inc.generation:#x} it was given, though it acks"
+                   f" all once faults heal: offsets {shown} were not pushed again")
 
 
 def _past_the_end(spec: dict[str, Any], acked: dict[tuple[str, int], dict[int, str]],
