@@ -9,6 +9,7 @@ choices come from a ``random.Random`` of its own, so runs replay. Scenarios
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -357,6 +358,8 @@ class Actors:
                     pages = 0
                     if state.generation is not None and rng.random() < 0.3:
                         state.checkpoint = (state.generation, committed)
+                if not healed and 0.4 < roll < 0.6:
+                    await self._replay_read(client, spec, rng, position, state)
                 if not healed and roll > 0.88:
                     # a stale commit (a retried job's) must not move the cursor back
                     await client.commit(topic, name, max(0, committed - rng.randint(1, 3)),
@@ -368,6 +371,17 @@ class Actors:
                 position = committed = await self._pull_subscribe(client, spec, state)
                 pages = 0
         state.left = True
+
+    async def _replay_read(self, client: Client, spec: SubscriberSpec, rng: random.Random,
+                           position: int, state: _PullState) -> None:
+        """Read back without a subscription (a replay tool's FETCH): a little behind its
+        position, or from a checkpoint of its own (perhaps of a generation a restart
+        ended: the shard must answer TopicReset, not read the new log)."""
+        generation, offset = state.generation, max(0, position - rng.randint(1, 5))
+        if state.checkpoint is not None and rng.random() < 0.7:
+            generation, offset = state.checkpoint
+        with contextlib.suppress(errors.TopicReset, errors.OffsetOutOfRange):
+            await client.fetch(spec.topic, offset, spec.page, generation=generation)
 
     async def _nap(self, seconds: float) -> None:
         """Sleep, but no longer than until the heal (a live reader reads on then)."""

@@ -570,6 +570,21 @@ def malformed_is_internal_error() -> contextlib.AbstractContextManager[Any]:
     return _wrap(ShardCore, "_handle", make)
 
 
+def replay_fetch_ignores_generation() -> contextlib.AbstractContextManager[Any]:
+    """G7: a FETCH without a subscription skips the generation check (only pull
+    subscriptions were thought to need it), so a replay tool that knew the old
+    generation reads the new log's offsets as if they were the old one's."""
+    original = ShardCore._handlers[protocol.FETCH]
+
+    def fetch(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
+        opts = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else None
+        if opts is not None and opts.get("name") is None and "generation" in opts:
+            frame = [*frame[:2], {k: v for k, v in opts.items() if k != "generation"},
+                     *frame[3:]]
+        original(self, session, frame, now)
+    return mock.patch.dict(ShardCore._handlers, {protocol.FETCH: fetch})
+
+
 def retried_acks_at_batch_start() -> contextlib.AbstractContextManager[Any]:
     """G2 (client): the offsets of a retried piece of a batch (items split off after a
     Busy refusal) are written at the batch's start instead of at the piece's place, so
@@ -912,6 +927,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "unknown-kind-closes": unknown_kind_closes,
     "retried-acks-at-batch-start": retried_acks_at_batch_start,
     "malformed-is-internal-error": malformed_is_internal_error,
+    "replay-fetch-ignores-generation": replay_fetch_ignores_generation,
     "fetched-next-inclusive": fetched_next_inclusive,
     "fetched-next-is-page-end": fetched_next_is_page_end,
     "page-one-short": page_one_short,
@@ -947,6 +963,7 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "retire-restarts-offsets": "topics", "cleanup-ignores-pull-cursors": "cleanup",
             "new-ids-on-retry": "dedup", "full-before-dedup": "backpressure",
             "retried-acks-at-batch-start": "backpressure",
+            "replay-fetch-ignores-generation": "crashes",
             "duplicate-not-flagged": "backpressure", "subscribed-echoes-generation": "crashes",
             "fetch-unknown-sub-unchecked": "crashes", "reset-starts-at-next": "crashes",
             "restart-forgets-shards": "crashes", "resubscribe-forgotten": "crashes"}
@@ -1014,6 +1031,7 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "bad-id-fails-frame": ("G8/batch-item",),
     "unknown-kind-closes": ("G8/unanswered",),
     "malformed-is-internal-error": ("G8/untyped-error",),
+    "replay-fetch-ignores-generation": ("G7/fetch-generation",),
 }
 
 # Rules no realistic planted bug can trip, and why (flux.sim.checker.RULES says so too).
