@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import google_crc32c
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,10 +32,11 @@ def test_record_round_trips_with_its_position(rtype: int, body: bytes, position:
     assert rec.end == position + len(data)
 
 
-def test_record_layout_is_length_crc_type_body_little_endian() -> None:
+def test_record_layout_is_crc_length_type_body_little_endian() -> None:
     data = encode(7, b"abc")
-    assert data[:4] == (3).to_bytes(4, "little")
-    assert data[4:8] == record.checksum(3, 7, b"abc").to_bytes(4, "little")
+    assert data[:4] == record.checksum(3, 7, b"abc").to_bytes(4, "little")
+    assert data[:4] == google_crc32c.value(data[4:]).to_bytes(4, "little")
+    assert data[4:8] == (3).to_bytes(4, "little")
     assert data[8] == 7
     assert data[9:] == b"abc"
 
@@ -58,10 +60,10 @@ def test_a_record_cut_short_is_torn(rtype: int, body: bytes, data: st.DataObject
 
 def test_a_length_past_the_end_is_torn_and_an_impossible_length_is_bad() -> None:
     raw = bytearray(encode(1, b"x" * 10))
-    raw[:4] = (11).to_bytes(4, "little")
+    raw[4:8] = (11).to_bytes(4, "little")
     with pytest.raises(Torn):
         decode(bytes(raw), 0, 0)
-    raw[:4] = (record.MAX_BODY + 1).to_bytes(4, "little")
+    raw[4:8] = (record.MAX_BODY + 1).to_bytes(4, "little")
     with pytest.raises(Bad, match="over"):
         decode(bytes(raw), 0, 0)
 

@@ -43,7 +43,7 @@ class LogReader:
             if len(buf) < record.HEADER_SIZE:
                 raise CorruptRecord(segment.path, position, "header runs past the end of the file") \
                     from None
-            length = int.from_bytes(buf[:4], "little")
+            length = record.body_length(buf, 0)
             if length > record.MAX_BODY or position + record.HEADER_SIZE + length > segment.end:
                 raise CorruptRecord(segment.path, position,
                                     f"length {length} runs past the segment's end") from None
@@ -86,7 +86,7 @@ def _scan_segment(segment: OpenSegment, position: int, stop: int) -> Iterator[Re
                 raise CorruptRecord(segment.path, position, "record runs past the end") from None
             need = CHUNK
             if len(buf) - at >= record.HEADER_SIZE:  # a record bigger than a chunk
-                need = max(need, record.HEADER_SIZE + int.from_bytes(buf[at:at + 4], "little"))
+                need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
             more = segment.file.read_at(segment.offset_of(loaded), min(need, stop - loaded))
             if not more:
                 raise CorruptRecord(segment.path, position, "file ends inside a record") from None

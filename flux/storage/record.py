@@ -1,27 +1,27 @@
-"""The record format: a 9-byte header (length, CRC32C, type) and an opaque body.
+"""The record format: a 9-byte header (CRC32C, length, type) and an opaque body.
 
-A record is ``length:u32 crc:u32 type:u8 body`` in little-endian; the CRC32C
-covers the length, the type and the body. Type 0 is never written, so a
-zero-filled tail never parses as a record. See PROTOCOL.md, "The on-disk log".
+A record is ``crc:u32 length:u32 type:u8 body`` in little-endian; the CRC32C
+covers everything after it (length, type, body), one contiguous run of bytes.
+Type 0 is never written, so a zero-filled tail never parses as a record. See
+PROTOCOL.md, "The on-disk log".
 """
 
 from __future__ import annotations
 
-import dataclasses
 import struct
+from typing import NamedTuple
 
 import google_crc32c
 
-HEADER = struct.Struct("<IIB")
+HEADER = struct.Struct("<IIB")   # crc, length, type
 HEADER_SIZE = HEADER.size        # 9
 MAX_BODY = 64 * 1024 * 1024      # a longer length field is damage, not a record
 MAX_TYPE = 255
 
-_LENGTH = struct.Struct("<I")
+_LENGTH_TYPE = struct.Struct("<IB")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """A record read back from the log: where it starts, its type and body."""
 
     position: int
@@ -36,8 +36,7 @@ class Record:
 
 def checksum(length: int, rtype: int, body: bytes | memoryview) -> int:
     """The CRC32C of a record's length, type and body."""
-    crc = google_crc32c.value(_LENGTH.pack(length) + bytes((rtype,)))
-    return int(google_crc32c.extend(crc, body))
+    return int(google_crc32c.extend(google_crc32c.value(_LENGTH_TYPE.pack(length, rtype)), body))
 
 
 def encode(rtype: int, body: bytes) -> bytes:
@@ -46,7 +45,13 @@ def encode(rtype: int, body: bytes) -> bytes:
         raise ValueError(f"record type must be 1..{MAX_TYPE}, not {rtype}")
     if len(body) > MAX_BODY:
         raise ValueError(f"record body of {len(body)} bytes is over {MAX_BODY}")
-    return HEADER.pack(len(body), checksum(len(body), rtype, body), rtype) + body
+    rest = _LENGTH_TYPE.pack(len(body), rtype) + body
+    return int(google_crc32c.value(rest)).to_bytes(4, "little") + rest
+
+
+def body_length(buf: bytes | memoryview, at: int) -> int:
+    """The length field of the record header at ``buf[at:]`` (which must hold a header)."""
+    return int.from_bytes(buf[at + 4:at + 8], "little")
 
 
 def encoded_size(body_len: int) -> int:
@@ -70,15 +75,16 @@ def decode(buf: bytes | memoryview, at: int, position: int) -> Record:
     """
     if len(buf) - at < HEADER_SIZE:
         raise Torn(f"{len(buf) - at} bytes left, a header takes {HEADER_SIZE}")
-    length, crc, rtype = HEADER.unpack_from(buf, at)
+    crc, length, rtype = HEADER.unpack_from(buf, at)
     if length > MAX_BODY:
         raise Bad(f"length {length} is over {MAX_BODY}")
     start = at + HEADER_SIZE
-    if len(buf) - start < length:
+    end = start + length
+    if len(buf) < end:
         raise Torn(f"length {length} runs past the end ({len(buf) - start} bytes left)")
-    body = bytes(buf[start:start + length])
     if rtype == 0:
         raise Bad("type 0 (zero-filled?)")
-    if checksum(length, rtype, body) != crc:
+    covered = bytes(buf[at + 4:end])    # the C checksum takes bytes, not a memoryview
+    if google_crc32c.value(covered) != crc:
         raise Bad("checksum mismatch")
-    return Record(position, rtype, body)
+    return Record(position, rtype, covered[5:])

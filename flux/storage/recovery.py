@@ -169,7 +169,7 @@ def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] |
                 return None if at == len(buf) else (position, str(e))
             need = CHUNK
             if len(buf) - at >= record.HEADER_SIZE:
-                need = max(need, record.HEADER_SIZE + int.from_bytes(buf[at:at + 4], "little"))
+                need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
             more = file.read_at(loaded, min(need, size - loaded))
             if not more:
                 return position, str(e)
@@ -191,7 +191,7 @@ def _record_follows(tail: bytes) -> bool:
     """Whether a valid record starts anywhere after the bad spot at ``tail[0]`` (then the
     damage is not a torn tail). Gives up (True: call it corruption) after RESYNC_TRIES."""
     try:   # a body or checksum flip: the length still leads to the next record
-        length = int.from_bytes(tail[:4], "little")
+        length = record.body_length(tail, 0)
         record.decode(tail, record.HEADER_SIZE + length, 0)
         return True
     except (record.Torn, record.Bad):
