@@ -121,3 +121,12 @@ def test_a_header_that_never_reached_the_disk_is_torn() -> None:
             decode_header(raw[:cut])
     with pytest.raises(Torn):
         decode_header(bytes(len(raw)))
+
+
+def test_the_example_bytes_in_protocol_md_are_what_the_code_writes() -> None:
+    header = encode_header(SegmentHeader("orders.eu", 0x2A, 0, "b", 1.5))
+    assert header.hex(" ") == (
+        "46 4c 55 58 4c 4f 47 0a 01 00 35 00 2a 00 00 00 00 00 00 00 "
+        "00 00 00 00 00 00 00 00 00 00 00 00 00 00 f8 3f 01 62 09 00 "
+        "6f 72 64 65 72 73 2e 65 75 bd b4 5c 9e")
+    assert encode(1, b"hi").hex(" ") == "93 0f 85 ca 02 00 00 00 01 68 69"
