@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from flux.sim.disk import DiskFaults, SimDisk
-from flux.storage import ForeignLog, FsyncMode, LogWriter, Record, recover
+from flux.storage import ForeignLog, FsyncMode, LogFailed, LogWriter, Record, recover
 from flux.storage.record import encode
 from flux.storage.segment import SegmentHeader, encode_header
 from flux.storage.table import SegmentTable
@@ -62,7 +62,16 @@ def _writer(disk: SimDisk, table: SegmentTable, mode: FsyncMode, segment_bytes: 
 
 async def _play(disk: SimDisk, writer: LogWriter, script: list[tuple[str, int, int]],
                 entries: list[Entry]) -> None:
-    """Run ``script`` against a running writer; the caller cancels it mid-flight (the crash)."""
+    """Run ``script`` against a running writer; the caller cancels it mid-flight (the crash).
+    Stops early when the log fails (a failed fsync, a full disk)."""
+    try:
+        await _play_until_failed(writer, script, entries)
+    except LogFailed:
+        assert writer.failed is not None
+
+
+async def _play_until_failed(writer: LogWriter, script: list[tuple[str, int, int]],
+                             entries: list[Entry]) -> None:
     for op, a, b in script:
         if op == "append":
             body = _body(len(entries), b)
@@ -101,13 +110,23 @@ async def _continue_cleanly(disk: SimDisk, table: SegmentTable, got: list[Entry]
     assert report.damage is None
 
 
-@prop
-@given(mode=modes, segment_bytes=segment_sizes, script=ops, power=st.booleans(), seed=st.integers(0, 2**32))
+faults = st.one_of(
+    st.just(DiskFaults(sync_delay=(0.001, 0.02))),
+    st.builds(DiskFaults, sync_delay=st.just((0.001, 0.02)),
+              sync_failure_chance=st.sampled_from([0.0, 0.1, 0.3]),
+              capacity=st.one_of(st.none(), st.integers(0, 20_000)),
+              slow_sync_chance=st.sampled_from([0.0, 0.2])),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mode=modes, segment_bytes=segment_sizes, script=ops, power=st.booleans(), seed=st.integers(0, 2**32),
+       disk_faults=faults)
 def test_recovery_after_a_crash_or_power_loss_keeps_what_it_must_and_nothing_else(
         mode: FsyncMode, segment_bytes: int, script: list[tuple[str, int, int]], power: bool,
-        seed: int) -> None:
+        seed: int, disk_faults: DiskFaults) -> None:
     async def main() -> None:
-        disk = SimDisk(seed, DiskFaults(sync_delay=(0.001, 0.02)))
+        disk = SimDisk(seed, disk_faults)
         table, _, _ = await _recover(disk)
         writer = _writer(disk, table, mode, segment_bytes)
         entries: list[Entry] = []
@@ -120,7 +139,11 @@ def test_recovery_after_a_crash_or_power_loss_keeps_what_it_must_and_nothing_els
             disk.power_loss()
         else:
             disk.crash()
+        disk.faults = DiskFaults(sync_delay=(0.001, 0.02))   # the disk works again
         table, report, got = await _recover(disk)
+        event(f"log failed: {writer.failed.reason.split(':')[0] if writer.failed else 'no'}")
+        event(f"damage: {report.damage.kind if report.damage else 'none'}")
+        event(f"records lost: {'some' if len(got) < len(entries) else 'none'}")
         assert got == entries[:len(got)], "recovered records must be a prefix of the appended ones"
         assert report.end == (got[-1].end if got else 0)
         assert report.records == len(got)
