@@ -231,3 +231,28 @@ async def test_a_new_generation_or_boot_starts_a_new_segment(
     _, report = await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body))
     assert seen == [b"gen 7", b"gen 8"]
     assert (report.segments, report.generation, report.boot_id) == (2, 8, "sim-boot-1")
+
+
+async def test_old_segments_can_be_dropped_and_the_log_then_starts_later(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.001)
+    table, writer = await _open(disk, segment_bytes=4096)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        where = [writer.append(1, bytes([i]) * 100) for i in range(120)]
+        await writer.wait_durable(where[-1].end)
+        segments = len(table.segments)
+        cut = where[80].position
+        start = await writer.drop_before(cut)
+        assert 0 < start <= cut and len(table.segments) < segments
+        assert len(disk.listdir(DIR)) == len(table.segments)
+        with pytest.raises(NotInLog):
+            LogReader(table).read(where[0].position)
+        assert await writer.drop_before(where[-1].end + 1000) == table.segments[-1].first
+        assert len(table.segments) == 1          # the segment being written stays
+        await writer.close()
+    disk.power_loss()
+    seen: list[int] = []
+    _, report = await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body[0]))
+    assert report.start == table.start and report.end == where[-1].end
+    assert seen == [i for i, w in enumerate(where) if w.position >= table.start]

@@ -67,6 +67,13 @@ class SegmentTable:
         self.segments.append(segment)
         self._firsts.append(segment.first)
 
+    def drop_first(self) -> OpenSegment:
+        """Forget the oldest segment (its file is the caller's to close and remove)."""
+        segment = self.segments.pop(0)
+        self._firsts.pop(0)
+        self._start = segment.end
+        return segment
+
     def find(self, position: int) -> OpenSegment:
         """The segment holding ``position``; raises NotInLog outside what was written."""
         i = bisect.bisect_right(self._firsts, position) - 1

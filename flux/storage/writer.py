@@ -169,6 +169,20 @@ class LogWriter:
         if self.failed is not None and self.synced < self.appended:
             raise self.failed
 
+    async def drop_before(self, position: int) -> int:
+        """Remove every whole segment that ends at or before ``position`` (never the one
+        being written); returns the log's new start. For retention and compaction: the
+        caller has copied whatever it still needs. Raises OSError if the disk fails."""
+        dropped = False
+        while len(self.table.segments) > 1 and self.table.segments[0].end <= position:
+            segment = self.table.drop_first()
+            segment.file.close()
+            self.disk.remove(segment.path)
+            dropped = True
+        if dropped:
+            await self.disk.sync_dir(self.table.directory)
+        return self.table.start
+
     # -- the writer task -----------------------------------------------------------
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
