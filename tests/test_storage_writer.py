@@ -256,3 +256,28 @@ async def test_old_segments_can_be_dropped_and_the_log_then_starts_later(
     _, report = await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body[0]))
     assert report.start == table.start and report.end == where[-1].end
     assert seen == [i for i, w in enumerate(where) if w.position >= table.start]
+
+
+async def test_an_empty_last_segment_is_rewritten_with_the_new_header(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.001)
+    table, writer = await _open(disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"only").end)
+        await writer.close()
+    path = table.segments[0].path
+    disk.open(path).truncate(table.segments[0].offset_of(0))   # a segment holding only its header
+    disk.crash()
+    table, report = await recover(disk, DIR, owner="orders")
+    assert (report.segments, report.end) == (1, 0)
+    writer = LogWriter(disk, table, owner="orders", generation=8, boot_id=disk.boot_id())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"gen 8").end)
+        assert len(table.segments) == 1 and table.segments[0].header.generation == 8
+        await writer.close()
+    disk.crash()
+    seen: list[bytes] = []
+    _, report = await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body))
+    assert (seen, report.generation, report.segments) == ([b"gen 8"], 8, 1)

@@ -74,6 +74,13 @@ class SegmentTable:
         self._start = segment.end
         return segment
 
+    def drop_last(self) -> OpenSegment:
+        """Forget the newest segment (the writer replaces an empty one by a new header)."""
+        self._firsts.pop()
+        segment = self.segments.pop()
+        self._start = self.segments[0].first if self.segments else segment.first
+        return segment
+
     def find(self, position: int) -> OpenSegment:
         """The segment holding ``position``; raises NotInLog outside what was written."""
         i = bisect.bisect_right(self._firsts, position) - 1

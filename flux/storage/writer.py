@@ -291,6 +291,11 @@ class LogWriter:
         """Start a segment at ``position``; the previous one is fsynced first, so every
         segment but the last is whole on disk (recovery relies on it)."""
         previous = self.table.last
+        if previous is not None and previous.end == previous.first == position:
+            # An empty segment (a roll cut short, or a torn tail cut back to its header)
+            # has this segment's name: rewrite it with the new header.
+            self.table.drop_last().file.close()
+            previous = self.table.last
         if previous is not None and self.synced < self.written and not await self._sync():
             return False
         path = self.table.path_for(segment_name(position))
