@@ -130,3 +130,27 @@ def test_the_example_bytes_in_protocol_md_are_what_the_code_writes() -> None:
         "00 00 00 00 00 00 00 00 00 00 00 00 00 00 f8 3f 01 62 09 00 "
         "6f 72 64 65 72 73 2e 65 75 bd b4 5c 9e")
     assert encode(1, b"hi").hex(" ") == "93 0f 85 ca 02 00 00 00 01 68 69"
+
+
+@given(records=st.lists(st.tuples(types, bodies), max_size=20), damage=st.data())
+def test_decode_run_reads_the_whole_valid_records_and_stops_where_decode_fails(
+        records: list[tuple[int, bytes]], damage: st.DataObject) -> None:
+    raw = bytearray(b"".join(encode(t, b) for t, b in records))
+    if raw and damage.draw(st.booleans()):
+        bit = damage.draw(st.integers(0, len(raw) * 8 - 1))
+        raw[bit // 8] ^= 1 << (bit % 8)
+    if damage.draw(st.booleans()):
+        del raw[damage.draw(st.integers(0, len(raw))):]
+    buf = b"xyz" + bytes(raw)
+    out: list[record.Record] = []
+    stop = record.decode_run(buf, 3, 1000, out)
+    at, position, expected = 3, 1000, []
+    while True:
+        try:
+            rec = decode(buf, at, position)
+        except (Bad, Torn):
+            break
+        expected.append(rec)
+        at += rec.end - position
+        position = rec.end
+    assert out == expected and stop == at

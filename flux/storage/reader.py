@@ -78,24 +78,28 @@ def _scan_segment(segment: OpenSegment, position: int, stop: int) -> Iterator[Re
     buf = b""
     at = 0
     loaded = position        # the log position just after buf's last byte
+    records: list[Record] = []
     while position < stop:
-        try:
-            rec = record.decode(buf, at, position)
-        except record.Torn:
-            if loaded >= stop:
-                raise CorruptRecord(segment.path, position, "record runs past the end") from None
-            need = CHUNK
-            if len(buf) - at >= record.HEADER_SIZE:  # a record bigger than a chunk
-                need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
-            more = segment.file.read_at(segment.offset_of(loaded), min(need, stop - loaded))
-            if not more:
-                raise CorruptRecord(segment.path, position, "file ends inside a record") from None
-            buf = buf[at:] + more
-            at = 0
-            loaded += len(more)
+        at = record.decode_run(buf, at, position, records)
+        if records:
+            position = records[-1].end
+            yield from records
+            records.clear()
             continue
+        try:
+            record.decode(buf, at, position)
+        except record.Torn:
+            pass
         except record.Bad as e:
             raise CorruptRecord(segment.path, position, str(e)) from None
-        yield rec
-        at += rec.end - position
-        position = rec.end
+        if loaded >= stop:
+            raise CorruptRecord(segment.path, position, "record runs past the end")
+        need = CHUNK
+        if len(buf) - at >= record.HEADER_SIZE:  # a record bigger than a chunk
+            need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
+        more = segment.file.read_at(segment.offset_of(loaded), min(need, stop - loaded))
+        if not more:
+            raise CorruptRecord(segment.path, position, "file ends inside a record")
+        buf = buf[at:] + more
+        at = 0
+        loaded += len(more)

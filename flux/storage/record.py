@@ -88,3 +88,26 @@ def decode(buf: bytes | memoryview, at: int, position: int) -> Record:
     if google_crc32c.value(covered) != crc:
         raise Bad("checksum mismatch")
     return Record(position, rtype, covered[5:])
+
+
+def decode_run(buf: bytes, at: int, position: int, out: list[Record]) -> int:
+    """Decode the whole, valid records at ``buf[at:]`` into ``out``; returns where they stop.
+
+    The fast path of scans: it stops silently at the first spot that is not a
+    whole valid record (the end of ``buf``, or damage); :func:`decode` there says which.
+    """
+    unpack = HEADER.unpack_from
+    crc32c = google_crc32c.value
+    size = len(buf)
+    base = position - at
+    while size - at >= HEADER_SIZE:
+        crc, length, rtype = unpack(buf, at)
+        end = at + HEADER_SIZE + length
+        if length > MAX_BODY or end > size or rtype == 0:
+            break
+        covered = buf[at + 4:end]
+        if crc32c(covered) != crc:
+            break
+        out.append(Record(base + at, rtype, covered[5:]))
+        at = end
+    return at

@@ -156,35 +156,49 @@ def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] |
           report: RecoveryReport) -> tuple[int, str] | None:
     """Read every record of ``segment``; returns (position, reason) of the first bad one."""
     file = segment.file
-    offset = segment.header_size
-    position = segment.first
+    offset = segment.header_size     # the file offset of buf[0]
+    position = segment.first         # the log position of buf[at]
     buf = b""
     at = 0
+    records: list[Record] = []
     while True:
+        at = record.decode_run(buf, at, position, records)
+        if records:
+            report.records += len(records)
+            position = records[-1].end
+            segment.end = position
+            if on_record is not None:
+                for rec in records:
+                    on_record(rec)
+            records.clear()
+        loaded = offset + len(buf)
+        if loaded >= size:
+            if at == len(buf):
+                return None
+            return position, _what_is_wrong(buf, at)
         try:
-            rec = record.decode(buf, at, position)
-        except record.Torn as e:
-            loaded = offset + len(buf)
-            if loaded >= size:
-                return None if at == len(buf) else (position, str(e))
-            need = CHUNK
-            if len(buf) - at >= record.HEADER_SIZE:
-                need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
-            more = file.read_at(loaded, min(need, size - loaded))
-            if not more:
-                return position, str(e)
-            buf = buf[at:] + more
-            offset += at
-            at = 0
-            continue
+            record.decode(buf, at, position)
+        except record.Torn:
+            pass                         # the next read completes it
         except record.Bad as e:
             return position, str(e)
-        if on_record is not None:
-            on_record(rec)
-        report.records += 1
-        at += rec.end - position
-        position = rec.end
-        segment.end = position
+        need = CHUNK
+        if len(buf) - at >= record.HEADER_SIZE:
+            need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
+        more = file.read_at(loaded, min(need, size - loaded))
+        if not more:
+            return position, _what_is_wrong(buf, at)
+        buf = buf[at:] + more
+        offset += at
+        at = 0
+
+
+def _what_is_wrong(buf: bytes, at: int) -> str:
+    try:
+        record.decode(buf, at, 0)
+    except (record.Torn, record.Bad) as e:
+        return str(e)
+    return "unreadable record"
 
 
 def _record_follows(tail: bytes) -> bool:
