@@ -1,16 +1,21 @@
-"""The seams between broker code and the world: clock, network, randomness.
+"""The seams between broker code and the world: clock, network, randomness, disk.
 
 Router, shard and client code reach the outside only through a :class:`Host`.
 :class:`RealHost` uses trio's clock and TCP and seeds its randomness from
 ``os.urandom``; the simulator (``flux.sim``) provides a host with a fake network,
 a seeded ``random.Random`` and a pause gate. No broker module calls
 ``time.time()``, ``time.monotonic()`` or the global ``random`` directly.
+
+Storage is a seam too: :class:`Disk` and :class:`DiskFile`, with :class:`RealDisk`
+(``os`` calls, fsync in a worker thread) here and ``flux.sim.disk.SimDisk`` in the
+simulator. No other module opens, writes or syncs a file for the broker.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import random
 import time
@@ -159,3 +164,167 @@ class ShardSpec:
     advertise: str | None     # the address clients should use, if not host:port
     config: dict[str, Any]    # Config.to_dict() of the broker
     cpu: int | None = None    # CPU to pin the shard to, if the OS allows
+
+
+class DiskFile(Protocol):
+    """An open file of the log: appends at its end, positional reads, fsync off the loop.
+
+    Every method raises OSError on an I/O error (``ENOSPC`` when the disk is full,
+    ``EIO``, ``EBADF`` once closed or once the process that opened it is gone).
+    """
+
+    path: str
+
+    def size(self) -> int:
+        """The file's length in bytes as the page cache sees it (written, synced or not)."""
+        ...
+
+    def append(self, data: bytes) -> None:
+        """Write all of ``data`` at the end of the file (``write(2)`` until done).
+
+        On an error some prefix of ``data`` may have been written: the caller
+        truncates back to the length it knew.
+        """
+        ...
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``offset`` (fewer only at the end of the file)."""
+        ...
+
+    async def sync(self) -> None:
+        """Make everything written so far durable (fsync), without blocking the event loop."""
+        ...
+
+    def truncate(self, length: int) -> None:
+        """Cut the file to ``length`` bytes (durable only after the next ``sync``)."""
+        ...
+
+    def close(self) -> None:
+        """Release the file; idempotent."""
+        ...
+
+
+class Disk(Protocol):
+    """The file system as the storage engine sees it (DESIGN.md §3: storage is a seam).
+
+    Paths are plain strings. Creating, renaming or removing a directory entry is
+    durable only after :meth:`sync_dir` of its directory. Every method raises
+    OSError as the OS would (``FileNotFoundError``, ``ENOSPC``, ``EIO``).
+    """
+
+    def open(self, path: str, *, create: bool = False) -> DiskFile:
+        """Open ``path`` for reading and appending; ``create`` makes it if missing."""
+        ...
+
+    def exists(self, path: str) -> bool:
+        """Whether a file or directory is at ``path``."""
+        ...
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in directory ``path``, sorted."""
+        ...
+
+    def makedirs(self, path: str) -> None:
+        """Make directory ``path`` and its parents if missing."""
+        ...
+
+    def remove(self, path: str) -> None:
+        """Remove the file at ``path``."""
+        ...
+
+    def rename(self, src: str, dst: str) -> None:
+        """Rename ``src`` to ``dst``, replacing ``dst`` (atomic)."""
+        ...
+
+    async def sync_dir(self, path: str) -> None:
+        """Make the entries of directory ``path`` durable (fsync of the directory)."""
+        ...
+
+    def free_bytes(self, path: str) -> int:
+        """Bytes free for this process on the file system holding ``path``."""
+        ...
+
+    def boot_id(self) -> str:
+        """An id of the machine's current boot: it changes when the machine restarts."""
+        ...
+
+
+class RealDisk:
+    """The production disk: ``os`` calls; fsync runs in a worker thread (it releases the GIL)."""
+
+    def open(self, path: str, *, create: bool = False) -> RealDiskFile:
+        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        fd = os.open(path, flags, 0o644)  # seam-ok: the disk seam itself
+        return RealDiskFile(path, fd)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def remove(self, path: str) -> None:
+        os.remove(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    async def sync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # seam-ok
+        try:
+            await trio.to_thread.run_sync(os.fsync, fd)  # seam-ok
+        finally:
+            os.close(fd)
+
+    def free_bytes(self, path: str) -> int:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+
+    def boot_id(self) -> str:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:  # seam-ok
+                return f.read().strip()
+        except OSError:  # not Linux: no way to tell a reboot, so never claim one
+            return "unknown"
+
+
+class RealDiskFile:
+    """One open file of :class:`RealDisk` (a file descriptor opened with ``O_APPEND``)."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    def _check(self) -> int:
+        if self._fd < 0:
+            raise OSError(errno.EBADF, "file is closed", self.path)
+        return self._fd
+
+    def size(self) -> int:
+        return os.fstat(self._check()).st_size
+
+    def append(self, data: bytes) -> None:
+        fd = self._check()
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)  # seam-ok: the disk seam itself
+            view = view[n:]
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        return os.pread(self._check(), length, offset)
+
+    async def sync(self) -> None:
+        # abandon_on_cancel=False (the default): a cancelled caller still waits for
+        # the fsync to end, so the descriptor is never closed under a running fsync.
+        await trio.to_thread.run_sync(os.fsync, self._check())  # seam-ok
+
+    def truncate(self, length: int) -> None:
+        os.ftruncate(self._check(), length)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)

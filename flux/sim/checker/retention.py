@@ -140,8 +140,8 @@ def _check_gone(index: Index, report: Report) -> None:
         elif isinstance(e, (h.PublishAcked, h.Delivered)):
             ids.setdefault((e.topic, e.generation, e.offset), e.id)
         elif isinstance(e, h.Fetched):
-            for i, message_id in enumerate(e.ids):
-                ids.setdefault((e.topic, e.generation, e.first + i), message_id)
+            for i, published_id in enumerate(e.ids):
+                ids.setdefault((e.topic, e.generation, e.first + i), published_id)
         gone = _gone_below(e)
         if gone is None:
             continue

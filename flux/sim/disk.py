@@ -1,0 +1,295 @@
+"""A simulated disk: the Disk seam (flux.host) in memory, with storage faults from the seed.
+
+:class:`SimDisk` keeps, per file, what the page cache holds and what an fsync has
+made durable, and per directory which entries a directory fsync has made durable.
+Faults: :meth:`SimDisk.crash` (a process dies: everything written survives),
+:meth:`SimDisk.power_loss` (unsynced bytes and entries are lost; a file's unsynced
+tail may survive cut at a random byte, with zeros after the cut), :meth:`SimDisk.flip_bit`
+(in a synced block), a capacity (``ENOSPC``), slow fsyncs and failing fsyncs
+(``EIO``). Every delay is a trio sleep, so the simulator's clock drives it; there
+are no threads. Directories themselves are durable as soon as they are made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import posixpath
+import random
+
+import trio
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskFaults:
+    """How a simulated disk misbehaves (every draw comes from the disk's seed)."""
+
+    sync_delay: tuple[float, float] = (0.002, 0.010)   # seconds an fsync takes, uniform
+    slow_sync_chance: float = 0.0                      # chance an fsync takes slow_sync_delay
+    slow_sync_delay: tuple[float, float] = (0.2, 2.0)
+    sync_failure_chance: float = 0.0                   # chance an fsync fails with EIO
+    capacity: int | None = None                        # bytes of file data before ENOSPC
+    torn_tail_chance: float = 0.5      # at power loss: a file's unsynced tail survives cut short
+    zero_fill_chance: float = 0.5      # ... and a random stretch after the cut reads as zeros
+
+
+class _Inode:
+    __slots__ = ("data", "dirty_from", "durable")
+
+    def __init__(self) -> None:
+        self.data = bytearray()      # what reads see (the page cache)
+        self.durable = bytearray()   # what the medium holds since the last fsync
+        self.dirty_from = 0          # data[:dirty_from] equals durable[:dirty_from]
+
+    def touched(self, offset: int) -> None:
+        self.dirty_from = min(self.dirty_from, offset)
+
+
+def _ebadf(path: str) -> OSError:
+    return OSError(errno.EBADF, "file handle is closed or its process is gone", path)
+
+
+class SimDisk:
+    """The Disk protocol in memory, deterministic from ``seed``.
+
+    One SimDisk is one machine's disk: it outlives the processes that use it (a
+    crash invalidates their open files, not the data) and counts boots.
+    """
+
+    def __init__(self, seed: int, faults: DiskFaults | None = None) -> None:
+        self.random = random.Random(seed)
+        self.faults = faults or DiskFaults()
+        self.boots = 0
+        self.events: list[str] = []            # faults injected, for traces and failing tests
+        self._files: dict[str, _Inode] = {}    # the namespace processes see
+        self._durable: dict[str, _Inode] = {}  # the namespace as of the last directory fsyncs
+        self._dirs: set[str] = {"/"}
+        self._epoch = 0
+        self._fail_syncs = 0
+        self._full = False
+
+    # -- the Disk protocol -----------------------------------------------------------
+
+    def open(self, path: str, *, create: bool = False) -> SimDiskFile:
+        path = posixpath.normpath(path)
+        inode = self._files.get(path)
+        if inode is None:
+            if not create:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+            if posixpath.dirname(path) not in self._dirs:
+                raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+            inode = self._files[path] = _Inode()
+        return SimDiskFile(self, path, inode, self._epoch)
+
+    def exists(self, path: str) -> bool:
+        path = posixpath.normpath(path)
+        return path in self._files or path in self._dirs
+
+    def listdir(self, path: str) -> list[str]:
+        path = posixpath.normpath(path)
+        if path not in self._dirs:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+        names = {posixpath.basename(p) for p in self._files if posixpath.dirname(p) == path}
+        names |= {posixpath.basename(d) for d in self._dirs if d != path and posixpath.dirname(d) == path}
+        return sorted(names)
+
+    def makedirs(self, path: str) -> None:
+        path = posixpath.normpath(path)
+        while path not in self._dirs:
+            if path in self._files:
+                raise FileExistsError(errno.EEXIST, "a file is in the way", path)
+            self._dirs.add(path)
+            path = posixpath.dirname(path)
+
+    def remove(self, path: str) -> None:
+        path = posixpath.normpath(path)
+        if self._files.pop(path, None) is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+
+    def rename(self, src: str, dst: str) -> None:
+        src, dst = posixpath.normpath(src), posixpath.normpath(dst)
+        inode = self._files.pop(src, None)
+        if inode is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", src)
+        self._files[dst] = inode
+
+    async def sync_dir(self, path: str) -> None:
+        path = posixpath.normpath(path)
+        epoch = self._epoch
+        await trio.sleep(self._sync_delay())
+        if epoch != self._epoch:
+            raise _ebadf(path)
+        for p in [p for p in self._durable if posixpath.dirname(p) == path]:
+            del self._durable[p]
+        for p, inode in self._files.items():
+            if posixpath.dirname(p) == path:
+                self._durable[p] = inode
+
+    def free_bytes(self, path: str) -> int:
+        if self._full:
+            return 0
+        if self.faults.capacity is None:
+            return 1 << 40
+        return max(0, self.faults.capacity - self.used_bytes())
+
+    def boot_id(self) -> str:
+        return f"sim-boot-{self.boots}"
+
+    # -- faults ------------------------------------------------------------------------
+
+    def used_bytes(self) -> int:
+        inodes = {id(i): i for i in [*self._files.values(), *self._durable.values()]}
+        return sum(len(i.data) for i in inodes.values())
+
+    def crash(self) -> None:
+        """A process crash (kill -9): its open files die; everything written stays."""
+        self._epoch += 1
+        self.events.append("crash")
+
+    def power_loss(self) -> None:
+        """The machine loses power and reboots: open files die, unsynced data and
+        directory entries are lost, an unsynced tail may survive torn or zero-filled."""
+        self._epoch += 1
+        self.boots += 1
+        survivors: dict[int, _Inode] = {}
+        for path in sorted(self._durable):
+            inode = self._durable[path]
+            if id(inode) not in survivors:
+                self._settle(path, inode)
+                survivors[id(inode)] = inode
+        self._files = dict(self._durable)
+        self.events.append(f"power loss (boot {self.boots})")
+
+    def _settle(self, path: str, inode: _Inode) -> None:
+        base = inode.durable[:inode.dirty_from]
+        tail = inode.data[inode.dirty_from:]
+        content = inode.durable
+        if tail and self.random.random() < self.faults.torn_tail_chance:
+            cut = self.random.randint(0, len(tail))
+            content = base + tail[:cut]
+            if self.random.random() < self.faults.zero_fill_chance:
+                content += bytes(self.random.randint(0, len(tail) - cut))
+            self.events.append(f"{path}: unsynced tail torn at byte {len(base) + cut}")
+        inode.data = bytearray(content)
+        inode.durable = bytearray(content)
+        inode.dirty_from = len(content)
+
+    def flip_bit(self, path: str | None = None, offset: int | None = None) -> tuple[str, int] | None:
+        """Flip one bit of a synced byte (of ``path`` at ``offset``, or drawn from the seed).
+        Returns where, or None if nothing is synced yet."""
+        if path is None:
+            candidates = [p for p in sorted(self._files) if self._synced_len(self._files[p]) > 0]
+            if not candidates:
+                return None
+            path = self.random.choice(candidates)
+        inode = self._files[posixpath.normpath(path)]
+        limit = self._synced_len(inode)
+        if limit == 0:
+            return None
+        if offset is None:
+            offset = self.random.randrange(limit)
+        bit = 1 << self.random.randrange(8)
+        inode.data[offset] ^= bit
+        if offset < len(inode.durable):
+            inode.durable[offset] ^= bit
+        self.events.append(f"{path}: bit flipped at byte {offset}")
+        return path, offset
+
+    @staticmethod
+    def _synced_len(inode: _Inode) -> int:
+        return min(inode.dirty_from, len(inode.durable), len(inode.data))
+
+    def fail_next_syncs(self, count: int = 1) -> None:
+        """Make the next ``count`` file fsyncs fail with EIO."""
+        self._fail_syncs += count
+
+    def set_full(self, full: bool) -> None:
+        """Make every write fail with ENOSPC (True) or follow the capacity again (False)."""
+        self._full = full
+
+    def contents(self, path: str) -> bytes:
+        """What a read of the whole file sees now."""
+        return bytes(self._files[posixpath.normpath(path)].data)
+
+    def _sync_delay(self) -> float:
+        f = self.faults
+        if f.slow_sync_chance and self.random.random() < f.slow_sync_chance:
+            return self.random.uniform(*f.slow_sync_delay)
+        return self.random.uniform(*f.sync_delay)
+
+    def _room(self) -> int:
+        if self._full:
+            return 0
+        if self.faults.capacity is None:
+            return 1 << 62
+        return max(0, self.faults.capacity - self.used_bytes())
+
+    def _alive(self, epoch: int) -> bool:
+        return epoch == self._epoch
+
+
+class SimDiskFile:
+    """An open file of a :class:`SimDisk`."""
+
+    def __init__(self, disk: SimDisk, path: str, inode: _Inode, epoch: int) -> None:
+        self.path = path
+        self._disk = disk
+        self._inode = inode
+        self._epoch = epoch
+        self._closed = False
+
+    def _check(self) -> _Inode:
+        if self._closed or not self._disk._alive(self._epoch):
+            raise _ebadf(self.path)
+        return self._inode
+
+    def size(self) -> int:
+        return len(self._check().data)
+
+    def append(self, data: bytes) -> None:
+        inode = self._check()
+        room = self._disk._room()
+        inode.touched(len(inode.data))
+        if len(data) > room:   # a short write, then ENOSPC
+            inode.data += data[:room]
+            raise OSError(errno.ENOSPC, "no space left on device", self.path)
+        inode.data += data
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        return bytes(self._check().data[offset:offset + length])
+
+    async def sync(self) -> None:
+        inode = self._check()
+        disk = self._disk
+        start = inode.dirty_from
+        tail = bytes(inode.data[start:])
+        inode.dirty_from = len(inode.data)
+        fail = disk._fail_syncs > 0 or (
+            disk.faults.sync_failure_chance > 0 and disk.random.random() < disk.faults.sync_failure_chance)
+        if disk._fail_syncs > 0:
+            disk._fail_syncs -= 1
+        try:
+            await trio.sleep(disk._sync_delay())
+        except BaseException:
+            inode.touched(start)
+            raise
+        if not disk._alive(self._epoch):
+            inode.touched(start)
+            raise _ebadf(self.path)
+        if fail:
+            inode.touched(start)   # what it held is in doubt: a power loss may lose it
+            disk.events.append(f"{self.path}: fsync failed (EIO)")
+            raise OSError(errno.EIO, "input/output error", self.path)
+        del inode.durable[start:]
+        inode.durable += tail
+
+    def truncate(self, length: int) -> None:
+        inode = self._check()
+        inode.touched(min(length, len(inode.data)))
+        if length <= len(inode.data):
+            del inode.data[length:]
+        else:
+            inode.data += bytes(length - len(inode.data))
+
+    def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,277 @@
+"""Recovery: read a log directory back at start, cut a torn tail, set damage aside, report.
+
+Recovery reads every segment in order and verifies every header and record. The
+log ends at the first bad spot. In the last segment, a bad spot after which no
+valid record follows is a *torn tail* (a write cut by a crash or power loss): the
+file is truncated there. Anywhere else it is *corruption*: the damaged segment is
+copied to ``<name>.damaged`` before being cut, later segments are renamed to
+``<name>.damaged``, and the report says where; nothing is wiped. A directory that
+is not this owner's Flux log raises :class:`ForeignLog` and is left untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+
+import trio
+
+from flux.host import Disk, DiskFile
+from flux.storage import record
+from flux.storage.errors import ForeignLog
+from flux.storage.record import Record
+from flux.storage.segment import (
+    DAMAGED,
+    MAX_HEADER,
+    Foreign,
+    decode_header,
+    parse_name,
+)
+from flux.storage.table import OpenSegment, SegmentTable
+
+CHUNK = 1024 * 1024
+RESYNC_TRIES = 1 << 20      # candidate record starts tried after a bad spot before giving up
+_NONZERO = re.compile(rb"[^\x00]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Damage:
+    """Where the log stopped being readable, and what recovery did about it."""
+
+    kind: str                       # "torn-tail" or "corrupt"
+    path: str                       # the segment file
+    position: int                   # log position of the first bad record (or of the segment)
+    reason: str
+    cut_bytes: int                  # bytes of that segment after ``position`` no longer in the log
+    set_aside: tuple[str, ...] = ()  # the *.damaged files recovery left for a person
+
+
+@dataclasses.dataclass
+class RecoveryReport:
+    """What recovery read and did (log it; the shard puts it in STATS)."""
+
+    directory: str
+    start: int = 0                  # first position the log holds
+    end: int = 0                    # where appends continue
+    records: int = 0
+    bytes: int = 0                  # bytes of segment files read
+    seconds: float = 0.0            # on the host's clock
+    segments: int = 0
+    generation: int | None = None   # of the last segment (None: empty log)
+    boot_id: str | None = None      # of the last segment
+    damage: Damage | None = None
+    removed: list[str] = dataclasses.field(default_factory=list)   # empty, half-made segments
+    ignored: list[str] = dataclasses.field(default_factory=list)   # files that are not segments
+
+
+async def recover(disk: Disk, directory: str, *, owner: str,
+                  on_record: Callable[[Record], None] | None = None,
+                  now: Callable[[], float] = trio.current_time) -> tuple[SegmentTable, RecoveryReport]:
+    """Recover the log in ``directory`` (made if missing), calling ``on_record`` for each
+    good record in order. Returns the open segments (hand them to a LogWriter) and the report.
+
+    Raises ForeignLog if the directory holds another owner's log or an unreadable
+    format, and OSError if the disk fails while recovering.
+    """
+    started = now()
+    disk.makedirs(directory)
+    report = RecoveryReport(directory)
+    names: list[tuple[int, str]] = []
+    for name in disk.listdir(directory):
+        first = parse_name(name)
+        if first is not None:
+            names.append((first, name))
+        elif DAMAGED not in name:
+            report.ignored.append(name)
+    names.sort()
+    table = SegmentTable(directory, start=names[0][0] if names else 0)
+    for i, (first, name) in enumerate(names):
+        path = table.path_for(name)
+        last = i == len(names) - 1
+        file = disk.open(path)
+        size = file.size()
+        report.bytes += size
+        expected = table.end if table.segments else first
+        try:
+            header, header_size = decode_header(file.read_at(0, MAX_HEADER))
+        except Foreign as e:
+            file.close()
+            if not table.segments:
+                raise ForeignLog(path, str(e)) from None
+            await _set_aside(disk, table, names[i:], report,
+                             Damage("corrupt", path, expected, f"segment header: {e}", size))
+            break
+        except record.Torn as e:
+            file.close()
+            if last:   # a segment whose header never reached the disk: it held nothing
+                disk.remove(path)
+                await disk.sync_dir(directory)
+                report.removed.append(name)
+                break
+            await _set_aside(disk, table, names[i:], report,
+                             Damage("corrupt", path, expected, f"segment header: {e}", size))
+            break
+        except record.Bad as e:
+            file.close()
+            await _set_aside(disk, table, names[i:], report,
+                             Damage("corrupt", path, expected, f"segment header: {e}", size))
+            break
+        if header.owner != owner:
+            file.close()
+            raise ForeignLog(path, f"the log of {header.owner!r}, not of {owner!r}")
+        if header.first_position != first or header.first_position != expected:
+            file.close()
+            await _set_aside(disk, table, names[i:], report, Damage(
+                "corrupt", path, expected,
+                f"segment starts at position {header.first_position}, the log ends at {expected}",
+                size))
+            break
+        segment = OpenSegment(path, file, header, header_size, first)
+        table.add(segment)
+        bad = _scan(segment, size, on_record, report)
+        if bad is not None:
+            position, reason = bad
+            cut = size - segment.offset_of(position)
+            tail = file.read_at(segment.offset_of(position), cut)
+            if last and not _record_follows(tail):
+                file.truncate(segment.offset_of(position))
+                await file.sync()
+                report.damage = Damage("torn-tail", path, position, reason, cut)
+            else:
+                await _cut_corrupt(disk, table, segment, position, names[i + 1:], report,
+                                   Damage("corrupt", path, position, reason, cut))
+            break
+    report.segments = len(table.segments)
+    report.start = table.start
+    report.end = table.end
+    if table.last is not None:
+        report.generation = table.last.header.generation
+        report.boot_id = table.last.header.boot_id
+    report.seconds = now() - started
+    return table, report
+
+
+def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] | None,
+          report: RecoveryReport) -> tuple[int, str] | None:
+    """Read every record of ``segment``; returns (position, reason) of the first bad one."""
+    file = segment.file
+    offset = segment.header_size     # the file offset of buf[0]
+    position = segment.first         # the log position of buf[at]
+    buf = b""
+    at = 0
+    records: list[Record] = []
+    while True:
+        at = record.decode_run(buf, at, position, records)
+        if records:
+            report.records += len(records)
+            position = records[-1].end
+            segment.end = position
+            if on_record is not None:
+                for rec in records:
+                    on_record(rec)
+            records.clear()
+        loaded = offset + len(buf)
+        if loaded >= size:
+            if at == len(buf):
+                return None
+            return position, _what_is_wrong(buf, at)
+        try:
+            record.decode(buf, at, position)
+        except record.Torn:
+            pass                         # the next read completes it
+        except record.Bad as e:
+            return position, str(e)
+        need = CHUNK
+        if len(buf) - at >= record.HEADER_SIZE:
+            need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
+        more = file.read_at(loaded, min(need, size - loaded))
+        if not more:
+            return position, _what_is_wrong(buf, at)
+        buf = buf[at:] + more
+        offset += at
+        at = 0
+
+
+def _what_is_wrong(buf: bytes, at: int) -> str:
+    try:
+        record.decode(buf, at, 0)
+    except (record.Torn, record.Bad) as e:
+        return str(e)
+    return "unreadable record"
+
+
+def _record_follows(tail: bytes) -> bool:
+    """Whether a valid record starts anywhere after the bad spot at ``tail[0]`` (then the
+    damage is not a torn tail). Gives up (True: call it corruption) after RESYNC_TRIES."""
+    try:   # a body or checksum flip: the length still leads to the next record
+        length = record.body_length(tail, 0)
+        record.decode(tail, record.HEADER_SIZE + length, 0)
+        return True
+    except (record.Torn, record.Bad):
+        pass
+    tries = 0
+    j = 1
+    while j + record.HEADER_SIZE <= len(tail):
+        found = _NONZERO.search(tail, j + 8)   # a record's type byte (offset 8) is never 0
+        if found is None:
+            return False
+        j = found.start() - 8
+        try:
+            record.decode(tail, j, 0)
+            return True
+        except (record.Torn, record.Bad):
+            pass
+        tries += 1
+        if tries >= RESYNC_TRIES:
+            return True
+        j += 1
+    return False
+
+
+def _aside_name(disk: Disk, path: str) -> str:
+    name = path + DAMAGED
+    n = 1
+    while disk.exists(name):
+        name = f"{path}{DAMAGED}.{n}"
+        n += 1
+    return name
+
+
+async def _cut_corrupt(disk: Disk, table: SegmentTable, segment: OpenSegment, position: int,
+                       later: list[tuple[int, str]], report: RecoveryReport, damage: Damage) -> None:
+    """Copy the damaged segment aside, cut it at ``position``, set later segments aside."""
+    copy_path = _aside_name(disk, segment.path)
+    copy = disk.open(copy_path, create=True)
+    try:
+        await _copy(segment.file, copy)
+    finally:
+        copy.close()
+    await disk.sync_dir(table.directory)
+    segment.file.truncate(segment.offset_of(position))
+    await segment.file.sync()
+    segment.end = position
+    await _set_aside(disk, table, later, report, damage, (copy_path,))
+
+
+async def _copy(src: DiskFile, dst: DiskFile) -> None:
+    dst.truncate(0)
+    offset = 0
+    while chunk := src.read_at(offset, CHUNK):
+        dst.append(chunk)
+        offset += len(chunk)
+    await dst.sync()
+
+
+async def _set_aside(disk: Disk, table: SegmentTable, names: list[tuple[int, str]],
+                     report: RecoveryReport, damage: Damage, already: tuple[str, ...] = ()) -> None:
+    """Rename the segments ``names`` to *.damaged (a later segment never continues a cut log)."""
+    aside = list(already)
+    for _, name in names:
+        path = table.path_for(name)
+        target = _aside_name(disk, path)
+        disk.rename(path, target)
+        aside.append(target)
+    if names:
+        await disk.sync_dir(table.directory)
+    report.damage = dataclasses.replace(damage, set_aside=tuple(aside))

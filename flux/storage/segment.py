@@ -1,0 +1,110 @@
+"""Segment files: their names (the first log position they hold) and their header.
+
+A log is a directory of segments ``<first position, 20 digits>.log``. Each starts
+with a header naming what it belongs to (the owner, e.g. a topic), its generation,
+the machine's boot id when it was made and the format version, under a CRC32C.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import google_crc32c
+
+from flux.storage.record import Bad, Torn
+
+
+class Foreign(Bad):
+    """Not a segment this Flux can read: another magic, or another format version."""
+
+MAGIC = b"FLUXLOG\n"
+VERSION = 1
+SUFFIX = ".log"
+DAMAGED = ".damaged"       # a segment set aside by recovery, kept for a person to look at
+NAME_DIGITS = 20
+
+_FIXED = struct.Struct("<8sHHQQd")     # magic, version, header length, generation, first position, created
+_CRC = struct.Struct("<I")
+_U16 = struct.Struct("<H")
+MAX_HEADER = 4096
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SegmentHeader:
+    """What a segment says about itself."""
+
+    owner: str               # what the log belongs to (a topic name, a shard's metadata log)
+    generation: int          # the owner's generation when the segment was made (64-bit)
+    first_position: int      # the log position of the segment's first record
+    boot_id: str             # the machine's boot id when the segment was made
+    created: float = 0.0     # wall-clock seconds when it was made (for people)
+    version: int = VERSION
+
+
+def segment_name(first_position: int) -> str:
+    """The file name of the segment whose first record is at ``first_position``."""
+    return f"{first_position:0{NAME_DIGITS}d}{SUFFIX}"
+
+
+def parse_name(name: str) -> int | None:
+    """The first position a segment file name states, or None if it is not a segment's name."""
+    stem = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else ""
+    if len(stem) != NAME_DIGITS or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+def encode_header(header: SegmentHeader) -> bytes:
+    """The header's bytes. Raises ValueError if the owner or boot id is too long."""
+    owner = header.owner.encode()
+    boot = header.boot_id.encode()
+    if len(boot) > 255 or len(owner) > 1024:
+        raise ValueError("owner or boot id too long for a segment header")
+    size = _FIXED.size + 1 + len(boot) + _U16.size + len(owner) + _CRC.size
+    body = (_FIXED.pack(MAGIC, header.version, size, header.generation, header.first_position,
+                        header.created)
+            + bytes((len(boot),)) + boot + _U16.pack(len(owner)) + owner)
+    return body + _CRC.pack(google_crc32c.value(body))
+
+
+def decode_header(buf: bytes) -> tuple[SegmentHeader, int]:
+    """The header at the start of ``buf`` and its length in bytes.
+
+    Raises :class:`Torn` if ``buf`` ends inside it (or holds only zeros: a segment
+    whose header never reached the disk), :class:`Foreign` if it is not a Flux
+    segment or has another format version, and :class:`Bad` if it fails its checksum.
+    """
+    if len(buf) < _FIXED.size:
+        if not buf.strip(b"\0"):
+            raise Torn(f"header cut short ({len(buf)} bytes)")
+        if not MAGIC.startswith(buf[:len(MAGIC)]):
+            raise Foreign("not a Flux log segment (bad magic)")
+        raise Torn(f"header cut short ({len(buf)} bytes)")
+    magic, version, size, generation, first, created = _FIXED.unpack_from(buf)
+    if magic != MAGIC:
+        if not buf[:_FIXED.size].strip(b"\0"):
+            raise Torn("header is zero-filled")
+        raise Foreign("not a Flux log segment (bad magic)")
+    if version != VERSION:
+        raise Foreign(f"format version {version}; this Flux reads version {VERSION}")
+    if not _FIXED.size + 1 + _U16.size + _CRC.size <= size <= MAX_HEADER:
+        raise Bad(f"header length {size} is impossible")
+    if len(buf) < size:
+        raise Torn(f"header cut short ({len(buf)} of {size} bytes)")
+    (crc,) = _CRC.unpack_from(buf, size - _CRC.size)
+    if google_crc32c.value(buf[:size - _CRC.size]) != crc:
+        raise Bad("header checksum mismatch")
+    at = _FIXED.size
+    boot_len = buf[at]
+    boot = buf[at + 1:at + 1 + boot_len]
+    at += 1 + boot_len
+    (owner_len,) = _U16.unpack_from(buf, at)
+    owner = buf[at + _U16.size:at + _U16.size + owner_len]
+    if at + _U16.size + owner_len + _CRC.size != size:
+        raise Bad("header fields do not add up to its length")
+    try:
+        header = SegmentHeader(owner.decode(), generation, first, boot.decode(), created, version)
+    except UnicodeDecodeError as e:
+        raise Bad("header text is not UTF-8") from e
+    return header, size

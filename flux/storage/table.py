@@ -1,0 +1,99 @@
+"""The open segments of one log, in position order: what the writer appends to and the reader reads.
+
+Positions are byte positions in the log's record stream (segment headers excluded):
+a record at position ``p`` of a segment whose first position is ``f`` sits at file
+offset ``header_size + p - f``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+
+from flux.host import DiskFile
+from flux.storage.errors import NotInLog
+from flux.storage.segment import SegmentHeader
+
+
+@dataclasses.dataclass(slots=True)
+class OpenSegment:
+    """One segment file, open, with the end of what has been written to it."""
+
+    path: str
+    file: DiskFile
+    header: SegmentHeader
+    header_size: int
+    end: int                  # log position after its last written record
+
+    @property
+    def first(self) -> int:
+        return self.header.first_position
+
+    def offset_of(self, position: int) -> int:
+        """The file offset of log position ``position`` in this segment."""
+        return self.header_size + position - self.header.first_position
+
+
+class SegmentTable:
+    """The segments of one log directory, oldest first."""
+
+    def __init__(self, directory: str, segments: list[OpenSegment] | None = None,
+                 start: int = 0) -> None:
+        self.directory = directory
+        self.segments: list[OpenSegment] = segments or []
+        self._firsts = [s.first for s in self.segments]
+        self._start = start
+
+    def path_for(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    @property
+    def start(self) -> int:
+        """The first position the log holds."""
+        return self.segments[0].first if self.segments else self._start
+
+    @property
+    def end(self) -> int:
+        """The position after the last record written."""
+        return self.segments[-1].end if self.segments else self._start
+
+    @property
+    def last(self) -> OpenSegment | None:
+        return self.segments[-1] if self.segments else None
+
+    def add(self, segment: OpenSegment) -> None:
+        """Add the newest segment (it starts where the last one ends)."""
+        self.segments.append(segment)
+        self._firsts.append(segment.first)
+
+    def drop_first(self) -> OpenSegment:
+        """Forget the oldest segment (its file is the caller's to close and remove)."""
+        segment = self.segments.pop(0)
+        self._firsts.pop(0)
+        self._start = segment.end
+        return segment
+
+    def drop_last(self) -> OpenSegment:
+        """Forget the newest segment (the writer replaces an empty one by a new header)."""
+        self._firsts.pop()
+        segment = self.segments.pop()
+        self._start = self.segments[0].first if self.segments else segment.first
+        return segment
+
+    def find(self, position: int) -> OpenSegment:
+        """The segment holding ``position``; raises NotInLog outside what was written."""
+        i = bisect.bisect_right(self._firsts, position) - 1
+        if i < 0 or position >= self.segments[i].end:
+            raise NotInLog(f"position {position} is not in the log "
+                           f"(it holds {self.start}..{self.end})")
+        return self.segments[i]
+
+    def after(self, segment: OpenSegment) -> OpenSegment | None:
+        """The segment following ``segment``, if any."""
+        i = bisect.bisect_left(self._firsts, segment.first) + 1
+        return self.segments[i] if i < len(self.segments) else None
+
+    def close(self) -> None:
+        for s in self.segments:
+            s.file.close()

@@ -1,0 +1,318 @@
+"""The log writer: appends into a buffer, one task writes and syncs (group commit).
+
+``append`` is synchronous and cheap: it encodes the record, gives it its position
+and queues it. The writer task (:meth:`LogWriter.run`) takes everything queued,
+writes it with one ``write`` per segment, and syncs as the fsync mode says; one
+fsync covers every record written before it, and records appended while it runs
+form the next group. Waiters learn the *durable mark* (DESIGN.md G9): with
+``always`` the position up to which everything is fsynced, with ``interval`` and
+``never`` the position up to which everything is written.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import errno
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import trio
+
+from flux.host import Disk
+from flux.storage import record
+from flux.storage.errors import LogFailed
+from flux.storage.segment import SegmentHeader, encode_header, segment_name
+from flux.storage.table import OpenSegment, SegmentTable
+
+
+class FsyncMode(enum.StrEnum):
+    """When the writer fsyncs (``storage.fsync``)."""
+
+    ALWAYS = "always"       # before any record of a group counts as durable
+    INTERVAL = "interval"   # every fsync_interval seconds; written counts as durable
+    NEVER = "never"         # only at a segment roll, an explicit sync and close
+
+
+class Appended(NamedTuple):
+    """Where an appended record went: its position and the position after it."""
+
+    position: int
+    end: int
+
+
+class WriterStats:
+    """What the writer has done, for STATS and benchmarks."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.bytes = 0
+        self.writes = 0
+        self.syncs = 0
+        self.sync_seconds = 0.0
+        self.recent_syncs: collections.deque[float] = collections.deque(maxlen=1024)
+        self.rolls = 0
+
+
+class LogWriter:
+    """Appends records to the log in ``table`` and makes them durable in groups.
+
+    Run :meth:`run` in a nursery; it returns after :meth:`close` or a failure.
+    Positions continue from ``table.end`` (what recovery left). The first write
+    starts a new segment when the log is empty or its last segment has another
+    generation or boot id, so each segment's header tells the truth about its records.
+    """
+
+    def __init__(self, disk: Disk, table: SegmentTable, *, owner: str, generation: int,
+                 boot_id: str, fsync: FsyncMode = FsyncMode.ALWAYS, fsync_interval: float = 1.0,
+                 segment_bytes: int = 64 * 1024 * 1024,
+                 now: Callable[[], float] = trio.current_time,
+                 wall_time: Callable[[], float] | None = None) -> None:
+        if segment_bytes < 4096:
+            raise ValueError("segment_bytes must be at least 4096")
+        if fsync is FsyncMode.INTERVAL and not fsync_interval > 0:
+            raise ValueError("fsync_interval must be positive")
+        self.disk = disk
+        self.table = table
+        self.owner = owner
+        self.generation = generation
+        self.boot_id = boot_id
+        self.fsync = FsyncMode(fsync)
+        self.fsync_interval = fsync_interval
+        self.segment_bytes = segment_bytes
+        self._now = now
+        self._wall = wall_time or (lambda: 0.0)
+        self.stats = WriterStats()
+        self.appended = table.end   # after the last record appended (queued or written)
+        self.written = table.end    # after the last record write(2) took
+        self.synced = table.end     # after the last record an fsync covered
+        self.durable = table.end    # the durable mark (G9)
+        self.failed: LogFailed | None = None
+        self._queue: list[bytes] = []
+        self._rolls: collections.deque[int] = collections.deque()  # positions that start a segment
+        self._header_size = len(self._header(0))
+        last = table.last
+        if last is None or self._needs_new_segment(last):
+            self._fill = segment_bytes + 1           # the first append starts a segment
+        else:
+            self._fill = last.offset_of(last.end)
+        self._sync_wanted = table.end
+        self._closing = False
+        self._wake = trio.Event()
+        self._progress = trio.Event()
+        self._done = trio.Event()
+
+    def _header(self, first: int) -> bytes:
+        return encode_header(SegmentHeader(self.owner, self.generation, first, self.boot_id,
+                                           self._wall()))
+
+    def _needs_new_segment(self, last: OpenSegment) -> bool:
+        return (last.header.generation != self.generation or last.header.boot_id != self.boot_id
+                or last.header.owner != self.owner)
+
+    # -- the caller's side ---------------------------------------------------------
+
+    def append(self, rtype: int, body: bytes) -> Appended:
+        """Queue one record; returns its position. Raises LogFailed once the log has failed,
+        RuntimeError once closing, ValueError for a bad type or body (record.encode)."""
+        if self.failed is not None:
+            raise self.failed
+        if self._closing:
+            raise RuntimeError("the log writer is closing")
+        data = record.encode(rtype, body)
+        position = self.appended
+        if self._fill + len(data) > self.segment_bytes and self._fill > self._header_size:
+            self._rolls.append(position)
+            self._fill = self._header_size
+        self._fill += len(data)
+        self._queue.append(data)
+        self.appended = position + len(data)
+        self._wake.set()
+        return Appended(position, self.appended)
+
+    async def wait_durable(self, end: int) -> int:
+        """Wait until the durable mark reaches ``end`` (an :class:`Appended` end); returns the mark.
+
+        Raises LogFailed if the log failed before the record became durable.
+        """
+        while self.durable < end:
+            if self.failed is not None:
+                raise self.failed
+            await self._progress.wait()
+        return self.durable
+
+    async def sync(self) -> int:
+        """Fsync everything appended so far, whatever the mode; returns the synced mark.
+
+        Raises LogFailed if the log fails first.
+        """
+        target = self.appended
+        self._sync_wanted = max(self._sync_wanted, target)
+        self._wake.set()
+        while self.synced < target:
+            if self.failed is not None:
+                raise self.failed
+            await self._progress.wait()
+        return self.synced
+
+    async def close(self) -> None:
+        """Write and fsync what is queued, then stop :meth:`run` and close the files.
+
+        Raises LogFailed if that last write or fsync fails.
+        """
+        self._closing = True
+        self._sync_wanted = max(self._sync_wanted, self.appended)
+        self._wake.set()
+        await self._done.wait()
+        self.table.close()
+        if self.failed is not None and self.synced < self.appended:
+            raise self.failed
+
+    async def drop_before(self, position: int) -> int:
+        """Remove every whole segment that ends at or before ``position`` (never the one
+        being written); returns the log's new start. For retention and compaction: the
+        caller has copied whatever it still needs. Raises OSError if the disk fails."""
+        dropped = False
+        while len(self.table.segments) > 1 and self.table.segments[0].end <= position:
+            segment = self.table.drop_first()
+            segment.file.close()
+            self.disk.remove(segment.path)
+            dropped = True
+        if dropped:
+            await self.disk.sync_dir(self.table.directory)
+        return self.table.start
+
+    # -- the writer task -----------------------------------------------------------
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The one task that writes and syncs. Returns after close() or a failure."""
+        task_status.started()
+        next_sync = self._now() + self.fsync_interval if self.fsync is FsyncMode.INTERVAL else math.inf
+        try:
+            while self.failed is None:
+                if not self._queue and self._sync_wanted <= self.synced:
+                    if self._closing:
+                        break
+                    deadline = next_sync if self.synced < self.written else math.inf
+                    if self._now() < deadline:
+                        with trio.move_on_at(deadline):
+                            await self._wake.wait()
+                    self._wake = trio.Event()
+                if self._queue:
+                    await self._write_queued()
+                if self.failed is not None:
+                    break
+                due = self.fsync is FsyncMode.INTERVAL and self._now() >= next_sync
+                if (self.fsync is FsyncMode.ALWAYS or due or self._sync_wanted > self.synced) \
+                        and self.synced < self.written:
+                    await self._sync()
+                if due:
+                    next_sync = self._now() + self.fsync_interval
+        finally:
+            self._done.set()
+            self._notify()
+
+    def _notify(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    def _fail(self, reason: str, cause: BaseException | None, retryable: bool = False) -> None:
+        if self.failed is None:
+            self.failed = LogFailed(reason, cause=cause, retryable=retryable, written=self.written)
+            self._queue.clear()
+            self._rolls.clear()
+        self._notify()
+
+    async def _write_queued(self) -> None:
+        queue, self._queue = self._queue, []
+        position = self.written
+        chunk: list[bytes] = []
+        for data in queue:
+            if self._rolls and self._rolls[0] == position:
+                self._rolls.popleft()
+                if chunk and not self._write(chunk):
+                    return
+                chunk = []
+                if not await self._roll(position):
+                    return
+            chunk.append(data)
+            position += len(data)
+        if chunk and not self._write(chunk):
+            return
+        if self.fsync is not FsyncMode.ALWAYS:
+            self.durable = self.written
+        self._notify()
+
+    def _write(self, chunk: list[bytes]) -> bool:
+        segment = self.table.last
+        assert segment is not None
+        data = b"".join(chunk)
+        try:
+            segment.file.append(data)
+        except OSError as e:
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            try:  # what a short write left behind would read as a torn tail: cut it now
+                segment.file.truncate(segment.offset_of(self.written))
+            except OSError as e2:
+                self._fail(f"write to {segment.path} failed ({e}); so did cutting it back ({e2})", e)
+                return False
+            self._fail(f"write to {segment.path} failed: {e}", e, retryable=full)
+            return False
+        self.written += len(data)
+        segment.end = self.written
+        self.stats.records += len(chunk)
+        self.stats.bytes += len(data)
+        self.stats.writes += 1
+        return True
+
+    async def _sync(self) -> bool:
+        segment = self.table.last
+        assert segment is not None
+        target = self.written
+        started = self._now()
+        try:
+            await segment.file.sync()
+        except OSError as e:
+            # Never retried: after a failed fsync the kernel may have dropped the
+            # pages it could not write, so a second fsync could "succeed" over a hole.
+            self._fail(f"fsync of {segment.path} failed: {e}", e)
+            return False
+        took = self._now() - started
+        self.stats.syncs += 1
+        self.stats.sync_seconds += took
+        self.stats.recent_syncs.append(took)
+        self.synced = target
+        self.durable = max(self.durable, target)
+        self._notify()
+        return True
+
+    async def _roll(self, position: int) -> bool:
+        """Start a segment at ``position``; the previous one is fsynced first, so every
+        segment but the last is whole on disk (recovery relies on it)."""
+        previous = self.table.last
+        if previous is not None and previous.end == previous.first == position:
+            # An empty segment (a roll cut short, or a torn tail cut back to its header)
+            # has this segment's name: rewrite it with the new header.
+            self.table.drop_last().file.close()
+            previous = self.table.last
+        if previous is not None and self.synced < self.written and not await self._sync():
+            return False
+        path = self.table.path_for(segment_name(position))
+        header = self._header(position)
+        try:
+            file = self.disk.open(path, create=True)
+            if file.size():   # left by a roll that did not finish
+                file.truncate(0)
+            file.append(header)
+            await file.sync()
+            await self.disk.sync_dir(self.table.directory)
+        except OSError as e:
+            self._fail(f"starting segment {path} failed: {e}", e,
+                       retryable=e.errno in (errno.ENOSPC, errno.EDQUOT))
+            return False
+        segment = OpenSegment(path, file, SegmentHeader(self.owner, self.generation, position,
+                                                        self.boot_id), len(header), position)
+        self.table.add(segment)
+        self.stats.rolls += 1
+        return True

@@ -1,0 +1,91 @@
+"""The production disk seam (RealDisk) and the log on a real file system, in a temporary directory."""
+
+from __future__ import annotations
+
+import errno
+import re
+from pathlib import Path
+
+import pytest
+import trio
+
+from flux.host import RealDisk
+from flux.storage import FsyncMode, LogReader, LogWriter, Record, recover
+from flux.storage.record import encode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def test_real_disk_seam_appends_reads_syncs_renames_and_lists(tmp_path: Path) -> None:
+    disk = RealDisk()
+    d = str(tmp_path / "log")
+    disk.makedirs(d)
+    f = disk.open(d + "/a", create=True)
+    f.append(b"hello ")
+    f.append(b"world")
+    await f.sync()
+    await disk.sync_dir(d)
+    assert f.size() == 11 and f.read_at(6, 100) == b"world"
+    f.truncate(5)
+    assert f.read_at(0, 100) == b"hello"
+    f.append(b"!")                      # appends go to the end, even after a truncate
+    assert f.read_at(0, 100) == b"hello!"
+    disk.rename(d + "/a", d + "/b")
+    assert disk.listdir(d) == ["b"] and disk.exists(d + "/b") and not disk.exists(d + "/a")
+    assert disk.free_bytes(d) > 0
+    assert disk.boot_id()
+    f.close()
+    f.close()
+    with pytest.raises(OSError) as info:
+        f.size()
+    assert info.value.errno == errno.EBADF
+    disk.remove(d + "/b")
+    assert disk.listdir(d) == []
+    with pytest.raises(FileNotFoundError):
+        disk.open(d + "/missing")
+
+
+async def test_log_on_a_real_disk_survives_reopening_and_cuts_a_torn_tail(tmp_path: Path) -> None:
+    disk = RealDisk()
+    d = str(tmp_path / "orders")
+    table, report = await recover(disk, d, owner="orders")
+    assert report.end == 0 and report.damage is None
+    writer = LogWriter(disk, table, owner="orders", generation=1, boot_id=disk.boot_id(),
+                       fsync=FsyncMode.ALWAYS, segment_bytes=64 * 1024)
+    bodies = [b"message %d " % i * 10 for i in range(2000)]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        where = [writer.append(1 + i % 3, body) for i, body in enumerate(bodies)]
+        await writer.wait_durable(where[-1].end)
+        assert writer.durable == writer.synced == where[-1].end
+        assert LogReader(table).read(where[1234].position).body == bodies[1234]
+        await writer.close()
+    assert len(table.segments) > 2
+    with open(table.segments[-1].path, "ab") as f:   # what a crash mid-write leaves
+        f.write(encode(1, b"half")[:7])
+    seen: list[Record] = []
+    table, report = await recover(disk, d, owner="orders", on_record=seen.append)
+    assert [r.body for r in seen] == bodies
+    assert [r.type for r in seen] == [1 + i % 3 for i in range(2000)]
+    assert report.damage is not None and report.damage.kind == "torn-tail"
+    assert report.damage.cut_bytes == 7 and report.end == where[-1].end
+    assert report.records == 2000 and report.seconds >= 0
+    table.close()
+
+
+STORAGE_CALLS = re.compile(r"\bos\.(open|write|pwrite|fsync|fdatasync|ftruncate)\(|(?<![.\w])(?<!def )open\(")
+
+
+def test_only_the_seam_touches_files_on_the_data_path() -> None:
+    for call in ("with open(p) as f:", "os.fsync(fd)", "x = os.open(p, flags)"):
+        assert STORAGE_CALLS.search(call)
+    for fine in ("disk.open(path)", "def open(self, path: str) -> F:"):
+        assert not STORAGE_CALLS.search(fine)
+    offenders = []
+    for base in ("flux/storage", "flux/shard", "flux/sim/disk.py"):
+        path = ROOT / base
+        for source in ([path] if path.is_file() else sorted(path.rglob("*.py"))):
+            for n, line in enumerate(source.read_text().splitlines(), 1):
+                if STORAGE_CALLS.search(line) and "seam-ok" not in line:
+                    offenders.append(f"{source.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not offenders, "file I/O outside flux.host's Disk seam:\n" + "\n".join(offenders)

@@ -1,0 +1,156 @@
+"""The on-disk formats: records (length, CRC32C, type, body) and segment headers."""
+
+from __future__ import annotations
+
+import google_crc32c
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flux.storage import record
+from flux.storage.record import HEADER_SIZE, Bad, Torn, decode, encode
+from flux.storage.segment import (
+    VERSION,
+    Foreign,
+    SegmentHeader,
+    decode_header,
+    encode_header,
+    parse_name,
+    segment_name,
+)
+
+bodies = st.binary(max_size=2000)
+types = st.integers(1, 255)
+
+
+@given(rtype=types, body=bodies, position=st.integers(0, 2**62))
+def test_record_round_trips_with_its_position(rtype: int, body: bytes, position: int) -> None:
+    data = encode(rtype, body)
+    assert len(data) == HEADER_SIZE + len(body) == record.encoded_size(len(body))
+    rec = decode(b"junk" + data + b"more", 4, position)
+    assert (rec.position, rec.type, rec.body) == (position, rtype, body)
+    assert rec.end == position + len(data)
+
+
+def test_record_layout_is_crc_length_type_body_little_endian() -> None:
+    data = encode(7, b"abc")
+    assert data[:4] == record.checksum(3, 7, b"abc").to_bytes(4, "little")
+    assert data[:4] == google_crc32c.value(data[4:]).to_bytes(4, "little")
+    assert data[4:8] == (3).to_bytes(4, "little")
+    assert data[8] == 7
+    assert data[9:] == b"abc"
+
+
+@given(rtype=types, body=bodies, data=st.data())
+def test_any_flipped_bit_is_caught(rtype: int, body: bytes, data: st.DataObject) -> None:
+    raw = bytearray(encode(rtype, body))
+    bit = data.draw(st.integers(0, len(raw) * 8 - 1))
+    raw[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises((Bad, Torn)):
+        decode(bytes(raw), 0, 0)
+
+
+@given(rtype=types, body=st.binary(min_size=1, max_size=500), data=st.data())
+def test_a_record_cut_short_is_torn(rtype: int, body: bytes, data: st.DataObject) -> None:
+    raw = encode(rtype, body)
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    with pytest.raises(Torn):
+        decode(raw[:cut], 0, 0)
+
+
+def test_a_length_past_the_end_is_torn_and_an_impossible_length_is_bad() -> None:
+    raw = bytearray(encode(1, b"x" * 10))
+    raw[4:8] = (11).to_bytes(4, "little")
+    with pytest.raises(Torn):
+        decode(bytes(raw), 0, 0)
+    raw[4:8] = (record.MAX_BODY + 1).to_bytes(4, "little")
+    with pytest.raises(Bad, match="over"):
+        decode(bytes(raw), 0, 0)
+
+
+def test_zero_filled_bytes_never_parse_as_a_record() -> None:
+    with pytest.raises(Bad, match="type 0"):
+        decode(bytes(64), 0, 0)
+
+
+@pytest.mark.parametrize("rtype", [0, 256, -1])
+def test_record_types_outside_1_to_255_are_refused(rtype: int) -> None:
+    with pytest.raises(ValueError, match="type"):
+        encode(rtype, b"")
+
+
+def test_segment_names_sort_by_first_position() -> None:
+    assert segment_name(0) == "00000000000000000000.log"
+    assert parse_name(segment_name(123456789)) == 123456789
+    assert sorted([segment_name(10**12), segment_name(99)]) == [segment_name(99), segment_name(10**12)]
+    for other in ["123.log", "x0000000000000000000.log", "00000000000000000000.log.damaged", "notes"]:
+        assert parse_name(other) is None
+
+
+@given(owner=st.text(max_size=100), generation=st.integers(0, 2**64 - 1),
+       first=st.integers(0, 2**63), boot=st.text(max_size=60), created=st.floats(0, 2e9))
+def test_segment_header_round_trips(owner: str, generation: int, first: int, boot: str,
+                                    created: float) -> None:
+    header = SegmentHeader(owner, generation, first, boot, created)
+    raw = encode_header(header)
+    assert decode_header(raw + b"records follow") == (header, len(raw))
+
+
+@given(data=st.data())
+def test_segment_header_damage_is_caught(data: st.DataObject) -> None:
+    raw = bytearray(encode_header(SegmentHeader("orders.eu", 42, 0, "boot-1")))
+    bit = data.draw(st.integers(0, len(raw) * 8 - 1))
+    raw[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises((Bad, Torn)):
+        decode_header(bytes(raw))
+
+
+def test_segment_header_of_another_format_or_program_is_foreign() -> None:
+    raw = bytearray(encode_header(SegmentHeader("t", 1, 0, "b")))
+    raw[8:10] = (VERSION + 1).to_bytes(2, "little")
+    with pytest.raises(Foreign, match="version"):
+        decode_header(bytes(raw))
+    with pytest.raises(Foreign, match="magic"):
+        decode_header(b"SQLite format 3\x00" + bytes(100))
+
+
+def test_a_header_that_never_reached_the_disk_is_torn() -> None:
+    raw = encode_header(SegmentHeader("t", 1, 0, "b"))
+    for cut in (0, 5, len(raw) - 1):
+        with pytest.raises(Torn):
+            decode_header(raw[:cut])
+    with pytest.raises(Torn):
+        decode_header(bytes(len(raw)))
+
+
+def test_the_example_bytes_in_protocol_md_are_what_the_code_writes() -> None:
+    header = encode_header(SegmentHeader("orders.eu", 0x2A, 0, "b", 1.5))
+    assert header.hex(" ") == (
+        "46 4c 55 58 4c 4f 47 0a 01 00 35 00 2a 00 00 00 00 00 00 00 "
+        "00 00 00 00 00 00 00 00 00 00 00 00 00 00 f8 3f 01 62 09 00 "
+        "6f 72 64 65 72 73 2e 65 75 bd b4 5c 9e")
+    assert encode(1, b"hi").hex(" ") == "93 0f 85 ca 02 00 00 00 01 68 69"
+
+
+@given(records=st.lists(st.tuples(types, bodies), max_size=20), damage=st.data())
+def test_decode_run_reads_the_whole_valid_records_and_stops_where_decode_fails(
+        records: list[tuple[int, bytes]], damage: st.DataObject) -> None:
+    raw = bytearray(b"".join(encode(t, b) for t, b in records))
+    if raw and damage.draw(st.booleans()):
+        bit = damage.draw(st.integers(0, len(raw) * 8 - 1))
+        raw[bit // 8] ^= 1 << (bit % 8)
+    if damage.draw(st.booleans()):
+        del raw[damage.draw(st.integers(0, len(raw))):]
+    buf = b"xyz" + bytes(raw)
+    out: list[record.Record] = []
+    stop = record.decode_run(buf, 3, 1000, out)
+    at, position, expected = 3, 1000, []
+    while True:
+        try:
+            rec = decode(buf, at, position)
+        except (Bad, Torn):
+            break
+        expected.append(rec)
+        at += rec.end - position
+        position = rec.end
+    assert out == expected and stop == at

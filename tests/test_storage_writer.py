@@ -1,0 +1,283 @@
+"""The log writer over SimDisk: group commit, the durable mark, fsync modes, failures, rolls, reads."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from flux.sim.disk import DiskFaults, SimDisk
+from flux.storage import (
+    CorruptRecord,
+    FsyncMode,
+    LogFailed,
+    LogReader,
+    LogWriter,
+    NotInLog,
+    recover,
+)
+from flux.storage.segment import parse_name
+from flux.storage.table import SegmentTable
+
+DIR = "/data/orders"
+
+
+async def _open(disk: SimDisk, **kwargs: object) -> tuple[SegmentTable, LogWriter]:
+    table, _ = await recover(disk, DIR, owner="orders")
+    options: dict[str, object] = {"owner": "orders", "generation": 7, "boot_id": disk.boot_id()}
+    options.update(kwargs)
+    return table, LogWriter(disk, table, **options)  # type: ignore[arg-type]
+
+
+def _slow_disk(seconds: float = 1.0) -> SimDisk:
+    return SimDisk(1, DiskFaults(sync_delay=(seconds, seconds)))
+
+
+async def test_many_appends_before_the_writer_runs_share_one_write_and_one_fsync(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.008)
+    _, writer = await _open(disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        ends = [writer.append(1, b"m" * 100) for _ in range(3000)]
+        assert await writer.wait_durable(ends[-1].end) == ends[-1].end
+        assert (writer.stats.writes, writer.stats.syncs, writer.stats.records) == (1, 1, 3000)
+        await writer.close()
+
+
+async def test_durable_mark_moves_only_after_the_fsync_and_later_appends_form_the_next_group(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(1.0)
+    _, writer = await _open(disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        first = writer.append(1, b"a")
+        await trio.sleep(2.5)               # segment made (2 syncs), record written, its fsync half done
+        assert writer.written == first.end
+        assert writer.durable < first.end and writer.synced < first.end
+        later = [writer.append(1, b"b") for _ in range(50)]
+        assert writer.durable < first.end
+        done: list[int] = []
+
+        async def wait_first() -> None:
+            done.append(await writer.wait_durable(first.end))
+        nursery.start_soon(wait_first)
+        await trio.sleep(0.6)               # the first group's fsync ended; the next one runs
+        assert done and done[0] >= first.end
+        assert writer.durable == first.end < later[-1].end
+        await writer.wait_durable(later[-1].end)
+        assert writer.stats.syncs == 2
+        await writer.close()
+
+
+async def test_interval_mode_acks_once_written_and_fsyncs_every_interval(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.01)
+    _, writer = await _open(disk, fsync=FsyncMode.INTERVAL, fsync_interval=2.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        start = trio.current_time()
+        end = writer.append(1, b"x").end
+        await writer.wait_durable(end)
+        assert trio.current_time() - start < 0.5
+        assert writer.stats.syncs == 0 and writer.synced < end
+        await trio.sleep(2.5)
+        assert writer.stats.syncs == 1 and writer.synced == end
+        await trio.sleep(10)                # nothing new written: no more fsyncs
+        assert writer.stats.syncs == 1
+        await writer.close()
+
+
+async def test_never_mode_fsyncs_only_when_asked_and_at_close(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.01)
+    _, writer = await _open(disk, fsync=FsyncMode.NEVER)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        end = writer.append(1, b"x").end
+        await writer.wait_durable(end)
+        await trio.sleep(100)
+        assert writer.stats.syncs == 0 and writer.synced < end
+        assert await writer.sync() == end
+        assert writer.stats.syncs == 1
+        end2 = writer.append(1, b"y").end
+        await writer.close()
+        assert writer.synced == end2
+
+
+async def test_a_failed_fsync_fails_its_group_and_the_log_and_is_never_retried(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.01)
+    _, writer = await _open(disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        ok = writer.append(1, b"kept")
+        await writer.wait_durable(ok.end)
+        disk.fail_next_syncs(1)
+        group = [writer.append(1, b"lost") for _ in range(10)]
+        with pytest.raises(LogFailed, match="fsync") as info:
+            await writer.wait_durable(group[0].end)
+        assert not info.value.retryable
+        with pytest.raises(LogFailed):
+            await writer.wait_durable(group[-1].end)
+        assert writer.durable == ok.end
+        assert await writer.wait_durable(ok.end) == ok.end   # what was durable stays so
+        with pytest.raises(LogFailed):
+            writer.append(1, b"after")
+    # run() returned on its own: the writer did not try the fsync again
+    assert writer.stats.syncs == 1
+
+
+async def test_a_full_disk_fails_the_group_cuts_the_short_write_and_a_new_writer_continues(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.01)
+    table, writer = await _open(disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        ok = writer.append(1, b"kept")
+        await writer.wait_durable(ok.end)
+        size_before = len(disk.contents(table.segments[0].path))
+        disk.faults = DiskFaults(sync_delay=(0.01, 0.01), capacity=disk.used_bytes() + 5)
+        lost = writer.append(1, b"x" * 100)
+        with pytest.raises(LogFailed, match=r"[Nn]o space") as info:
+            await writer.wait_durable(lost.end)
+        assert info.value.retryable and info.value.written == ok.end
+        assert len(disk.contents(table.segments[0].path)) == size_before  # no torn bytes left
+    disk.faults = DiskFaults(sync_delay=(0.01, 0.01))
+    again = LogWriter(disk, table, owner="orders", generation=7, boot_id=disk.boot_id())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(again.run)
+        more = again.append(1, b"more")
+        assert more.position == ok.end
+        await again.wait_durable(more.end)
+        await again.close()
+    disk.crash()
+    seen: list[bytes] = []
+    await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body))
+    assert seen == [b"kept", b"more"]
+
+
+async def test_segments_roll_at_segment_bytes_and_are_named_by_their_first_position(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.001)
+    table, writer = await _open(disk, segment_bytes=4096)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        where = [writer.append(2, bytes([i]) * 100) for i in range(200)]
+        await writer.wait_durable(where[-1].end)
+        await writer.close()
+    names = disk.listdir(DIR)
+    assert len(names) == len(table.segments) >= 200 * 109 // 4096
+    firsts = [parse_name(n) for n in names]
+    assert firsts[0] == 0
+    for name, segment in zip(names, table.segments, strict=True):
+        assert parse_name(name) == segment.first
+        assert len(disk.contents(segment.path)) <= 4096
+        assert segment.first in {w.position for w in where}   # records never span segments
+    disk.crash()
+    seen: list[tuple[int, bytes]] = []
+    table2, report = await recover(disk, DIR, owner="orders",
+                                   on_record=lambda r: seen.append((r.position, r.body)))
+    assert seen == [(w.position, bytes([i]) * 100) for i, w in enumerate(where)]
+    assert report.end == where[-1].end and report.damage is None
+    reader = LogReader(table2)
+    assert reader.read(where[123].position).body == bytes([123]) * 100
+    assert [r.body[0] for r in reader.scan(where[150].position)] == list(range(150, 200))
+
+
+async def test_reads_verify_the_checksum_and_say_where_damage_is(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.001)
+    table, writer = await _open(disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        where = [writer.append(1, b"payload-%d" % i) for i in range(10)]
+        await writer.wait_durable(where[-1].end)
+        reader = LogReader(table, limit=lambda: writer.durable)
+        assert reader.read(where[4].position, size_hint=9).body == b"payload-4"
+        with pytest.raises(NotInLog):
+            reader.read(where[-1].end)
+        segment = table.segments[0]
+        disk.flip_bit(segment.path, segment.offset_of(where[4].position) + 12)
+        with pytest.raises(CorruptRecord) as info:
+            reader.read(where[4].position)
+        assert info.value.path == segment.path and info.value.position == where[4].position
+        got: list[bytes] = []
+        with pytest.raises(CorruptRecord):
+            for rec in reader.scan():
+                got.append(rec.body)
+        assert got == [b"payload-%d" % i for i in range(4)]
+        await writer.close()
+
+
+async def test_a_new_generation_or_boot_starts_a_new_segment(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.001)
+    table, writer = await _open(disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"gen 7").end)
+        await writer.close()
+    disk.crash()
+    table, report = await recover(disk, DIR, owner="orders")
+    assert (report.generation, report.boot_id) == (7, "sim-boot-0")
+    writer = LogWriter(disk, table, owner="orders", generation=8, boot_id="sim-boot-1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"gen 8").end)
+        await writer.close()
+    disk.crash()
+    seen: list[bytes] = []
+    _, report = await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body))
+    assert seen == [b"gen 7", b"gen 8"]
+    assert (report.segments, report.generation, report.boot_id) == (2, 8, "sim-boot-1")
+
+
+async def test_old_segments_can_be_dropped_and_the_log_then_starts_later(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.001)
+    table, writer = await _open(disk, segment_bytes=4096)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        where = [writer.append(1, bytes([i]) * 100) for i in range(120)]
+        await writer.wait_durable(where[-1].end)
+        segments = len(table.segments)
+        cut = where[80].position
+        start = await writer.drop_before(cut)
+        assert 0 < start <= cut and len(table.segments) < segments
+        assert len(disk.listdir(DIR)) == len(table.segments)
+        with pytest.raises(NotInLog):
+            LogReader(table).read(where[0].position)
+        assert await writer.drop_before(where[-1].end + 1000) == table.segments[-1].first
+        assert len(table.segments) == 1          # the segment being written stays
+        await writer.close()
+    disk.power_loss()
+    seen: list[int] = []
+    _, report = await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body[0]))
+    assert report.start == table.start and report.end == where[-1].end
+    assert seen == [i for i, w in enumerate(where) if w.position >= table.start]
+
+
+async def test_an_empty_last_segment_is_rewritten_with_the_new_header(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.001)
+    table, writer = await _open(disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"only").end)
+        await writer.close()
+    path = table.segments[0].path
+    disk.open(path).truncate(table.segments[0].offset_of(0))   # a segment holding only its header
+    disk.crash()
+    table, report = await recover(disk, DIR, owner="orders")
+    assert (report.segments, report.end) == (1, 0)
+    writer = LogWriter(disk, table, owner="orders", generation=8, boot_id=disk.boot_id())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"gen 8").end)
+        assert len(table.segments) == 1 and table.segments[0].header.generation == 8
+        await writer.close()
+    disk.crash()
+    seen: list[bytes] = []
+    _, report = await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body))
+    assert (seen, report.generation, report.segments) == ([b"gen 8"], 8, 1)
