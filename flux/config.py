@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from flux.errors import ConfigError
+from flux.policies import (
+    PLANNED_KEYS,
+    POLICY_KEYS,
+    TopicPolicy,
+    TopicSettings,
+    check_pattern,
+    resolve,
+)
 
 DEFAULTS: dict[str, Any] = {
     "port": 7070,
@@ -37,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     },
     "router": {"control_port": 0, "adopt_window": 5.0},
     "shard": {"ports": "auto", "advertise": [], "orphan_timeout": 60.0, "max_memory": "auto"},
+    "topics": [],
 }
 
 
@@ -91,6 +101,28 @@ class Config:
     subscriber: SubscriberConfig = SubscriberConfig()
     router: RouterConfig = RouterConfig()
     shard: ShardConfig = ShardConfig()
+    topics: tuple[TopicPolicy, ...] = ()  # per-pattern settings; the first match wins
+
+    @functools.cached_property
+    def global_settings(self) -> TopicSettings:
+        """The per-topic keys' global values: what a topic no policy matches uses."""
+        m, s = self.message, self.subscriber
+        return TopicSettings(match=None, ttl=m.ttl, dedup_window=m.dedup_window,
+                             max_bytes=self.topic.max_bytes, retry_count=s.retry_count,
+                             retry_interval=s.retry_interval, timeout=s.timeout,
+                             inactive_time=s.inactive_time)
+
+    @functools.cached_property
+    def policies(self) -> tuple[tuple[tuple[str, ...], TopicSettings], ...]:
+        """Each policy's pattern tokens with its settings applied over the global ones."""
+        base = self.global_settings
+        return tuple((policy.tokens, policy.apply(base)) for policy in self.topics)
+
+    def settings_for(self, topic: str) -> TopicSettings:
+        """The settings of ``topic``: the first matching policy over the global keys.
+        Resolve once per topic, not per message (it splits the name and tries each
+        pattern in turn)."""
+        return resolve(self.policies, topic, self.global_settings)
 
     @property
     def shard_count(self) -> int:
@@ -112,6 +144,7 @@ class Config:
         data["shard"]["advertise"] = list(self.shard.advertise)
         if not isinstance(self.shard.ports, str):
             data["shard"]["ports"] = list(self.shard.ports)
+        data["topics"] = [policy.to_dict() for policy in self.topics]
         return data
 
     def replace(self, changes: Mapping[str, Any] | None = None, /, **overrides: Any) -> Config:
@@ -176,6 +209,100 @@ def _check_keys(path: str, data: Any, allowed: dict[str, Any]) -> dict[str, Any]
     return data
 
 
+def _seconds(path: str, value: Any) -> float:
+    return _positive_number(path, value)
+
+
+def _seconds_or_zero(path: str, value: Any) -> float:
+    return _positive_number(path, value, allow_zero=True)
+
+
+def _count(path: str, value: Any) -> int:
+    return _int(path, value)
+
+
+def _bytes(path: str, value: Any) -> int:
+    return _int(path, value, minimum=1)
+
+
+# How each per-topic key is checked: the same check for the global key and in a policy.
+_POLICY_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "message.ttl": _seconds_or_zero,
+    "message.dedup_window": _seconds_or_zero,
+    "topic.max_bytes": _bytes,
+    "subscriber.retry_count": _count,
+    "subscriber.retry_interval": _seconds_or_zero,
+    "subscriber.timeout": _seconds,
+    "subscriber.inactive_time": _seconds_or_zero,
+}
+assert _POLICY_CHECKS.keys() == POLICY_KEYS.keys()
+_POLICY_SECTIONS = frozenset(path.split(".")[0] for path in POLICY_KEYS)
+
+
+def _check_policy_key(where: str, path: str) -> None:
+    """Refuse a key a policy may not set (``where``: the policy's path)."""
+    if path in POLICY_KEYS:
+        return
+    planned = PLANNED_KEYS.get(path)
+    if planned is not None:
+        raise ConfigError(f"{where}.{path}", f"not accepted yet: it arrives with {planned}")
+    known = ", ".join(POLICY_KEYS)
+    if "." in path and _known_path(path):
+        raise ConfigError(f"{where}.{path}",
+                          f"a global key only, not per topic (per-topic keys: {known})")
+    raise ConfigError(f"{where}.{path}", f"unknown key (per-topic keys: {known})")
+
+
+def _known_path(path: str) -> bool:
+    node: Any = DEFAULTS
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _topic_policies(raw: Any) -> tuple[TopicPolicy, ...]:
+    """Validate the ``topics:`` list (paths in errors: ``topics[2].message.ttl``)."""
+    if raw is None:  # "topics:" with nothing under it
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError("topics", f"expected a list of {{match: PATTERN, ...}}, got {raw!r}")
+    policies: list[TopicPolicy] = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(raw):
+        where = f"topics[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(where, "expected a mapping like {match: 'orders.*', message:"
+                                     f" {{ttl: 300}}}}, got {entry!r}")
+        if "match" not in entry:
+            raise ConfigError(f"{where}.match",
+                              "missing: a policy names the topics it applies to")
+        try:
+            pattern = check_pattern(entry["match"])
+        except ValueError as exc:
+            raise ConfigError(f"{where}.match", str(exc)) from None
+        if pattern in seen:
+            raise ConfigError(f"{where}.match",
+                              f"{pattern!r} is topics[{seen[pattern]}]'s pattern too; the"
+                              " first match wins, so this policy would never apply")
+        seen[pattern] = i
+        values: list[tuple[str, Any]] = []
+        for section, keys in entry.items():
+            if section == "match":
+                continue
+            if section not in _POLICY_SECTIONS:
+                _check_policy_key(where, str(section))  # raises: it is not a section of them
+            if not isinstance(keys, dict):
+                raise ConfigError(f"{where}.{section}", f"expected a mapping, got {keys!r}")
+            for key, value in keys.items():
+                path = f"{section}.{key}"
+                _check_policy_key(where, path)
+                values.append((path, _POLICY_CHECKS[path](f"{where}.{path}", value)))
+        policies.append(TopicPolicy(pattern, tuple(values)))
+    return tuple(policies)
+
+
 def from_dict(raw: dict[str, Any]) -> Config:
     """Validate plain data (missing keys take defaults) and build a :class:`Config`."""
     data = _check_keys("", raw, DEFAULTS)
@@ -225,22 +352,19 @@ def from_dict(raw: dict[str, Any]) -> Config:
         max_frame_bytes=_int("max_frame_bytes", merged["max_frame_bytes"], minimum=1024),
         topic=TopicConfig(
             buffer=_int("topic.buffer", t["buffer"], minimum=1),
-            max_bytes=_int("topic.max_bytes", t["max_bytes"], minimum=1),
+            max_bytes=_bytes("topic.max_bytes", t["max_bytes"]),
         ),
         message=MessageConfig(
-            ttl=_positive_number("message.ttl", m["ttl"], allow_zero=True),
+            ttl=_seconds_or_zero("message.ttl", m["ttl"]),
             cleanup_time=_positive_number("message.cleanup_time", m["cleanup_time"]),
-            dedup_window=_positive_number("message.dedup_window", m["dedup_window"],
-                                          allow_zero=True),
+            dedup_window=_seconds_or_zero("message.dedup_window", m["dedup_window"]),
         ),
         subscriber=SubscriberConfig(
-            retry_count=_int("subscriber.retry_count", s["retry_count"]),
-            retry_interval=_positive_number("subscriber.retry_interval", s["retry_interval"],
-                                            allow_zero=True),
+            retry_count=_count("subscriber.retry_count", s["retry_count"]),
+            retry_interval=_seconds_or_zero("subscriber.retry_interval", s["retry_interval"]),
             cleanup_time=_positive_number("subscriber.cleanup_time", s["cleanup_time"]),
-            timeout=_positive_number("subscriber.timeout", s["timeout"]),
-            inactive_time=_positive_number("subscriber.inactive_time", s["inactive_time"],
-                                           allow_zero=True),
+            timeout=_seconds("subscriber.timeout", s["timeout"]),
+            inactive_time=_seconds_or_zero("subscriber.inactive_time", s["inactive_time"]),
             heartbeat=_positive_number("subscriber.heartbeat", s["heartbeat"]),
             max_in_flight=_int("subscriber.max_in_flight", s["max_in_flight"], minimum=1),
         ),
@@ -255,6 +379,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             orphan_timeout=_positive_number("shard.orphan_timeout", sh["orphan_timeout"]),
             max_memory=max_memory,
         ),
+        topics=_topic_policies(merged["topics"]),
     )
     return config
 

@@ -46,13 +46,15 @@ def refused(path: str, *args: Any, **kwargs: Any) -> ConfigError:
 # -- defaults --------------------------------------------------------------------------
 
 
-# keys added since the design (README, configuration table)
-ADDED_DEFAULTS: dict[str, Any] = {"shard": {"max_memory": "auto"}}
+# keys added since the design (README, configuration table); topics: DESIGN.md §1
+ADDED_DEFAULTS: dict[str, Any] = {"shard": {"max_memory": "auto"}, "topics": []}
 
 
 def test_defaults_equal_design_section_2_plus_the_added_keys() -> None:
     expected = {key: ({**value, **ADDED_DEFAULTS.get(key, {})} if isinstance(value, dict)
                       else value) for key, value in DESIGN_DEFAULTS.items()}
+    expected.update({key: value for key, value in ADDED_DEFAULTS.items()
+                     if key not in DESIGN_DEFAULTS})
     assert Config().to_dict() == expected
 
 
