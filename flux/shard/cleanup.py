@@ -49,7 +49,6 @@ class Cleanup(ShardState):
         if pending is None:
             pending = self._cleanup_pending = list(self.topics)
             pending.reverse()  # popped from the end: creation order
-        ttl = self.config.message.ttl
         budget = CLEANUP_SLICE
         topics = self.topics
         while pending:
@@ -65,6 +64,7 @@ class Cleanup(ShardState):
                 if budget <= 0:
                     return False  # this topic may have more: the next slice visits it again
             log = topic.log
+            ttl = topic.settings.ttl
             if log.oldest_at() <= now - ttl:
                 below = log.next_offset
                 for sub in topic.subs.values():
@@ -99,13 +99,13 @@ class Cleanup(ShardState):
         self._emit("retired", topic.name, next_offset)
 
     def _cleanup_subscribers(self, now: float) -> None:
-        """G6: delete subscriptions inactive for ``inactive_time``."""
-        cfg = self.config.subscriber
-        idle = 2 * cfg.heartbeat
+        """G6: delete subscriptions inactive for their topic's ``inactive_time``."""
+        idle = 2 * self.config.subscriber.heartbeat
         for topic in list(self._subscribed.values()):  # not the topics nobody reads
+            inactive_time = topic.settings.inactive_time
             for sub in list(topic.subs.values()):
                 if sub.mode == "pull" and sub.active and now - sub.last_activity >= idle:
                     sub.active = False
                     sub.inactive_since = sub.last_activity + idle
-                if not sub.active and now - sub.inactive_since >= cfg.inactive_time:
+                if not sub.active and now - sub.inactive_since >= inactive_time:
                     self._delete_subscription(sub)

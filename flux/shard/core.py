@@ -127,6 +127,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                 "oldest": topic.log.oldest, "next_offset": topic.log.next_offset,
                 "held": len(topic.log), "held_bytes": topic.held_bytes(now),
                 "dedup_ids": len(topic.dedup),
+                "policy": topic.settings.as_dict(),
                 "subscriptions": {
                     s.name: {"mode": s.mode, "cursor": s.cursor, "active": s.active,
                              "in_flight": len(s.in_flight), "ephemeral": s.ephemeral}

@@ -70,7 +70,7 @@ class Delivery(ShardState):
         else:
             ids, payloads, times = self._columns(log, offsets)
         sub.in_flight.push_first(offsets)
-        sub.add_deadlines(now + self.config.subscriber.timeout, offsets, 1)
+        sub.add_deadlines(now + topic.settings.timeout, offsets, 1)
         sub.credit -= n
         self.counters["delivered"] += n
         self._deliver(session, sub.session[1], 1, offsets, ids, payloads, times)
@@ -129,8 +129,9 @@ class Delivery(ShardState):
     def _run_timers(self, sub: Subscription, now: float) -> None:
         if sub.session is None or sub.deleted:
             return
-        cfg = self.config.subscriber
-        max_pushes = 1 + cfg.retry_count
+        settings = self.topics[sub.topic].settings  # a topic with subscriptions is held
+        max_pushes = 1 + settings.retry_count
+        retry_interval = settings.retry_interval
         repush: list[tuple[float, int, int]] = []
         while True:
             d = sub.deadlines[0] if sub.deadlines else None
@@ -142,12 +143,12 @@ class Delivery(ShardState):
                     if not sub.is_current(offset, pushes, epoch):
                         continue
                     if pushes >= max_pushes:
-                        self._exhausted(sub, offset, now)
+                        self._exhausted(sub, offset, max_pushes, now)
                         return
-                    if cfg.retry_interval <= 0:
+                    if retry_interval <= 0:
                         repush.append((at, offset, pushes))
                     else:
-                        sub.add_repush(at + cfg.retry_interval, offset, pushes)
+                        sub.add_repush(at + retry_interval, offset, pushes)
             elif r is not None and r[0] <= now:
                 sub.repushes.popleft()
                 at, offset, pushes, epoch = r
@@ -164,8 +165,8 @@ class Delivery(ShardState):
         each in offset order, the frames in order of their lowest offset."""
         assert sub.session is not None
         session = self.sessions.get(sub.session[0])
-        log = self.topics[sub.topic].log
-        timeout = self.config.subscriber.timeout
+        topic = self.topics[sub.topic]
+        log, timeout = topic.log, topic.settings.timeout
         by_attempt: dict[int, list[int]] = {}
         # deadlines are added in time order: the queue must stay ordered
         for at, offset, pushes in sorted(due, key=lambda e: (e[0], e[1])):
@@ -182,14 +183,14 @@ class Delivery(ShardState):
                 self._deliver(session, sub.session[1], attempt, offsets,
                               *self._columns(log, offsets))
 
-    def _exhausted(self, sub: Subscription, offset: int, now: float) -> None:
+    def _exhausted(self, sub: Subscription, offset: int, pushes: int, now: float) -> None:
         """A message used all its pushes: the subscription becomes inactive (G4)."""
         assert sub.session is not None
         conn, sid = sub.session
         session = self.sessions.get(conn)
         if session is not None:
             session.out.append([P.SUB_ENDED, sid, errors.SubscriptionInactive.code,
-                                f"offset {offset} was pushed {1 + self.config.subscriber.retry_count}"
+                                f"offset {offset} was pushed {pushes}"
                                 " times without an ack; subscribe again to resume"])
         self._emit("exhausted", sub.topic, sub.name, offset)
         self._end_attachment(sub, now)

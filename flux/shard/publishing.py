@@ -108,7 +108,7 @@ class Publishing(ShardState):
         if (size - id_bytes + longest_id > max_message
                 and max(lens) + longest_id > max_message):
             return None
-        if topic.held_bytes(now) + size + id_bytes > self.config.topic.max_bytes:
+        if topic.held_bytes(now) + size + id_bytes > topic.settings.max_bytes:
             return None
         log, dedup = topic.log, topic.dedup
         cost = size + n * MESSAGE_COST
@@ -137,7 +137,7 @@ class Publishing(ShardState):
         """Check and store a group item by item (PROTOCOL.md §6.4 order)."""
         name = topic.name
         buffer = self.config.topic.buffer
-        max_bytes = self.config.topic.max_bytes
+        max_bytes = topic.settings.max_bytes
         max_message = self.config.max_frame_bytes - MESSAGE_FRAME_SLACK
         count = counts.get(name, 0)
         held = topic.held_bytes(now)

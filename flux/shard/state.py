@@ -15,6 +15,7 @@ from typing import Any
 from flux import errors, protocol
 from flux.config import Config
 from flux.hashing import shard_for
+from flux.policies import TopicSettings
 from flux.shard.dedup import DedupWindow
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
@@ -35,11 +36,13 @@ REMEMBERED_ID_COST = 100
 
 @dataclass(eq=False)
 class Topic:
-    """A topic's log, dedup window and subscriptions (by name, in creation order)."""
+    """A topic's log, dedup window and subscriptions (by name, in creation order), and
+    the settings its policy gives it (resolved once, when the topic is made)."""
 
     name: str
     log: TopicLog
     dedup: DedupWindow
+    settings: TopicSettings
     subs: dict[str, Subscription] = field(default_factory=dict)
     counted: int = 0  # its footprint in the shard's ``memory`` when last counted
 
@@ -134,8 +137,9 @@ class ShardState:
 
     def _new_topic(self, name: str) -> Topic:
         """An empty topic, not registered: it continues where a retired one stopped."""
+        settings = self.config.settings_for(name)
         return Topic(name, TopicLog(self.retired.get(name, 0)),
-                     DedupWindow(self.config.message.dedup_window))
+                     DedupWindow(settings.dedup_window), settings)
 
     def _recount(self, topic: Topic) -> None:
         """Bring ``memory`` up to date with ``topic`` after it changed."""

@@ -17,6 +17,7 @@ from flux import errors, protocol
 from flux.client.core import ClientCore
 from flux.client.dispatch import Dispatch
 from flux.client.requests import PublishPart
+from flux.policies import TopicSettings
 from flux.router.router import Router, Slot
 from flux.shard import server as shard_server
 from flux.shard.core import ShardCore
@@ -31,15 +32,31 @@ def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> contextlib.Abstr
 
 
 def _with_config(core: ShardCore, **subscriber: Any) -> contextlib.AbstractContextManager[None]:
+    """Change ``subscriber.*`` keys for a while: in the config and, for the per-topic
+    ones, in every topic's settings. A value may be a function of the settings it
+    replaces (``retry_count=lambda s: s.retry_count + 1``), so each topic keeps its
+    own policy's value, changed the same way."""
+    def value(v: Any, settings: Any) -> Any:
+        return v(settings) if callable(v) else v
+
     @contextlib.contextmanager
     def patched() -> Iterator[None]:
         original = core.config
-        core.config = dataclasses.replace(
-            original, subscriber=dataclasses.replace(original.subscriber, **subscriber))
+        core.config = dataclasses.replace(original, subscriber=dataclasses.replace(
+            original.subscriber, **{k: value(v, original.subscriber)
+                                    for k, v in subscriber.items()}))
+        per_topic = {k: v for k, v in subscriber.items()
+                     if k in {f.name for f in dataclasses.fields(TopicSettings)}}
+        saved = [(topic, topic.settings) for topic in core.topics.values()]
+        for topic, settings in saved:
+            topic.settings = dataclasses.replace(
+                settings, **{k: value(v, settings) for k, v in per_topic.items()})
         try:
             yield
         finally:
             core.config = original
+            for topic, settings in saved:
+                topic.settings = settings
     return patched()
 
 
@@ -135,7 +152,7 @@ def one_push_too_many() -> contextlib.AbstractContextManager[Any]:
     """G4: a message gets 2 + retry_count pushes."""
     def make(f: Any) -> Any:
         def run_timers(self: ShardCore, sub: Subscription, now: float) -> None:
-            with _with_config(self, retry_count=self.config.subscriber.retry_count + 1):
+            with _with_config(self, retry_count=lambda s: s.retry_count + 1):
                 f(self, sub, now)
         return run_timers
     return _wrap(ShardCore, "_run_timers", make)
@@ -212,7 +229,7 @@ def impatient_heartbeat() -> contextlib.AbstractContextManager[Any]:
     """G6: sessions silent for 0.4 heartbeat periods are dropped (clients ping every 0.5)."""
     def make(f: Any) -> Any:
         def check_sessions(self: ShardCore, now: float) -> None:
-            with _with_config(self, heartbeat=self.config.subscriber.heartbeat / 5):
+            with _with_config(self, heartbeat=lambda s: s.heartbeat / 5):
                 f(self, now)
         return check_sessions
     return _wrap(ShardCore, "_check_sessions", make)
@@ -406,7 +423,7 @@ def inactive_holds_nothing() -> contextlib.AbstractContextManager[Any]:
             f(self, now)
             for topic in self.topics.values():
                 idle = topic.subs and not any(sub.active for sub in topic.subs.values())
-                if idle and topic.log.trim(topic.log.next_offset, now - self.config.message.ttl):
+                if idle and topic.log.trim(topic.log.next_offset, now - topic.settings.ttl):
                     self._recount(topic)
         return cleanup
     return _wrap(ShardCore, "_cleanup_subscribers", make)
@@ -441,7 +458,7 @@ def full_before_dedup() -> contextlib.AbstractContextManager[Any]:
                 return result
             kept = []
             for i in duplicates:
-                if held + len(payloads[i]) + 2 * len(ids[i]) > self.config.topic.max_bytes:
+                if held + len(payloads[i]) + 2 * len(ids[i]) > topic.settings.max_bytes:
                     offsets[i] = protocol.REFUSED
                     refused.append([i, errors.TopicFull.code, "topic is full"])
                 else:
@@ -620,8 +637,7 @@ def timeout_counted_twice() -> contextlib.AbstractContextManager[Any]:
     ``retry_interval``, so redeliveries come late."""
     def make(f: Any) -> Any:
         def run_timers(self: ShardCore, sub: Subscription, now: float) -> None:
-            cfg = self.config.subscriber
-            with _with_config(self, retry_interval=cfg.retry_interval + cfg.timeout):
+            with _with_config(self, retry_interval=lambda s: s.retry_interval + s.timeout):
                 f(self, sub, now)
         return run_timers
     return _wrap(ShardCore, "_run_timers", make)
@@ -632,7 +648,7 @@ def exhausted_one_push_early() -> contextlib.AbstractContextManager[Any]:
     so its subscription is made inactive one push early."""
     def make(f: Any) -> Any:
         def run_timers(self: ShardCore, sub: Subscription, now: float) -> None:
-            with _with_config(self, retry_count=self.config.subscriber.retry_count - 1):
+            with _with_config(self, retry_count=lambda s: s.retry_count - 1):
                 f(self, sub, now)
         return run_timers
     return _wrap(ShardCore, "_run_timers", make)
