@@ -60,15 +60,35 @@ def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = (),
     return table
 
 
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _redelivery(policy: dict[str, Any]) -> str:
+    return (f"{policy['subscriber.retry_count']}×({_seconds(policy['subscriber.timeout'])}"
+            f"+{_seconds(policy['subscriber.retry_interval'])})")
+
+
+def _policy_row(name: str, policy: dict[str, Any]) -> tuple[str, ...]:
+    return (name, policy["match"] or "(global)", _seconds(policy["message.ttl"]),
+            _seconds(policy["message.dedup_window"]), _bytes(policy["topic.max_bytes"]),
+            _redelivery(policy), _seconds(policy["subscriber.inactive_time"]))
+
+
 def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
-    """Shards, their counters, topics and subscriptions, one table each (empty ones
-    left out); each fits 80 columns for short topic names."""
+    """Shards, their counters, topics, the topics' policies and subscriptions, one table
+    each (empty ones left out); each fits 80 columns for short topic names."""
     shards = _table("Shards", ("shard", "generation", "up", "sessions", "topics", "memory"),
                     left=("generation",),
                     caption="memory: what messages and ids take, of shard.max_memory")
     counters = _table("Counters (since the shard started)", ("shard", *COUNTERS))
     topics = _table("Topics", ("topic", "shard", "oldest", "next", "held", "bytes", "dedup ids",
                                "subs"), left=("topic",))
+    policies = _table("Topic policies", ("topic", "policy", "ttl", "dedup", "max bytes",
+                                         "redelivery", "inactive"),
+                      left=("topic", "policy"),
+                      caption="policy: the topics: pattern that matched, if any;"
+                              " redelivery: retry_count×(timeout+retry_interval)")
     subs = _table("Subscriptions", ("topic", "name", "mode", "state", "cursor", "lag",
                                     "in flight"), left=("topic", "name", "mode", "state"),
                   caption="lag: offsets from the cursor to the topic's next offset")
@@ -84,6 +104,9 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
             topics.add_row(name, str(index), f"{topic['oldest']:,}", f"{topic['next_offset']:,}",
                            f"{topic['held']:,}", _bytes(topic["held_bytes"]),
                            f"{topic['dedup_ids']:,}", str(len(topic["subscriptions"])))
+            policy = topic.get("policy")
+            if policy is not None:
+                policies.add_row(*_policy_row(name, policy))
             for sub_name in sorted(topic["subscriptions"]):
                 sub = topic["subscriptions"][sub_name]
                 shown = "(ephemeral)" if sub["ephemeral"] else sub_name
@@ -94,7 +117,7 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
     retired = sum(reply.get("retired_topics", 0) for reply in stats.values())
     if retired:
         topics.title = f"Topics ({retired:,} more retired: empty, only their next offset kept)"
-    return [t for t in (shards, counters, topics, subs) if t.row_count]
+    return [t for t in (shards, counters, topics, policies, subs) if t.row_count]
 
 
 def show(stats: dict[int, dict[str, Any]], pattern: str = "*",

@@ -23,7 +23,14 @@ TOPIC = {"oldest": 10, "next_offset": 50, "held": 40, "held_bytes": 5000, "dedup
                          "ephemeral": False},
              "~3.1": {"mode": "push", "cursor": 50, "active": True, "in_flight": 0,
                       "ephemeral": True}}}
-STATS = {1: reply(1, {"orders.eu": TOPIC}), 0: reply(0, {"logs": {**TOPIC, "subscriptions": {}}})}
+GLOBAL_POLICY = {"match": None, "message.ttl": 60.0, "message.dedup_window": 120.0,
+                 "topic.max_bytes": 268435456, "subscriber.retry_count": 5,
+                 "subscriber.retry_interval": 1.0, "subscriber.timeout": 30.0,
+                 "subscriber.inactive_time": 300.0}
+ORDERS_POLICY = {**GLOBAL_POLICY, "match": "orders.>", "message.ttl": 3600.0,
+                 "subscriber.retry_count": 10, "subscriber.timeout": 2.5}
+STATS = {1: reply(1, {"orders.eu": {**TOPIC, "policy": ORDERS_POLICY}}),
+         0: reply(0, {"logs": {**TOPIC, "subscriptions": {}, "policy": GLOBAL_POLICY}})}
 
 
 def printed(stats: dict[int, dict[str, Any]], pattern: str = "*") -> str:
@@ -55,3 +62,20 @@ def test_json_lists_every_reply_in_shard_order() -> None:
     shards = json.loads(stats_view.as_json(STATS))["shards"]
     assert [s["index"] for s in shards] == [0, 1]
     assert shards[1]["topics"]["orders.eu"]["subscriptions"]["billing"]["cursor"] == 20
+
+
+def test_topic_policies_table_shows_each_topic_values_and_matched_pattern() -> None:
+    text = printed(STATS)
+    assert text.index("Topics") < text.index("Topic policies") < text.index("Subscriptions")
+    policies = text[text.index("Topic policies"):text.index("Subscriptions")]
+    orders = next(line for line in policies.splitlines() if "orders.eu" in line).split("│")
+    assert [c.strip() for c in orders[1:8]] == [
+        "orders.eu", "orders.>", "3600s", "120s", "256.0 MiB", "10×(2.5s+1s)", "300s"]
+    logs = next(line for line in policies.splitlines() if "logs" in line).split("│")
+    assert [c.strip() for c in logs[1:4]] == ["logs", "(global)", "60s"]
+
+
+def test_a_reply_without_policies_shows_no_policy_table() -> None:
+    old = {i: {**r, "topics": {n: {k: v for k, v in t.items() if k != "policy"}
+                               for n, t in r["topics"].items()}} for i, r in STATS.items()}
+    assert "Topic policies" not in printed(old)
