@@ -115,10 +115,12 @@ class RouterProcess:
 class Broker:
     """A running broker: its router process (restartable) and every pid it reported."""
 
-    def __init__(self, tmp: Path, shards: int = 2, settings: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, shards: int = 2, settings: tuple[str, ...] = (),
+                 config: Path | None = None) -> None:
         self.tmp = tmp
         self.shard_count = shards
         self.settings = BROKER_SETTINGS + settings
+        self.config = config
         self.env = dict(os.environ, FLUX_RUNTIME_DIR=str(tmp / "run"), PYTHONUNBUFFERED="1")
         self.pids: set[int] = set()
         self.router: RouterProcess = self.start_router(0)
@@ -138,6 +140,8 @@ class Broker:
     def start_router(self, port: int) -> RouterProcess:
         args = [sys.executable, "-m", "flux", "serve", "--host", "127.0.0.1",
                 "--shards", str(self.shard_count), "--port", str(port)]
+        if self.config is not None:
+            args += ["--config", str(self.config)]
         for item in self.settings:
             args += ["--set", item]
         router = RouterProcess(args, self.env, self.tmp / "broker.log")
@@ -207,10 +211,15 @@ class BrokerFactory:
         self.tmp = tmp
         self.brokers: list[Broker] = []
 
-    def __call__(self, *settings: str, shards: int = 2) -> Broker:
+    def __call__(self, *settings: str, shards: int = 2, config: str | None = None) -> Broker:
+        """``settings``: ``--set`` items; ``config``: the text of a config file to serve with."""
         tmp = self.tmp / f"broker{len(self.brokers)}"
         tmp.mkdir()
-        broker = Broker(tmp, shards, settings)
+        path = None
+        if config is not None:
+            path = tmp / "flux.yaml"
+            path.write_text(config)
+        broker = Broker(tmp, shards, settings, path)
         self.brokers.append(broker)
         return broker
 
