@@ -65,7 +65,7 @@ def _seconds(value: float) -> str:
 
 
 def _redelivery(policy: dict[str, Any]) -> str:
-    return (f"{policy['subscriber.retry_count']}×({_seconds(policy['subscriber.timeout'])}"
+    return (f"{policy['subscriber.retry_count']}x({_seconds(policy['subscriber.timeout'])}"
             f"+{_seconds(policy['subscriber.retry_interval'])})")
 
 
@@ -88,7 +88,7 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                                          "redelivery", "inactive"),
                       left=("topic", "policy"),
                       caption="policy: the topics: pattern that matched, if any;"
-                              " redelivery: retry_count×(timeout+retry_interval)")
+                              " redelivery: retry_count x (timeout+retry_interval)")
     subs = _table("Subscriptions", ("topic", "name", "mode", "state", "cursor", "lag",
                                     "in flight"), left=("topic", "name", "mode", "state"),
                   caption="lag: offsets from the cursor to the topic's next offset")

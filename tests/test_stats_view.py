@@ -70,7 +70,7 @@ def test_topic_policies_table_shows_each_topic_values_and_matched_pattern() -> N
     policies = text[text.index("Topic policies"):text.index("Subscriptions")]
     orders = next(line for line in policies.splitlines() if "orders.eu" in line).split("│")
     assert [c.strip() for c in orders[1:8]] == [
-        "orders.eu", "orders.>", "3600s", "120s", "256.0 MiB", "10×(2.5s+1s)", "300s"]
+        "orders.eu", "orders.>", "3600s", "120s", "256.0 MiB", "10x(2.5s+1s)", "300s"]
     logs = next(line for line in policies.splitlines() if "logs" in line).split("│")
     assert [c.strip() for c in logs[1:4]] == ["logs", "(global)", "60s"]
 

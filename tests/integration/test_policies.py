@@ -80,7 +80,7 @@ async def test_topics_use_their_policy_and_stats_show_it(broker_factory: BrokerF
     assert "Topic policies" in table.stdout
     quick = next(line for line in table.stdout.splitlines() if "quick.jobs" in line
                  and "quick.>" in line)
-    assert "0×(0.5s+0.2s)" in quick
+    assert "0x(0.5s+0.2s)" in quick
 
 
 def test_serve_refuses_a_bad_policy_with_its_path(tmp_path: Path) -> None:
