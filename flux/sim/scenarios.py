@@ -230,6 +230,52 @@ def topics(rng: random.Random) -> Workload:
                                 links=(("client<->shard", 4.0), ("router<->shard", 1.0))))
 
 
+def _policy_for(rng: random.Random, topic: str) -> dict[str, object]:
+    """A topics: entry that matches ``topic`` (exactly, or by a ``*`` or ``>`` pattern),
+    setting some of the per-topic keys to values unlike the global ones."""
+    word, region = topic.split(".")
+    match = rng.choice((topic, f"{word}.*", f"{word}.>", f"*.{region}", ">"))
+    keys: dict[str, dict[str, object]] = {}
+    options: tuple[tuple[str, str, tuple[object, ...]], ...] = (
+        ("message", "ttl", (0.25, 3.0, 8.0)),
+        ("message", "dedup_window", (4.0, 8.0)),
+        ("subscriber", "retry_count", (0, 1, 6)),
+        ("subscriber", "retry_interval", (0.0, 0.1, 1.0)),
+        ("subscriber", "timeout", (0.3, 2.5)),
+        ("subscriber", "inactive_time", (0.5, 4.0, 10.0)),
+    )
+    for section, key, values in rng.sample(options, rng.randint(2, len(options))):
+        keys.setdefault(section, {})[key] = rng.choice(values)
+    return {"match": match, **keys}
+
+
+def policies(rng: random.Random) -> Workload:
+    """Topic policies: some topics get their own ttl, dedup window, push schedule and
+    inactive_time (first match wins; the rest use the global keys); clients retry
+    within the shortest dedup window (G3-G6 per topic)."""
+    w = default(rng)
+    config = dict(w.config)
+    config["message"] = {**w.config["message"], "ttl": 0.5, "cleanup_time": 0.25}  # type: ignore[dict-item]
+    config["subscriber"] = {**w.config["subscriber"],  # type: ignore[dict-item]
+                            "inactive_time": rng.choice((1.0, 2.0)), "cleanup_time": 0.25}
+    chosen = rng.sample(w.topics, rng.randint(1, len(w.topics)))
+    entries: list[dict[str, object]] = []
+    for topic in chosen:
+        entry = _policy_for(rng, topic)
+        if all(entry["match"] != other["match"] for other in entries):
+            entries.append(entry)
+    config["topics"] = entries
+    subs = [_subscriber(rng, i, rng.choice(w.topics),
+                        rng.choice(("ack", "slow", "never", "flaky", "unsub", "window", "reader",
+                                    "ephemeral")))
+            for i in range(rng.randint(3, 6))]
+    return replace(w, scenario="policies", config=config,
+                   subscribers=_with_pullers(rng, w.topics, subs),
+                   request_timeout=0.5, retry_deadline=1.5, give_up_after=3.0,
+                   mix=FaultMix((("pause", 1.0), ("stall", 1.0), ("reset", 1.0),
+                                 ("partition", 0.7), ("crash", 0.3)), count=(0, 6)))
+
+
 def with_client_ids(workload: Workload, rng: random.Random) -> Workload:
     """About half the producers let the client choose their ids, so the client's own id
     generation runs (and the checker knows their messages by payload). Drawn from a
@@ -247,5 +293,5 @@ def with_vandals(workload: Workload, rng: random.Random) -> Workload:
 SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
-    "topics": topics,
+    "topics": topics, "policies": policies,
 }

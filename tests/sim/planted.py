@@ -17,6 +17,7 @@ from flux import errors, protocol
 from flux.client.core import ClientCore
 from flux.client.dispatch import Dispatch
 from flux.client.requests import PublishPart
+from flux.config import Config
 from flux.policies import TopicSettings
 from flux.router.router import Router, Slot
 from flux.shard import server as shard_server
@@ -1066,6 +1067,58 @@ def resume_skips_in_flight() -> contextlib.AbstractContextManager[Any]:
             self.next_push = max(self.next_push, pushed)
         return attach
     return _wrap(Subscription, "attach", make)
+
+
+@contextlib.contextmanager
+def _global_values(core: ShardCore, topics: list[Any], **fields: Callable[[Config], Any]
+                   ) -> Iterator[None]:
+    """For a while, ``topics`` use the global value of some per-topic keys, as if their
+    policy did not set them (``ttl=lambda c: c.message.ttl``)."""
+    saved = [(topic, topic.settings) for topic in topics]
+    for topic, settings in saved:
+        topic.settings = dataclasses.replace(
+            settings, **{name: value(core.config) for name, value in fields.items()})
+    try:
+        yield
+    finally:
+        for topic, settings in saved:
+            topic.settings = settings
+
+
+def policy_ttl_ignored() -> contextlib.AbstractContextManager[Any]:
+    """G5 per topic: the message cleanup pass trims every topic on the global ttl, so a
+    topic whose policy holds messages longer loses them early."""
+    def make(f: Any) -> Any:
+        def cleanup(self: ShardCore, now: float) -> bool:
+            with _global_values(self, list(self.topics.values()),
+                                ttl=lambda c: c.message.ttl):
+                done: bool = f(self, now)
+            return done
+        return cleanup
+    return _wrap(ShardCore, "_cleanup_messages", make)
+
+
+def policy_timeout_ignored() -> contextlib.AbstractContextManager[Any]:
+    """G4 per topic: pushes wait the global subscriber.timeout for their ack, whatever
+    the topic's policy says, so redeliveries of a topic with a longer one come early."""
+    stack = contextlib.ExitStack()
+    for name in ("_push_new", "_redeliver"):
+        def make(f: Any) -> Any:
+            def push(self: ShardCore, sub: Subscription, *args: Any) -> None:
+                with _global_values(self, [self.topics[sub.topic]],
+                                    timeout=lambda c: c.subscriber.timeout):
+                    f(self, sub, *args)
+            return push
+        stack.enter_context(_wrap(ShardCore, name, make))
+    return stack
+
+
+PLANTED["policy-ttl-ignored"] = policy_ttl_ignored
+EXPECT["policy-ttl-ignored"] = ("G5/deleted-before-ttl",)
+SCENARIO["policy-ttl-ignored"] = "policies"
+PLANTED["policy-timeout-ignored"] = policy_timeout_ignored
+EXPECT["policy-timeout-ignored"] = ("G4/early-redelivery",)
+SCENARIO["policy-timeout-ignored"] = "policies"
 
 
 # Found as a blind spot (no rule fired in default seeds 1 and 3); G4/left-unacked sees it.

@@ -169,7 +169,7 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report) -> int:
 
 def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: h.Delivered,
                confirmed: _Confirmed, report: Report) -> None:
-    p = index.params
+    p = index.params_for(e.topic)
     where = f"{e.subscriber} session {e.session}: {e.topic}@{e.offset}"
     report.examine("G7", "generations-mixed")
     if e.generation != session.sub.generation:
@@ -237,7 +237,7 @@ def _check_repush_order(st: _State, e: h.Delivered, where: str, report: Report) 
 
 def _check_schedule(index: Index, session: Session, st: _State, report: Report) -> None:
     """G4: push k of an unacked message at t0 + k*(timeout + retry_interval), only it."""
-    p = index.params
+    p = index.params_for(session.sub.topic)
     lat, period = p.latency, p.period
     tol = 2 * lat
     hosts = (session.sub.client, session.host)

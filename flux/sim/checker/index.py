@@ -8,11 +8,15 @@ Shard hosts are named ``shard-<index>``, the router ``router``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from flux import config as config_mod
+from flux.errors import ConfigError
+from flux.policies import TopicSettings, resolve
 from flux.sim import history as h
 from flux.sim.faults import decode_plan
 
@@ -52,6 +56,35 @@ class Params:
     def period(self) -> float:
         """Time between two pushes of one unacked message (G4)."""
         return self.timeout + self.retry_interval
+
+    def settings(self) -> TopicSettings:
+        """The per-topic keys of these params (a policy's keys go over them)."""
+        return TopicSettings(match=None, ttl=self.ttl, dedup_window=self.dedup_window,
+                             max_bytes=0, retry_count=self.retry_count,
+                             retry_interval=self.retry_interval, timeout=self.timeout,
+                             inactive_time=self.inactive_time)
+
+    def with_settings(self, settings: TopicSettings) -> Params:
+        """These params with a topic's settings in place of the global values."""
+        return dataclasses.replace(
+            self, ttl=settings.ttl, dedup_window=settings.dedup_window,
+            retry_count=settings.retry_count, retry_interval=settings.retry_interval,
+            timeout=settings.timeout, inactive_time=settings.inactive_time)
+
+
+def topic_policies(meta: dict[str, Any], base: TopicSettings
+                   ) -> tuple[tuple[tuple[str, ...], TopicSettings], ...]:
+    """The broker's topic policies (meta's config ``topics``), each applied over ``base``,
+    validated and ordered as the shards read them. None when the config has none, or
+    when they do not validate (a history from a broker that had none)."""
+    raw = meta.get("config", {}).get("topics")
+    if not raw:
+        return ()
+    try:
+        policies = config_mod.from_dict({"topics": raw}).topics
+    except ConfigError:
+        return ()
+    return tuple((policy.tokens, policy.apply(base)) for policy in policies)
 
 
 @dataclass(eq=False)
@@ -108,6 +141,9 @@ class Index:
     def __init__(self, history: h.History) -> None:
         self.history = history
         self.params = Params.from_meta(history.meta)
+        self._base = self.params.settings()
+        self._policies = topic_policies(history.meta, self._base)
+        self._topic_params: dict[str, Params] = {}
         self.sessions: dict[int, Session] = {}
         self.incarnations: list[Incarnation] = []
         self._current: dict[tuple[str, int, str], Incarnation] = {}
@@ -205,6 +241,16 @@ class Index:
             factors = [f.factor for f in plan.faults if f.kind == "slow"] if plan else []
             self._slow_factor = max(factors, default=SLOW_FACTOR_UNKNOWN)
         return self._slow_factor * self.params.latency
+
+    def params_for(self, topic: str) -> Params:
+        """The params of ``topic``: its policy's ttl, dedup window and subscriber values
+        over the global ones, matched as the shards match them (first match wins)."""
+        params = self._topic_params.get(topic)
+        if params is None:
+            settings = resolve(self._policies, topic, self._base)
+            params = self.params if settings.match is None else self.params.with_settings(settings)
+            self._topic_params[topic] = params
+        return params
 
     @functools.cached_property
     def commits(self) -> dict[tuple[str, str], list[tuple[float, int | None, int]]]:

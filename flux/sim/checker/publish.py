@@ -11,7 +11,6 @@ from flux.sim.checker.index import Index
 
 
 def check(index: Index, report: Report) -> None:
-    p = index.params
     first_attempt: dict[tuple[str, str], float] = {}
     at_offset: dict[tuple[str, int, int], str] = {}
     offsets_of: dict[tuple[str, int, str], dict[int, float]] = {}
@@ -51,12 +50,13 @@ def check(index: Index, report: Report) -> None:
             continue
         since = first_attempt.get((topic, message_id), min(offsets.values()))
         ordered = sorted(offsets.items())
+        window = index.params_for(topic).dedup_window
         for _offset, seen in ordered[1:]:
-            if seen - since < p.dedup_window:
+            if seen - since < window:
                 report.add("G3", "stored-twice", seen,
                            f"{topic} id={message_id!r} stored at offsets"
                            f" {[o for o, _ in ordered]} in generation {generation:#x} within"
-                           f" dedup_window={p.dedup_window:g}s of its first publish")
+                           f" dedup_window={window:g}s of its first publish")
     report.examine("G3", "duplicate-flag", len(fresh_acks))
     for (topic, generation, message_id), acks in fresh_acks.items():
         fresh = [o for _, o in acks]
@@ -80,7 +80,6 @@ def _check_full_after_dedup(index: Index, report: Report) -> None:
     shard had stored it before it judged the attempt; the window counts from the
     store, which came after the id's first attempt, and the refusal arrived less
     than ``dedup_window`` after that attempt, so the id was still remembered."""
-    window = index.params.dedup_window
     first_attempt: dict[tuple[str, str], float] = {}
     sent: dict[tuple[str, int, str, str], float] = {}   # (producer, op, topic, id) -> t
     stored: dict[tuple[str, int, str], float] = {}      # (topic, generation, id) -> ack
@@ -98,6 +97,7 @@ def _check_full_after_dedup(index: Index, report: Report) -> None:
             first = first_attempt.get((e.topic, e.id))
             if acked is None or attempt is None or first is None:
                 continue
+            window = index.params_for(e.topic).dedup_window
             if acked < attempt and e.t < first + window - index.params.latency:
                 report.add("G3", "full-before-dedup", e.t,
                            f"{e.producer}: {e.topic} id={e.id!r} refused TopicFull in"

@@ -47,7 +47,6 @@ def _ack_times(inc: Incarnation,
 
 
 def _check_trims(index: Index, report: Report) -> None:
-    p = index.params
     epoch = float(index.history.meta.get("epoch", 0.0))
     stored_at: dict[tuple[str, int, int], float] = {}
     first_attempt: dict[tuple[str, str], float] = {}
@@ -77,10 +76,11 @@ def _check_trims(index: Index, report: Report) -> None:
                 stored = first_attempt.get((trim.topic, message_id))
             if stored is not None:
                 report.examine("G5", "deleted-before-ttl")
-            if stored is not None and trim.t < stored + p.ttl - 1e-5:  # timestamps: float error
+            ttl = index.params_for(trim.topic).ttl
+            if stored is not None and trim.t < stored + ttl - 1e-5:  # timestamps: float error
                 report.add("G5", "deleted-before-ttl", trim.t,
                            f"{trim.topic}@{offset} deleted {trim.t - stored:.3f}s after it was"
-                           f" stored (ttl={p.ttl:g}s)")
+                           f" stored (ttl={ttl:g}s)")
             for inc in by_topic.get((trim.topic, trim.generation), []):
                 if not _held_for(index, inc, offset, trim.t, position):
                     continue
@@ -124,7 +124,6 @@ def _check_gone(index: Index, report: Report) -> None:
     Sound under any delay: only the reply's arrival and the sending of attempts and
     acks are used. Each offset is judged at the first reply that shows it gone (the
     earliest arrival is the strictest test of both rules)."""
-    p = index.params
     history = index.history
     oracle = bool(history.meta.get("oracle", False))
     first_attempt: dict[tuple[str, str], float] = {}
@@ -150,16 +149,17 @@ def _check_gone(index: Index, report: Report) -> None:
         if oldest <= low:
             continue
         judged[(topic, generation)] = oldest
+        ttl = index.params_for(topic).ttl
         holders = [inc for inc in by_topic.get((topic, generation), ())
                    if inc.known_start and inc.created_at <= e.t] if oracle else []
         for offset in range(low, oldest):
             report.examine("G5", "gone-before-ttl")
             known = ids.get((topic, generation, offset))
             tried = first_attempt.get((topic, known)) if known is not None else None
-            if tried is not None and e.t < tried + p.ttl - 1e-5:
+            if tried is not None and e.t < tried + ttl - 1e-5:
                 report.add("G5", "gone-before-ttl", e.t,
                            f"{topic}@{offset} (generation {generation:#x}) was gone at {e.t:.3f},"
-                           f" less than ttl={p.ttl:g}s after its first publish at {tried:.3f}")
+                           f" less than ttl={ttl:g}s after its first publish at {tried:.3f}")
             for inc in holders:
                 if not _held_for(index, inc, offset, e.t, position):
                     continue
@@ -231,7 +231,6 @@ def _pull_activity(index: Index) -> dict[tuple[str, int, str | None], list[tuple
 
 
 def _check_subscription_lifetimes(index: Index, report: Report) -> None:
-    p = index.params
     oracle = bool(index.history.meta.get("oracle", False))
     by_key: dict[tuple[str, int, str | None], list[Incarnation]] = {}
     for inc in index.incarnations:
@@ -241,6 +240,7 @@ def _check_subscription_lifetimes(index: Index, report: Report) -> None:
     for incs in by_key.values():
         for i, inc in enumerate(incs):
             successor = incs[i + 1] if i + 1 < len(incs) else None
+            p = index.params_for(inc.topic)
             evidence = max(index.last_attached(s) for s in inc.sessions)
             if inc.deleted_at is not None:
                 # a FETCH or COMMIT naming it, answered before the oracle saw it deleted,
@@ -265,7 +265,7 @@ def _check_kept_too_long(index: Index, inc: Incarnation, successor: Incarnation 
                          oracle: bool, report: Report) -> None:
     """After an unsubscribe or SubscriptionInactive the shard holds the subscription
     inactive (every earlier session was superseded by that one's attach)."""
-    p = index.params
+    p = index.params_for(inc.topic)
     slack = p.inactive_time + p.subscriber_cleanup + 2 * p.latency
     sessions = inc.sessions
     for i, session in enumerate(sessions):

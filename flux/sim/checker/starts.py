@@ -26,6 +26,7 @@ def check(index: Index, report: Report) -> None:
     for sub in index.history.of(h.Subscribed):
         if not sub.created:
             continue
+        p = index.params_for(sub.topic)
         key = (sub.topic, sub.generation)
         name = sub.name if sub.name is not None else "(ephemeral)"
         where = f"{sub.subscriber} created {sub.topic}/{name} at offset {sub.start}"
