@@ -8,6 +8,7 @@ import pytest
 
 from flux.sim import history as h
 from flux.sim.checker import check
+from flux.sim.checker.index import Index
 from flux.sim.simhost import EPOCH
 
 G, G2 = 0xAAAA, 0xBBBB
@@ -592,3 +593,41 @@ def test_a_slow_links_backlog_after_it_ends_is_not_quiet() -> None:
         s.deliver(first, 0, "a").deliver(first + 0.01, 0, "a", attempt=2)
         s.ack(first + 0.02, 0, 1)
         assert [r for r in s.end().rules() if r.startswith("G4")] == rules, first
+
+
+def _with_policy(s: Story, policy: dict[str, Any]) -> Story:
+    s.h.meta["config"] = {**CONFIG, "topics": [{"match": "other"}, policy]}
+    return s
+
+
+def test_the_checker_resolves_each_topic_policy_as_the_shards_do() -> None:
+    s = _with_policy(Story(), {"match": ">", "message": {"ttl": 9.0},
+                               "subscriber": {"timeout": 3.0}})
+    s.h.meta["config"]["topics"].insert(0, {"match": "t", "subscriber": {"retry_count": 0}})
+    index = Index(s.end().h)
+    first = index.params_for("t")  # the first match wins: only retry_count differs
+    assert (first.retry_count, first.ttl, first.timeout) == (0, 2.0, 1.0)
+    other = index.params_for("u.v")
+    assert (other.retry_count, other.ttl, other.timeout, other.period) == (2, 9.0, 3.0, 3.5)
+    assert index.params_for("other") == index.params
+
+
+def test_a_trim_after_the_global_ttl_but_before_the_topic_policy_ttl_breaks_g5() -> None:
+    s = clean()
+    s.add(h.Trimmed(3.0, 0, G, "t", 0, 1))  # global ttl 2: fine, unless t holds for 5
+    assert "G5/deleted-before-ttl" not in s.end().rules()
+    s = _with_policy(clean(), {"match": "t", "message": {"ttl": 5.0}})
+    s.add(h.Trimmed(3.0, 0, G, "t", 0, 1))
+    assert "G5/deleted-before-ttl" in s.end().rules()
+
+
+def test_redelivery_on_the_topic_policy_schedule_passes_and_on_the_global_one_is_early() -> None:
+    policy = {"match": "t", "subscriber": {"timeout": 2.0, "retry_interval": 1.0}}
+    on_time = _with_policy(Story(), policy).hello(0.0).subscribe(0.01).publish(0.1, "a", 0)
+    on_time.deliver(0.12, 0, "a").deliver(3.12, 0, "a", attempt=2).ack(3.13, 0, 1).end()
+    report = check(on_time.h)
+    assert report.ok, report.summary()
+    early = _with_policy(Story(), policy).hello(0.0).subscribe(0.01).publish(0.1, "a", 0)
+    early.deliver(0.12, 0, "a").deliver(0.12 + PERIOD, 0, "a", attempt=2)
+    early.ack(0.12 + PERIOD + 0.01, 0, 1).end()
+    assert "G4/early-redelivery" in early.rules()
