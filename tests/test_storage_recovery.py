@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from flux.sim.disk import DiskFaults, SimDisk
@@ -163,6 +163,9 @@ def test_recovery_after_a_crash_or_power_loss_keeps_what_it_must_and_nothing_els
 @prop
 @given(segment_bytes=segment_sizes, sizes=st.lists(st.integers(0, 400), min_size=1, max_size=60),
        seed=st.integers(0, 2**32))
+# a flip in the last segment's header length read as a header cut short: the segment
+# was removed as one that held nothing, and its synced records lost unreported
+@example(segment_bytes=4096, sizes=[0, 176], seed=97)
 def test_a_flipped_bit_in_synced_data_is_never_returned_and_is_reported(
         segment_bytes: int, sizes: list[int], seed: int) -> None:
     async def main() -> None:

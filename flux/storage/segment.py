@@ -68,6 +68,18 @@ def encode_header(header: SegmentHeader) -> bytes:
     return body + _CRC.pack(google_crc32c.value(body))
 
 
+def _length_from_fields(buf: bytes) -> int | None:
+    """The header length its boot id and owner fields imply, if ``buf`` holds them."""
+    at = _FIXED.size
+    if len(buf) <= at:
+        return None
+    at += 1 + buf[at]
+    if len(buf) < at + _U16.size:
+        return None
+    (owner_len,) = _U16.unpack_from(buf, at)
+    return at + _U16.size + owner_len + _CRC.size
+
+
 def decode_header(buf: bytes) -> tuple[SegmentHeader, int]:
     """The header at the start of ``buf`` and its length in bytes.
 
@@ -90,6 +102,10 @@ def decode_header(buf: bytes) -> tuple[SegmentHeader, int]:
         raise Foreign(f"format version {version}; this Flux reads version {VERSION}")
     if not _FIXED.size + 1 + _U16.size + _CRC.size <= size <= MAX_HEADER:
         raise Bad(f"header length {size} is impossible")
+    derived = _length_from_fields(buf)
+    if derived is not None and derived != size:
+        # a flipped bit in the length (or in a field's length), not a header cut short
+        raise Bad(f"header length {size} does not match its fields ({derived})")
     if len(buf) < size:
         raise Torn(f"header cut short ({len(buf)} of {size} bytes)")
     (crc,) = _CRC.unpack_from(buf, size - _CRC.size)
