@@ -76,7 +76,7 @@ def _length_from_fields(buf: bytes) -> int | None:
     at += 1 + buf[at]
     if len(buf) < at + _U16.size:
         return None
-    (owner_len,) = _U16.unpack_from(buf, at)
+    owner_len: int = _U16.unpack_from(buf, at)[0]
     return at + _U16.size + owner_len + _CRC.size
 
 
