@@ -1,0 +1,116 @@
+"""Write ``mutation/REPORT.md`` from mutmut's results for the sampled mutants.
+
+Counts per module and per area; the kill rate is (killed + timed out) over the
+sample less its equivalent mutants. Every other survivor is listed with its diff.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from mutation.driver import AREAS, RunRecord, area_of, exit_codes
+from mutation.equivalents import EQUIVALENT
+
+REPORT = Path("mutation/REPORT.md")
+GOALS = {"flux/shard/": 0.90, "flux/client/": 0.85}
+KILLED, TIMEOUT, SURVIVED, NO_TESTS, EQUIV, OTHER = (
+    "killed", "timed out", "survived", "no tests", "equivalent", "other")
+COLUMNS = (KILLED, TIMEOUT, SURVIVED, NO_TESTS, EQUIV, OTHER)
+
+
+def verdict(name: str, code: int | None) -> str:
+    """mutmut's exit code -> the report's column (equivalence judged here, not by mutmut)."""
+    if code in (1, 3):
+        return KILLED
+    if code in (24, -24, 36, 152, 255):
+        return TIMEOUT
+    if name in EQUIVALENT:
+        return EQUIV
+    if code == 0:
+        return SURVIVED
+    if code in (5, 33):
+        return NO_TESTS
+    return OTHER
+
+
+@dataclass
+class Row:
+    counts: Counter[str]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def rate(self) -> float:
+        judged = self.total - self.counts[EQUIV]
+        return (self.counts[KILLED] + self.counts[TIMEOUT]) / judged if judged else 1.0
+
+    def cells(self) -> str:
+        return " | ".join([str(self.total), *(str(self.counts[c]) for c in COLUMNS),
+                           f"{100 * self.rate:.1f} %"])
+
+
+def diff_of(name: str) -> str:
+    from mutmut.mutation.diff_apply import find_mutant, get_diff_for_mutant
+
+    lines = get_diff_for_mutant(name, path=find_mutant(name).path).splitlines()
+    return "\n".join(line for line in lines[2:] if line[:1] in "+-")
+
+
+def write(record: RunRecord) -> str:
+    codes = exit_codes()
+    modules: dict[str, Counter[str]] = {}
+    areas: dict[str, Counter[str]] = {area: Counter() for area in AREAS}
+    listed: list[tuple[str, str]] = []
+    for name in record.sample:
+        path, code = codes[name]
+        v = verdict(name, code)
+        modules.setdefault(path, Counter())[v] += 1
+        areas[area_of(path)][v] += 1
+        if v in (SURVIVED, NO_TESTS, OTHER):
+            listed.append((name, v))
+    head = "| module | mutants | " + " | ".join(COLUMNS) + " | kill rate |"
+    rule = "|---" * (len(COLUMNS) + 3) + "|"
+    out = [
+        "# Mutation testing report",
+        "",
+        f"Written by `make mutate` on {dt.date.today().isoformat()} (mutmut; the tests are the",
+        "unit and property tests of `tests/` that start no process or socket, plus one",
+        "simulator seed per scenario, `mutation/test_sim_seeds.py`). Each mutant ran only the",
+        "tests that call its function, fastest first, stopping at the first failure.",
+        "",
+        "Kill rate = (killed + timed out) / (mutants - equivalent). *No tests*: no selected",
+        "test calls the function. *Other*: a crash mutmut could not classify.",
+        "",
+        f"- generated: {', '.join(f'{a} {n}' for a, n in record.generated.items())} mutants",
+        f"- sample: {'every mutant' if not record.per_area else f'{record.per_area} per area'}, "
+        f"drawn by `random.Random(\"{record.seed}:<area>\").sample` over the sorted names",
+        f"- run time: {record.run_seconds / 60:.1f} min with 2 workers"
+        + (f"; re-runs of the survivors after new tests: "
+           f"{', '.join(f'{s / 60:.1f} min' for s in record.rerun_seconds)}"
+           if record.rerun_seconds else ""),
+        "",
+        "## Per area",
+        "",
+        head.replace("module", "area") + " goal |",
+        rule + "---|",
+    ]
+    out += [f"| {a} | {Row(c).cells()} | {100 * GOALS[a]:.0f} % |" for a, c in areas.items()]
+    out += ["", "## Per module", "", head, rule]
+    out += [f"| {p} | {Row(c).cells()} |" for p, c in sorted(modules.items())]
+    out += ["", f"## Survivors ({len(listed)})", ""]
+    if not listed:
+        out.append("None.")
+    for name, v in listed:
+        out += [f"- `{name}` ({v})", "", "  ```diff",
+                *(f"  {line}" for line in diff_of(name).splitlines()), "  ```"]
+    equivalent = [n for n in record.sample if verdict(n, codes[n][1]) == EQUIV]
+    out += ["", f"## Equivalent mutants ({len(equivalent)})", ""]
+    out += [f"- `{n}`: {EQUIVALENT[n]}" for n in equivalent] or ["None."]
+    text = "\n".join(out) + "\n"
+    REPORT.write_text(text)
+    return text
