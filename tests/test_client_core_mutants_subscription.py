@@ -81,3 +81,36 @@ def test_a_retried_item_of_a_batch_is_named_alone_when_its_deadline_passes() -> 
                           now=now)
     with pytest.raises(errors.RetryDeadlineExceeded, match="^publish of id 'b' to 't' kept failing"):
         batch.result()
+
+
+def test_an_unsubscribe_answered_after_the_shard_ended_the_session_still_finishes() -> None:
+    core = ready_core()
+    core.subscribe("t", "warm", now=0.0)
+    conn = open_shard(core)
+    out(core, conn)
+    sub, sid = subscribed(core, conn)
+    done = core.unsubscribe(sub, 0.0)
+    [frame] = [f for f in out(core, conn) if f[0] == P.UNSUBSCRIBE]
+    core.receive(conn.id, [P.SUB_ENDED, sid, errors.SubscriptionTakenOver.code, "taken"], 0.0)
+    core.receive(conn.id, [P.UNSUBSCRIBED, frame[1]], 0.0)
+    assert done.done and done.result() is None
+    assert core.take_closes() == []
+
+
+def test_a_redelivery_below_this_session_s_first_deliveries_is_kept_in_order() -> None:
+    core = ready_core()
+    core.subscribe("t", "warm", now=0.0)
+    conn = open_shard(core)
+    out(core, conn)
+    sub, sid = subscribed(core, conn, cursor=3)
+    deliver(core, conn, sid, (5, 1), (6, 1))
+    deliver(core, conn, sid, (3, 2))  # pushed before this session began, not acked
+    got = [core.next_message(sub) for _ in range(3)]
+    assert [(m.offset, m.attempt) for m in got if m] == [(5, 1), (6, 1), (3, 2)]
+    assert core.take_closes() == []
+    for msg in got[:2]:
+        assert msg is not None
+        core.ack(sub, msg, 0.0)
+    core.tick(0.005)
+    [ack] = [f for f in out(core, conn, 0.005) if f[0] == P.ACK]
+    assert ack[4:] == [[5, 6], -1]  # never cumulative over 3, which the user did not ack
