@@ -88,3 +88,49 @@ def test_a_refresh_asked_for_during_a_map_request_asks_again_after_it() -> None:
                                                      "shards": [[0, "s:1", GEN]]}], 0.0)
     assert router.id in core.take_closes()
     assert [c.role for c in core.take_connects()] == ["router"]
+
+
+def test_a_publish_for_a_ready_connection_makes_it_writable_and_not_before() -> None:
+    core = ready_core()
+    core.publish("t", b"a", "a", 0.0)
+    [conn] = core.take_connects()
+    core.take_writable()
+    core.publish("t", b"b", "b", 0.0)
+    assert conn.id not in core.take_writable()  # still connecting: HELLO_OK flushes it
+    core._new_conns[:0] = [conn]
+    conn = open_shard(core)
+    out(core, conn)
+    core.take_writable()
+    core.publish("t", b"c", "c", 0.0)
+    assert core.take_writable() == [conn.id]
+
+
+def test_a_connection_that_does_not_open_within_request_timeout_is_given_up() -> None:
+    core = ready_core(request_timeout=3.0, retry_deadline=5.0)
+    item = core.publish("t", b"a", "a", 0.0)
+    [conn] = core.take_connects()
+    assert core.next_deadline() == 3.0
+    core.tick(3.0)
+    assert core.take_closes() == [conn.id]
+    now = 3.0
+    while not item.done and now < 60.0:
+        core.take_connects()  # every attempt hangs until its timeout
+        now = max(now, core.next_deadline())
+        core.tick(now)
+    with pytest.raises(errors.RetryDeadlineExceeded,
+                       match=r"last error RequestTimeout: connecting to s:1 took over 3s"):
+        item.result()
+
+
+def test_a_subscribe_refused_busy_is_sent_again_on_the_same_connection_after_a_backoff() -> None:
+    core = ready_core()
+    core.subscribe("t", "s", now=0.0)
+    conn = open_shard(core)
+    [frame] = out(core, conn)
+    core.receive(conn.id, [P.ERROR, frame[1], errors.Busy.code, "busy"], 0.0)
+    assert out(core, conn) == []
+    due = core.next_deadline()
+    assert 0 < due < 1.0
+    core.tick(due)
+    [again] = out(core, conn, due)
+    assert again[0] == P.SUBSCRIBE and again[3]["name"] == "s"
