@@ -101,7 +101,7 @@ def test_a_hello_the_router_refuses_fails_ready_with_its_error() -> None:
 
 def test_a_router_failure_after_a_good_map_is_retried_later() -> None:
     core = ready_core()
-    conn = refresh_map(core)
+    refresh_map(core)
     [router] = [c for c in core.take_connects() if c.role == "router"]
     core.connect_failed(router.id, 0.0)  # counts one failure after the clean close
     now = 0.0

@@ -79,7 +79,7 @@ def test_a_retried_item_of_a_batch_is_named_alone_when_its_deadline_passes() -> 
             if f[0] == P.PUBLISH:
                 published(core, conn, f, [P.REFUSED], refused=[[0, errors.Busy.code, "busy"]],
                           now=now)
-    with pytest.raises(errors.RetryDeadlineExceeded, match="^publish of id 'b' to 't' kept failing"):
+    with pytest.raises(errors.RetryDeadlineExceeded, match=r"^publish of id 'b' to 't' kept failing"):
         batch.result()
 
 

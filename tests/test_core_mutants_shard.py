@@ -6,7 +6,7 @@ more than 65535 payloads.
 
 from __future__ import annotations
 
-from test_core_support import OK, Shard
+from test_core_support import OK, TOPIC, Shard
 
 from flux import errors
 from flux import protocol as P
@@ -112,3 +112,16 @@ def test_spans_of_packed_chunks_of_65535_and_65536_payloads_read_back_exactly() 
             assert packed == payloads[start:stop]
         entry = log.get(count - 2)
         assert entry is not None and entry.payload == payloads[count - 2]
+
+
+def test_deliver_frames_are_filled_up_to_half_of_max_frame_bytes() -> None:
+    shard = Shard({"max_frame_bytes": 4096})  # each DELIVER holds at most 2048 bytes of items
+    client = shard.connect()
+    client.hello()
+    client.subscribe(1, name="s", credit=0)
+    payload = b"x" * (512 - 40 - len("m0"))  # an item counts its payload, id and 40 bytes
+    client.publish_frame([[TOPIC, [f"m{i}" for i in range(8)], [payload] * 8]])
+    client.take()
+    client.credit(1, 8)
+    sizes = [len(f[5]) for f in client.take(P.DELIVER)]
+    assert sizes == [4, 4]
