@@ -35,3 +35,10 @@ def test_a_takeover_is_reported_to_the_core_s_observer() -> None:
     first.subscribe(1, name="s")
     second.subscribe(1, name="s")
     assert [e[:2] for e in events if e[0] == "taken_over"] == [("taken_over", "orders.eu")]
+
+
+def test_a_lookup_forgets_at_most_one_slice_of_due_ids() -> None:
+    dedup = DedupWindow(10.0)
+    dedup.remember_all([f"{i:05d}" for i in range(3 * EXPIRE_SLICE)], 0, 0.0)
+    assert dedup.lookup("other", 20.0) is None
+    assert len(dedup) == 2 * EXPIRE_SLICE
