@@ -13,7 +13,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,8 @@ class RunRecord:
     sample: list[str]
     run_seconds: float = 0.0
     rerun_seconds: list[float] = field(default_factory=list)
+    # per earlier run of the sample: {area: {verdict: count}}, as it stood before a re-run
+    earlier: list[dict[str, dict[str, int]]] = field(default_factory=list)
 
     def save(self) -> None:
         RUN_FILE.write_text(json.dumps(asdict(self), indent=1) + "\n")
@@ -124,12 +126,20 @@ def run(per_area: int, seed: int, workers: int) -> RunRecord:
     return record
 
 
-def rerun(workers: int) -> RunRecord:
-    """Run again the sampled mutants that were not killed (after tests were added)."""
+def rerun(workers: int, everything: bool, summary: Callable[[RunRecord], dict[str, dict[str, int]]]
+          ) -> RunRecord:
+    """Run the sample again after tests were added: the mutants that were not killed, or
+    with ``everything`` the whole sample. ``summary`` keeps the figures it replaces."""
     record = RunRecord.load()
     codes = exit_codes()
-    alive = [name for name in record.sample if codes[name][1] not in (1, 3)]
-    if alive:
-        record.rerun_seconds.append(run_mutants(alive, workers))
+    names = [name for name in record.sample
+             if everything or name not in codes or codes[name][1] not in (1, 3)]
+    if names:
+        record.earlier.append(summary(record))
+        seconds = run_mutants(names, workers)
+        if everything:
+            record.run_seconds = seconds
+        else:
+            record.rerun_seconds.append(seconds)
         record.save()
     return record

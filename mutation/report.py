@@ -61,6 +61,17 @@ def diff_of(name: str) -> str:
     return "\n".join(line for line in lines[2:] if line[:1] in "+-")
 
 
+def summary(record: RunRecord) -> dict[str, dict[str, int]]:
+    """The sample's verdicts per area, as they stand now."""
+    codes = exit_codes()
+    areas: dict[str, Counter[str]] = {area: Counter() for area in AREAS}
+    for name in record.sample:
+        if name in codes:
+            path, code = codes[name]
+            areas[area_of(path)][verdict(name, code)] += 1
+    return {area: dict(c) for area, c in areas.items()}
+
+
 def write(record: RunRecord) -> str:
     codes = exit_codes()
     modules: dict[str, Counter[str]] = {}
@@ -100,6 +111,10 @@ def write(record: RunRecord) -> str:
         rule + "---|",
     ]
     out += [f"| {a} | {Row(c).cells()} | {100 * GOALS[a]:.0f} % |" for a, c in areas.items()]
+    for i, earlier in enumerate(record.earlier, 1):
+        out += ["", f"Before re-run {i} (the same sample, before the tests added since):", "",
+                head.replace("module", "area"), rule]
+        out += [f"| {a} | {Row(Counter(c)).cells()} |" for a, c in earlier.items()]
     out += ["", "## Per module", "", head, rule]
     out += [f"| {p} | {Row(c).cells()} |" for p, c in sorted(modules.items())]
     out += ["", f"## Survivors ({len(listed)})", ""]
