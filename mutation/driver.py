@@ -136,10 +136,6 @@ def rerun(workers: int, everything: bool, summary: Callable[[RunRecord], dict[st
              if everything or name not in codes or codes[name][1] not in (1, 3)]
     if names:
         record.earlier.append(summary(record))
-        seconds = run_mutants(names, workers)
-        if everything:
-            record.run_seconds = seconds
-        else:
-            record.rerun_seconds.append(seconds)
+        record.rerun_seconds.append(run_mutants(names, workers))
         record.save()
     return record
