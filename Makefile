@@ -4,11 +4,14 @@
 #
 #   make test PYTEST_ARGS="-k protocol -x"     make serve ARGS="--port 0 --shards 2"
 #   make sim ARGS="--seeds 0:50"               make bench VS=all
+#   make mutate ARGS="run --per-area 0"
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.flux-installed
+# the mutation tool is not part of EXTRAS: only `make mutate` installs it
+MUTATE_STAMP := $(VENV)/.flux-mutate-installed
 # Everything the test suite exercises: the Spark source (pyspark builds a
 # ~450 MB wheel locally the first time; pip's cache keeps later installs fast),
 # the chaos report's plots and the benchmark peers' clients.
@@ -19,7 +22,7 @@ PYTEST_ARGS ?=
 VS          ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv serve test lint sim chaos bench clean distclean
+.PHONY: help venv serve test lint sim chaos bench mutate clean distclean
 
 help:
 	@echo "make serve  [ARGS=...]        run a broker (.venv/bin/flux serve ARGS)"
@@ -28,6 +31,7 @@ help:
 	@echo "make sim    [ARGS=...]        simulate seeds 0:500"
 	@echo "make chaos  [ARGS=...]        real processes under injected faults"
 	@echo "make bench  [VS=nats|all]     benchmarks, optionally beside peer brokers"
+	@echo "make mutate [ARGS=...]        mutation testing of the shard and client cores (ARGS: run|rerun|report ...)"
 	@echo "make clean | distclean        remove caches and build output (distclean: and .venv)"
 
 venv: $(STAMP)
@@ -53,8 +57,8 @@ test: $(STAMP)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check flux tests chaos examples
-	$(BIN)/mypy flux chaos
+	$(BIN)/ruff check flux tests chaos examples mutation
+	$(BIN)/mypy flux chaos mutation
 
 sim: $(STAMP)
 	$(BIN)/flux sim --seeds 0:500 $(ARGS)
@@ -65,8 +69,16 @@ chaos: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/flux bench $(if $(VS),--vs $(VS)) $(ARGS)
 
+$(MUTATE_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS),mutate]'
+	@touch $@
+
+# Not part of `make test`: a sample of mutants takes tens of minutes on two workers.
+mutate: $(MUTATE_STAMP)
+	nice -n 5 $(BIN)/python -m mutation $(or $(ARGS),run)
+
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache mutants
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

@@ -56,6 +56,8 @@ class Cleanup(ShardState):
             if topic is None:
                 pending.pop()
                 continue
+            if budget <= VISIT_COST:
+                return False  # no room left for this topic's work: the next slice starts here
             budget -= VISIT_COST
             dedup = topic.dedup
             if dedup.due_at() <= now:
