@@ -4,7 +4,7 @@ surviving mutants showed no test checked (``make mutate``). Sans-IO.
 
 from __future__ import annotations
 
-from test_client_core_support import deliver, open_shard, out, ready_core, subscribed
+from test_client_core_support import deliver, open_shard, out, ready_core, warm_subscription
 
 from flux import errors
 from flux import protocol as P
@@ -12,11 +12,7 @@ from flux.client.types import Waiter
 
 
 def test_an_ack_refused_after_unsubscribe_is_not_raised_from_the_closed_subscription() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     deliver(core, conn, sid, (0, 1))
     msg = core.next_message(sub)
     assert msg is not None
@@ -29,11 +25,7 @@ def test_an_ack_refused_after_unsubscribe_is_not_raised_from_the_closed_subscrip
 
 
 def test_messages_read_after_unsubscribe_give_no_credit_back() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn, prefetch=4)
+    core, conn, sub, sid = warm_subscription(prefetch=4)
     deliver(core, conn, sid, *[(o, 1) for o in range(4)])
     core.unsubscribe(sub, 0.0)
     assert [f[0] for f in out(core, conn)] == [P.UNSUBSCRIBE]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_client_core_support import GEN, deliver, open_shard, out, ready_core, subscribed
+from test_client_core_support import GEN, deliver, open_shard, out, ready_core, warm_subscription
 
 from flux import errors
 from flux import protocol as P
@@ -143,11 +143,7 @@ def test_closing_the_client_fails_a_subscribe_still_in_flight() -> None:
 
 
 def test_sub_ended_error_carries_the_shard_s_message() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     core.receive(conn.id, [P.SUB_ENDED, sid, errors.SubscriptionInactive.code, "pushes ran out"], 0.0)
     with pytest.raises(errors.SubscriptionInactive, match="pushes ran out"):
         core.next_message(sub)
@@ -165,11 +161,7 @@ def test_a_subscribe_refused_for_good_closes_the_subscription() -> None:
 
 
 def test_one_refused_ack_names_its_offset() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     [rid] = ack_all(core, conn, sub, sid, [4])
     core.receive(conn.id, [P.ACKED, rid, sid, 0, [[4, errors.NotDelivered.code, "not delivered"]]], 0.0)
     with pytest.raises(errors.NotDelivered) as raised:
@@ -179,11 +171,7 @@ def test_one_refused_ack_names_its_offset() -> None:
 
 
 def test_several_refused_acks_are_one_error_listing_every_offset() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     [rid] = ack_all(core, conn, sub, sid, [4, 5, 9])
     refused = [[o, errors.NotDelivered.code, "not delivered"] for o in (4, 5, 9)]
     core.receive(conn.id, [P.ACKED, rid, sid, 0, refused], 0.0)
@@ -194,11 +182,7 @@ def test_several_refused_acks_are_one_error_listing_every_offset() -> None:
 
 
 def test_an_ack_after_the_subscription_ended_asks_nothing_of_the_shell() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     deliver(core, conn, sid, (0, 1))
     msg = core.next_message(sub)
     assert msg is not None

@@ -8,18 +8,22 @@ test checked (``make mutate``). Sans-IO: frames in, frames and errors out.
 from __future__ import annotations
 
 import pytest
-from test_client_core_support import deliver, open_shard, out, published, ready_core, reopen_shard, subscribed
+from test_client_core_support import (
+    deliver,
+    open_shard,
+    out,
+    published,
+    ready_core,
+    reopen_shard,
+    warm_subscription,
+)
 
 from flux import errors
 from flux import protocol as P
 
 
 def test_an_ack_of_the_old_generation_never_acks_the_same_offset_of_the_new_one() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     deliver(core, conn, sid, (0, 1))
     old = core.next_message(sub)
     assert old is not None
@@ -38,11 +42,7 @@ def test_an_ack_of_the_old_generation_never_acks_the_same_offset_of_the_new_one(
 
 
 def test_a_redelivery_wakes_the_iterator_only_when_its_buffer_was_empty() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     sub.waker = object()  # a shell task waits on it
     core.take_woken()
     deliver(core, conn, sid, (0, 2))
@@ -52,11 +52,7 @@ def test_a_redelivery_wakes_the_iterator_only_when_its_buffer_was_empty() -> Non
 
 
 def test_a_first_delivery_wakes_the_iterator_only_when_its_buffer_was_empty() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     sub.waker = object()  # a shell task waits on it
     core.take_woken()
     deliver(core, conn, sid, (0, 1))
@@ -84,11 +80,7 @@ def test_a_retried_item_of_a_batch_is_named_alone_when_its_deadline_passes() -> 
 
 
 def test_an_unsubscribe_answered_after_the_shard_ended_the_session_still_finishes() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     done = core.unsubscribe(sub, 0.0)
     [frame] = [f for f in out(core, conn) if f[0] == P.UNSUBSCRIBE]
     core.receive(conn.id, [P.SUB_ENDED, sid, errors.SubscriptionTakenOver.code, "taken"], 0.0)
@@ -98,11 +90,7 @@ def test_an_unsubscribe_answered_after_the_shard_ended_the_session_still_finishe
 
 
 def test_a_redelivery_below_this_session_s_first_deliveries_is_kept_in_order() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn, cursor=3)
+    core, conn, sub, sid = warm_subscription(cursor=3)
     deliver(core, conn, sid, (5, 1), (6, 1))
     deliver(core, conn, sid, (3, 2))  # pushed before this session began, not acked
     got = [core.next_message(sub) for _ in range(3)]

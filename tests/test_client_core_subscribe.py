@@ -13,6 +13,7 @@ from test_client_core_support import (
     ready_core,
     reopen_shard,
     subscribed,
+    warm_subscription,
 )
 
 from flux import errors
@@ -32,11 +33,7 @@ def test_subscribe_sends_prefetch_as_credit() -> None:
 
 
 def test_credit_is_returned_as_messages_are_consumed() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn, prefetch=8)
+    core, conn, sub, sid = warm_subscription(prefetch=8)
     deliver(core, conn, sid, *[(o, 1) for o in range(8)])
     assert out(core, conn) == []
     core.next_message(sub)
@@ -49,11 +46,7 @@ def test_credit_is_returned_as_messages_are_consumed() -> None:
 
 
 def test_redelivery_of_an_unconsumed_offset_is_dropped() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     deliver(core, conn, sid, (0, 1), (1, 1))
     deliver(core, conn, sid, (0, 2))
     got = [core.next_message(sub) for _ in range(3)]
@@ -61,11 +54,7 @@ def test_redelivery_of_an_unconsumed_offset_is_dropped() -> None:
 
 
 def test_redelivery_of_a_consumed_unacked_offset_is_passed_on() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     deliver(core, conn, sid, (0, 1))
     assert core.next_message(sub) is not None
     deliver(core, conn, sid, (0, 2))
@@ -74,11 +63,7 @@ def test_redelivery_of_a_consumed_unacked_offset_is_passed_on() -> None:
 
 
 def test_refused_ack_surfaces_from_the_iterator() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     deliver(core, conn, sid, (0, 1))
     msg = core.next_message(sub)
     assert msg is not None
@@ -94,11 +79,7 @@ def test_refused_ack_surfaces_from_the_iterator() -> None:
 
 
 def test_acks_wait_briefly_to_share_a_frame() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     deliver(core, conn, sid, *[(o, 1) for o in range(10)])
     first = core.next_message(sub)
     assert first is not None
@@ -140,11 +121,7 @@ def test_a_full_batch_of_acks_goes_at_once() -> None:
 @pytest.mark.parametrize(("code", "exc"), [(61, errors.SubscriptionInactive),
                                            (62, errors.SubscriptionTakenOver)])
 def test_sub_ended_raises_its_typed_error(code: int, exc: type[Exception]) -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     deliver(core, conn, sid, (0, 1))
     core.receive(conn.id, [P.SUB_ENDED, sid, code, "over"], 0.0)
     for _ in range(2):
@@ -184,11 +161,7 @@ def test_resubscribe_after_a_lost_connection_carries_generation_and_resume_point
 
 
 def test_new_generation_forgets_acks_of_the_old_one() -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     deliver(core, conn, sid, (0, 1), (1, 1))
     _m0, m1 = core.next_message(sub), core.next_message(sub)
     assert m1 is not None
@@ -215,11 +188,7 @@ def test_new_generation_forgets_acks_of_the_old_one() -> None:
 def test_cumulative_ack_never_covers_an_offset_the_user_did_not_ack(
         offsets: list[int], data: st.DataObject) -> None:
     offsets.sort()  # first deliveries come in increasing order (G1)
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn, cursor=offsets[0])
+    core, conn, sub, sid = warm_subscription(cursor=offsets[0])
     deliver(core, conn, sid, *[(o, 1) for o in offsets])
     msgs = {}
     while (m := core.next_message(sub)) is not None:
@@ -262,11 +231,7 @@ def test_cumulative_ack_never_covers_an_offset_the_user_did_not_ack(
     [P.DELIVER, 0, GEN, 1, 0, ["a"], [b"a"], [1.0, 1.0]],              # a float count
 ])
 def test_a_malformed_deliver_closes_the_connection(frame: list[object]) -> None:
-    core = ready_core()
-    core.subscribe("t", "warm", now=0.0)
-    conn = open_shard(core)
-    out(core, conn)
-    sub, sid = subscribed(core, conn)
+    core, conn, sub, sid = warm_subscription()
     frame[1] = sid
     core.receive(conn.id, frame, 0.0)
     assert core.take_closes() == [conn.id]

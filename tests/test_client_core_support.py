@@ -82,6 +82,17 @@ def subscribed(core: ClientCore, conn: Conn, *, cursor: int = 0, generation: int
     return sub, frame[2]
 
 
+def warm_subscription(**kwargs: Any) -> tuple[ClientCore, Conn, SubState, int]:
+    """A ready client with a shard connection open (its first subscription "warm" made
+    the client connect) and subscription "s" on topic "t" confirmed: (core, conn, sub, sid)."""
+    core = ready_core()
+    core.subscribe("t", "warm", now=0.0)
+    conn = open_shard(core)
+    out(core, conn)
+    sub, sid = subscribed(core, conn, **kwargs)
+    return core, conn, sub, sid
+
+
 def deliver(core: ClientCore, conn: Conn, sid: int, *items: tuple[int, int],
             generation: int = GEN) -> None:
     """DELIVER ``(offset, attempt)`` items: one frame per run of one attempt."""
