@@ -62,7 +62,7 @@ def _check_trims(index: Index, report: Report) -> None:
     by_topic: dict[tuple[str, int], list[Incarnation]] = {}
     for inc in index.incarnations:
         by_topic.setdefault((inc.topic, inc.generation), []).append(inc)
-    ack_times = {id(inc): _ack_times(inc, index.commits) for inc in index.incarnations}
+    ack_times: dict[int, dict[int, float]] = {}
     trimmed = 0
     for position, trim in enumerate(index.history.events):
         if not isinstance(trim, h.Trimmed):
@@ -81,16 +81,13 @@ def _check_trims(index: Index, report: Report) -> None:
                 report.add("G5", "deleted-before-ttl", trim.t,
                            f"{trim.topic}@{offset} deleted {trim.t - stored:.3f}s after it was"
                            f" stored (ttl={ttl:g}s)")
-            for inc in by_topic.get((trim.topic, trim.generation), []):
-                if not _held_for(index, inc, offset, trim.t, position):
-                    continue
-                report.examine("G5", "deleted-unacked")
-                sent = ack_times[id(inc)].get(offset)
-                if sent is None or sent > trim.t:
-                    who = inc.name if inc.name is not None else "an ephemeral subscription"
-                    report.add("G5", "deleted-unacked", trim.t,
-                               f"{trim.topic}@{offset} deleted while subscription {who}"
-                               f" (start {inc.start}) had not acked it")
+            for inc in _unacked_holders(index, by_topic.get((trim.topic, trim.generation), []),
+                                        offset, trim.t, position, ack_times, report,
+                                        "deleted-unacked"):
+                who = inc.name if inc.name is not None else "an ephemeral subscription"
+                report.add("G5", "deleted-unacked", trim.t,
+                           f"{trim.topic}@{offset} deleted while subscription {who}"
+                           f" (start {inc.start}) had not acked it")
     report.count("trimmed", trimmed)
 
 
@@ -160,18 +157,31 @@ def _check_gone(index: Index, report: Report) -> None:
                 report.add("G5", "gone-before-ttl", e.t,
                            f"{topic}@{offset} (generation {generation:#x}) was gone at {e.t:.3f},"
                            f" less than ttl={ttl:g}s after its first publish at {tried:.3f}")
-            for inc in holders:
-                if not _held_for(index, inc, offset, e.t, position):
-                    continue
-                report.examine("G5", "gone-unacked")
-                if id(inc) not in ack_times:
-                    ack_times[id(inc)] = _ack_times(inc, index.commits)
-                sent = ack_times[id(inc)].get(offset)
-                if sent is None or sent > e.t:
-                    who = inc.name if inc.name is not None else "an ephemeral subscription"
-                    report.add("G5", "gone-unacked", e.t,
-                               f"{topic}@{offset} was gone at {e.t:.3f} though subscription"
-                               f" {who} (start {inc.start}) had sent no ack for it")
+            for inc in _unacked_holders(index, holders, offset, e.t, position, ack_times,
+                                        report, "gone-unacked"):
+                who = inc.name if inc.name is not None else "an ephemeral subscription"
+                report.add("G5", "gone-unacked", e.t,
+                           f"{topic}@{offset} was gone at {e.t:.3f} though subscription"
+                           f" {who} (start {inc.start}) had sent no ack for it")
+
+
+def _unacked_holders(index: Index, incarnations: list[Incarnation], offset: int, t: float,
+                     position: int, ack_times: dict[int, dict[int, float]], report: Report,
+                     rule: str) -> list[Incarnation]:
+    """The incarnations that surely held ``offset`` at ``t`` (history event ``position``)
+    with no ack for it sent by then: a deletion of it by ``t`` broke G5 for each.
+    ``ack_times`` caches each incarnation's ack times (by ``id``)."""
+    unacked = []
+    for inc in incarnations:
+        if not _held_for(index, inc, offset, t, position):
+            continue
+        report.examine("G5", rule)
+        if id(inc) not in ack_times:
+            ack_times[id(inc)] = _ack_times(inc, index.commits)
+        sent = ack_times[id(inc)].get(offset)
+        if sent is None or sent > t:
+            unacked.append(inc)
+    return unacked
 
 
 def _held_for(index: Index, inc: Incarnation, offset: int, t: float, position: int) -> bool:
