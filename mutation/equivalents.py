@@ -29,6 +29,19 @@ EQUIVALENT: dict[str, str] = {
         "`_writable` is a dict used as an ordered set: its values are never read.",
     _C + "types.xǁSubscribeInfoǁfrom_reply__mutmut_41":
         "`body.get(\"reset\")` is None when absent, and bool(None) is False like the default.",
+    _C + "core.xǁClientCoreǁpublish_many__mutmut_49":
+        "`ids` was checked to have one id per payload just before: strict or not, zip pairs"
+        " them alike.",
+    _C + "core.xǁClientCoreǁunsubscribe__mutmut_4":
+        "connections are keyed by their int ids: `conns.get(None)` is None like the default.",
+    _C + "dispatch.xǁDispatchǁ_on_hello__mutmut_45":
+        "`Conn.generation` is recorded but never read: every reply carries its own generation.",
+    _C + "dispatch.xǁDispatchǁ_publish_frames__mutmut_142":
+        "the group's arrays are copied again on every merge: only the speed differs, the"
+        " arrays extended are still the frame's own.",
+    _C + "subscription.xǁSubStateǁdeliver__mutmut_76":
+        "the set of buffered offsets is read only for a re-push (attempt > 1): making it for"
+        " a first delivery too changes nothing.",
     _S + "cleanup.xǁCleanupǁ_cleanup_messages__mutmut_71":
         "a slice stops before a topic it has no room for, so the budget is above 0 after"
         " every finished visit: this check is never true, with <= or with <.",
@@ -49,4 +62,19 @@ EQUIVALENT: dict[str, str] = {
     _S + "subscription.xǁSubscriptionǁ_reset_push_state__mutmut_1":
         "deadlines and re-pushes are cleared in the same step, so no timer entry of an earlier"
         " epoch is left for the epoch to tell apart.",
+    _S + "dedup.xǁDedupWindowǁ__init____mutmut_6":
+        "the first remember finds no block, starts one and sets `_filled` to 0 before any read.",
+    _S + "dedup.xǁDedupWindowǁremember_all__mutmut_20":
+        "each call then starts its own index block: it changes how large a block grows, not"
+        " which ids are known or their offsets (as remember_all__mutmut_21).",
+    _S + "delivery.xǁDeliveryǁ_deliver__mutmut_19":
+        "where 40 bytes an item fit the budget and 41 do not, the split path counts 40 an item"
+        " too and sends the same one frame.",
+    _S + "inflight.xǁInFlightǁ__delitem____mutmut_9":
+        "deleting the top of the run then goes through the dict form, which holds the same"
+        " offsets and pushes.",
+    _S + "subscription.xǁSubscriptionǁ_reset_push_state__mutmut_5":
+        "a detached subscription pushes nothing, and `attach` sets the credit before any push.",
+    _S + "topic.xǁTopicLogǁtrim__mutmut_64":
+        "changes when the trimmed prefix of the columns is compacted, not what is held.",
 }
