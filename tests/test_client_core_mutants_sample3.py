@@ -16,8 +16,11 @@ import pytest
 from test_client_core_support import (
     GEN,
     SHARD_HELLO,
+    answer_router,
+    ids_of,
     open_shard,
     out,
+    published,
     ready_core,
     warm_subscription,
 )
@@ -26,7 +29,13 @@ from flux import errors
 from flux import protocol as P
 from flux.client.connection import BACKOFF_BASE, Conn
 from flux.client.core import ClientCore
-from flux.client.requests import GROUP_OVERHEAD, ITEM_OVERHEAD, deadline_exceeded
+from flux.client.requests import (
+    GROUP_OVERHEAD,
+    ITEM_OVERHEAD,
+    MAX_BATCH,
+    PUBLISH_WINDOW,
+    deadline_exceeded,
+)
 from flux.client.subscription import AckSession
 from flux.hashing import shard_for
 
@@ -89,6 +98,24 @@ def test_a_subscription_of_a_shard_that_left_the_map_moves_to_the_shard_now_owni
     assert sub in core.slots[0].subs.values()
     [new] = [c for c in core.take_connects() if c.role == "shard"]
     assert new.address == ("s", 1)
+
+
+def test_a_map_refresh_naming_the_same_shards_leaves_queued_publishes_waiting() -> None:
+    core = ready_core()
+    core.publish_many("t", [b"x"] * (PUBLISH_WINDOW * MAX_BATCH + 1), None, 0.0)
+    conn = open_shard(core)
+    frames = out(core, conn)
+    assert len(frames) == PUBLISH_WINDOW
+    core.take_writable()
+    core._refresh_map(1.0)
+    [router] = core.take_connects()
+    answer_router(core, router, 1.0)
+    # the window is still full: nothing to write until a reply frees it
+    assert conn.id not in core.take_writable()
+    published(core, conn, frames[0], 0, now=1.0)
+    assert conn.id in core.take_writable()
+    [last] = out(core, conn, 1.0)
+    assert len(ids_of(last)) == 1
 
 
 # -- a malformed PUBLISHED ----------------------------------------------------------------
