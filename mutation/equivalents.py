@@ -77,4 +77,42 @@ EQUIVALENT: dict[str, str] = {
         "a detached subscription pushes nothing, and `attach` sets the credit before any push.",
     _S + "topic.xǁTopicLogǁtrim__mutmut_64":
         "changes when the trimmed prefix of the columns is compacted, not what is held.",
+    _C + "connection.xǁConnǁ__init____mutmut_13":
+        "`heartbeat` is read only for a ready connection, and HELLO_OK sets it as it makes the"
+        " connection ready; \"\" is falsy like None anyway.",
+    _C + "core.xǁClientCoreǁacker__mutmut_9":
+        "without the inlined path the ack goes through `ClientCore.ack`, whose first branch is"
+        " the same steps: only the speed differs.",
+    _C + "dispatch.xǁDispatchǁ_on_hello__mutmut_44":
+        "`Conn.generation` is recorded but never read: every reply carries its own generation"
+        " (as _on_hello__mutmut_45).",
+    _C + "dispatch.xǁDispatchǁ_publish_frames__mutmut_33":
+        "`owned` is read only when merging into the frame's last group, and the group before"
+        " it was made by the branch that sets `owned`: its first value is never read.",
+    _C + "dispatch.xǁDispatchǁ_publish_frames__mutmut_119":
+        "`PublishPart.in_flight` is written but never read.",
+    _C + "subscription.xǁAckSessionǁconfirm__mutmut_8":
+        "with `sent_top` and every queued ack below the cursor, every ack is in old..cursor-1,"
+        " so cursor - old >= len(acked) already holds: the weaker test clears the same acks.",
+    _C + "subscription.xǁAckSessionǁdeliver_first__mutmut_16":
+        "a list then takes the per-offset path, which appends the same offsets (none at or"
+        " above next_offset was delivered or acked) and moves next_offset alike.",
+    _S + "cleanup.xǁCleanupǁ_cleanup_messages__mutmut_34":
+        "on a tie `below` is set to the value it already has.",
+    _S + "delivery.xǁDeliveryǁ_deliver__mutmut_2":
+        "the budget is only compared with integer sizes, and n <= x / 2 iff n <= x // 2 (and"
+        " n > likewise) for an integer n.",
+    _S + "publishing.xǁPublishingǁ_publish_fast__mutmut_80":
+        "without `size` remember_all computes len(\"\".join(ids)), which is `id_bytes`.",
+    _S + "state.xǁShardStateǁ_next_offset__mutmut_3":
+        "its one caller (`Pull._fetch`) overwrites both offsets from the log when the topic"
+        " is held, and the topic is then not in `retired`.",
+    _S + "subscription.xǁSubscriptionǁcommit__mutmut_4":
+        "commit is only called on pull subscriptions, which are never attached and so never"
+        " hold individually acked offsets: `acked` is empty.",
+    _S + "subscription.xǁSubscriptionǁis_acked__mutmut_3":
+        "`Subscription.is_acked` has no caller.",
+    _S + "topic.xǁTopicLogǁ_chunk__mutmut_7":
+        "every caller asks for a held offset (>= oldest >= the head chunk's first) and the"
+        " chunks before the head start lower: bisecting from 0 finds the same chunk.",
 }
