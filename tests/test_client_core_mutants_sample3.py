@@ -1,8 +1,9 @@
 """Client-core behaviours that surviving mutants of a third sample showed unchecked
-(``make mutate``): the reply to a SUBSCRIBED that comes after an unsubscribe, the
-text of malformed-PUBLISHED and retry-deadline errors, publish frames kept 1 KiB under a large frame limit,
-a re-push that repeats an offset, and what the core and an ack session say in
-their repr.
+(``make mutate``): the reply to a SUBSCRIBED that comes after an unsubscribe, what
+a lost connection and a new shard map do to queued work, the text of malformed
+PUBLISHED and retry-deadline errors, publish frames kept 1 KiB under a large frame
+limit, a re-push that repeats an offset, and what the core and an ack session say
+in their repr.
 
 Sans-IO: frames in, frames and errors out.
 """
