@@ -110,8 +110,6 @@ EQUIVALENT: dict[str, str] = {
     _S + "subscription.xǁSubscriptionǁcommit__mutmut_4":
         "commit is only called on pull subscriptions, which are never attached and so never"
         " hold individually acked offsets: `acked` is empty.",
-    _S + "subscription.xǁSubscriptionǁis_acked__mutmut_3":
-        "`Subscription.is_acked` has no caller.",
     _S + "topic.xǁTopicLogǁ_chunk__mutmut_7":
         "every caller asks for a held offset (>= oldest >= the head chunk's first) and the"
         " chunks before the head start lower: bisecting from 0 finds the same chunk.",

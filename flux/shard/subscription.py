@@ -58,9 +58,6 @@ class Subscription:
 
     # -- cursor and acks ---------------------------------------------------------------
 
-    def is_acked(self, offset: int) -> bool:
-        return offset < self.cursor or offset in self.acked
-
     def was_delivered(self, offset: int) -> bool:
         """Whether ``offset`` was pushed to the attached session (acked since or not)."""
         if offset in self.in_flight:
