@@ -113,4 +113,47 @@ EQUIVALENT: dict[str, str] = {
     _S + "topic.xǁTopicLogǁ_chunk__mutmut_7":
         "every caller asks for a held offset (>= oldest >= the head chunk's first) and the"
         " chunks before the head start lower: bisecting from 0 finds the same chunk.",
+    # seed 23
+    _C + "connection.xǁConnǁ__init____mutmut_14":
+        "`max_frame_bytes` is read only when building PUBLISH frames on a ready connection,"
+        " and HELLO_OK sets it as it makes the connection ready.",
+    _C + "core.xǁClientCoreǁpublish_many__mutmut_42":
+        "the sum is only a cheap gate for the exact per-message check; an id is at most"
+        " MAX_ID_BYTES, so with 5 as with 4 every message too large passes the gate.",
+    _C + "core.xǁClientCoreǁpublish_many__mutmut_46":
+        "`ids` was checked above to have one id per payload: `strict` never fires.",
+    _C + "dispatch.xǁDispatchǁ_call_failed__mutmut_1":
+        "a call's `in_flight` is written but never read.",
+    _C + "dispatch.xǁDispatchǁ_on_hello__mutmut_47":
+        "a connection's `generation` is written but never read (acks carry the generation"
+        " of their subscription's session).",
+    _C + "dispatch.xǁDispatchǁ_on_published__mutmut_4":
+        "`generation` is read only when there is no error, after it was assigned from the frame.",
+    _C + "dispatch.xǁDispatchǁ_on_published__mutmut_54":
+        "base + n never exceeds len(offsets), so the fast path is just never taken; the general"
+        " path with base 0 gives the same offsets, duplicates and refused items (indexes"
+        " checked in range by `_check_published`).",
+    _C + "routing.xǁRoutingǁ_route__mutmut_35":
+        "`_writable` is a dict used as an ordered set: its values are never read.",
+    _C + "types.xǁPublishAcksǁ__iter____mutmut_11":
+        "`map` stops with its shortest iterable, the zip of n columns: an unbounded repeat"
+        " gives the same n acks.",
+    _S + "dedup.xǁDedupWindowǁ__init____mutmut_13":
+        "mark numbers are only compared with each other and with `_base`: starting them at 1"
+        " shifts every number alike and never leaves the window.",
+    _S + "inflight.xǁInFlightǁdrop_through__mutmut_12":
+        "the deque only drives the pops; without maxlen 0 it keeps the popped Nones until it is"
+        " dropped at once, and nothing reads it.",
+    _S + "publishing.xǁPublishingǁ_publish__mutmut_49":
+        "`touched` only caches `_topic(name)`, which returns the same registered topic within a"
+        " frame (topics are retired only by the cleanup passes).",
+    _S + "topic.xǁTopicLogǁtrim__mutmut_26":
+        "with b == a nothing is dropped, the budget stays positive so b < len(chunk), and the"
+        " loop breaks with `skip` unchanged, as the original does.",
+    _S + "topic.xǁTopicLogǁtrim__mutmut_59":
+        "changes when the trimmed prefix of the columns is compacted (more often), not what is"
+        " held.",
+    _S + "topic.xǁTopicLogǁtrim__mutmut_63":
+        "changes when the trimmed prefix of the columns is compacted (a third instead of a half),"
+        " not what is held.",
 }
