@@ -1,7 +1,8 @@
 """ShardCore details that surviving mutants of a fourth sample showed unchecked
 (``make mutate``): the texts of the errors for a frame that is no frame, an unknown
 kind and a bad subscription name, the event an exhausted subscription reports, a
-FETCH from inside a chunk of fifteen messages, and a remembered id past its window.
+FETCH from inside a chunk of fifteen messages, a remembered id past its window, and
+the log's columns compacted once most of its chunks are trimmed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from test_core_support import TOPIC, Shard, fetched_messages
 from flux import errors
 from flux import protocol as P
 from flux.shard.dedup import EXPIRE_SLICE, DedupWindow
+from flux.shard.topic import TopicLog
 
 
 def test_a_frame_that_is_not_an_array_with_a_kind_is_refused_saying_so() -> None:
@@ -70,3 +72,13 @@ def test_a_lookup_does_not_find_an_id_past_its_window_that_is_still_held() -> No
     dedup.remember_all(many, 0, 0.0)
     # one lookup forgets at most EXPIRE_SLICE ids: the last ones stay held, past their window
     assert dedup.lookup(many[-1], 20.0) is None
+
+
+def test_trimming_most_of_many_chunks_compacts_the_columns_behind_them() -> None:
+    log = TopicLog()
+    for i in range(100):
+        log.append(f"m{i}", b"p", float(i))
+    assert log.trim(80, 1000.0) == 80
+    # 80 of 100 chunks gone: the columns keep only the 20 still held
+    assert len(log._first) == 20
+    assert log.oldest == 80 and log.get(80) is not None
