@@ -1,7 +1,8 @@
 """Client-core behaviours that surviving mutants of a fourth sample showed unchecked
 (``make mutate``): the limits and texts of argument errors, the generation a pull
 subscribe sends, a PUBLISHED with too many results, the reply to an unsubscribe sent
-for a late SUBSCRIBED, a shard the map has no address for, and a call's repr.
+for a late SUBSCRIBED, a shard the map has no address for, a call's repr, the
+backoff growing with each refusal, and held acks sent with a later delivery's wake.
 
 Sans-IO: frames in, frames and errors out.
 """
@@ -11,12 +12,14 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_client_core_support import GEN, open_shard, out, ready_core
+from test_client_core_support import GEN, deliver, open_shard, out, ready_core, warm_subscription
 
 from flux import errors
 from flux import protocol as P
+from flux.client.connection import BACKOFF_BASE
 from flux.client.core import ClientCore
 from flux.client.requests import Call
+from flux.client.subscription import ACK_DELAY
 
 # -- argument errors --------------------------------------------------------------------------
 
@@ -112,3 +115,44 @@ def test_a_call_s_repr_names_its_topic_or_else_its_shard() -> None:
         == "<Call fetch t attempts=0>"
     assert repr(Call("stats", topic=None, shard=3, body={}, deadline=1.0)) \
         == "<Call stats shard 3 attempts=0>"
+
+
+# -- retry backoff ----------------------------------------------------------------------------
+
+
+def test_each_refusal_of_a_publish_doubles_the_backoff_before_it_is_sent_again() -> None:
+    core = ready_core()
+    item = core.publish("t", b"a", "a", 0.0)
+    conn = open_shard(core)
+    now = 0.0
+    waits = []
+    for _ in range(3):
+        [frame] = out(core, conn, now)
+        core.receive(conn.id, [P.PUBLISHED, frame[1], GEN,
+                               [[[P.REFUSED], [], [[0, errors.Busy.code, "busy"]]]]], now)
+        due = core.next_deadline()
+        waits.append(due - now)
+        now = due
+        core.tick(now)
+    assert not item.done
+    # backoff(attempt) lies in [0.5, 1] x BACKOFF_BASE x 2**attempt: attempts 1, 2, 3
+    for attempt, wait in enumerate(waits, 1):
+        assert BACKOFF_BASE * 2 ** attempt / 2 <= wait <= BACKOFF_BASE * 2 ** attempt
+
+
+# -- held acks ----------------------------------------------------------------------------------
+
+
+def test_a_delivery_after_the_hold_of_an_ack_ran_out_sends_the_ack_with_its_wake() -> None:
+    core, conn, sub, sid = warm_subscription(prefetch=8)  # acks go out in pairs, credit by 2
+    deliver(core, conn, sid, (0, 1), (1, 1))
+    msg = sub.next_message()
+    assert msg is not None and sub.next_message() is not None
+    assert [f[0] for f in out(core, conn)] == [P.CREDIT]  # credit_owed back to 0
+    core.ack(sub, msg, 0.0)  # held up to ACK_DELAY
+    assert out(core, conn) == []
+    # the shell's hold timer has not run yet when the next delivery comes, past the hold
+    later = ACK_DELAY * 2
+    core.receive(conn.id, [P.DELIVER, sid, GEN, 1, 2, ["id2"], [b"p2"], [1.5, 1]], later)
+    assert conn.id in core.take_writable()
+    assert [f[0] for f in out(core, conn, later)] == [P.ACK]
