@@ -127,6 +127,10 @@ EQUIVALENT: dict[str, str] = {
     _C + "dispatch.xǁDispatchǁ_on_hello__mutmut_47":
         "a connection's `generation` is written but never read (acks carry the generation"
         " of their subscription's session).",
+    _C + "dispatch.xǁDispatchǁ_on_hello__mutmut_53":
+        "dead branch: a live shard connection is always its slot's conn (a slot's conn is set"
+        " only when it is opened and cleared only by `_close`, which forgets the connection,"
+        " and a shrinking map closes the connections of the slots it drops).",
     _C + "dispatch.xǁDispatchǁ_on_published__mutmut_4":
         "`generation` is read only when there is no error, after it was assigned from the frame.",
     _C + "dispatch.xǁDispatchǁ_on_published__mutmut_54":
