@@ -11,11 +11,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from test_client_core_support import GEN, ids_of, open_shard, out, published, ready_core
+from test_client_core_support import GEN, full_publish_window, ids_of, open_shard, out, published, ready_core
 
 from flux import errors
 from flux import protocol as P
-from flux.client.requests import MAX_BATCH, PUBLISH_WINDOW
 
 
 def test_a_published_reply_without_arrays_fails_the_publish_saying_so() -> None:
@@ -43,12 +42,7 @@ def test_an_abandoned_publish_inside_a_group_keeps_the_offsets_of_those_after_it
 
 
 def test_a_reply_that_frees_the_publish_window_makes_the_connection_writable() -> None:
-    core = ready_core()
-    core.publish_many("t", [b"x"] * (PUBLISH_WINDOW * MAX_BATCH + 1), None, 0.0)
-    conn = open_shard(core)
-    frames = out(core, conn)
-    assert len(frames) == PUBLISH_WINDOW
-    core.take_writable()
+    core, conn, frames = full_publish_window()
     published(core, conn, frames[0], 0)
     assert conn.id in core.take_writable()
     [last] = out(core, conn)

@@ -18,6 +18,7 @@ from test_client_core_support import (
     GEN,
     SHARD_HELLO,
     answer_router,
+    full_publish_window,
     ids_of,
     open_shard,
     out,
@@ -33,8 +34,6 @@ from flux.client.core import ClientCore
 from flux.client.requests import (
     GROUP_OVERHEAD,
     ITEM_OVERHEAD,
-    MAX_BATCH,
-    PUBLISH_WINDOW,
     deadline_exceeded,
 )
 from flux.client.subscription import AckSession
@@ -102,12 +101,7 @@ def test_a_subscription_of_a_shard_that_left_the_map_moves_to_the_shard_now_owni
 
 
 def test_a_map_refresh_naming_the_same_shards_leaves_queued_publishes_waiting() -> None:
-    core = ready_core()
-    core.publish_many("t", [b"x"] * (PUBLISH_WINDOW * MAX_BATCH + 1), None, 0.0)
-    conn = open_shard(core)
-    frames = out(core, conn)
-    assert len(frames) == PUBLISH_WINDOW
-    core.take_writable()
+    core, conn, frames = full_publish_window()
     core._refresh_map(1.0)
     [router] = core.take_connects()
     answer_router(core, router, 1.0)

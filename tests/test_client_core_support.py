@@ -12,6 +12,7 @@ from typing import Any
 from flux import protocol as P
 from flux.client.connection import Conn
 from flux.client.core import ClientCore
+from flux.client.requests import MAX_BATCH, PUBLISH_WINDOW
 from flux.client.subscription import SubState
 
 GEN = 7
@@ -91,6 +92,18 @@ def warm_subscription(**kwargs: Any) -> tuple[ClientCore, Conn, SubState, int]:
     out(core, conn)
     sub, sid = subscribed(core, conn, **kwargs)
     return core, conn, sub, sid
+
+
+def full_publish_window() -> tuple[ClientCore, Conn, list[list[Any]]]:
+    """A client with one message more queued than its publish window lets out: the
+    window's PUBLISH frames sent, the connection's writable flag taken."""
+    core = ready_core()
+    core.publish_many("t", [b"x"] * (PUBLISH_WINDOW * MAX_BATCH + 1), None, 0.0)
+    conn = open_shard(core)
+    frames = out(core, conn)
+    assert len(frames) == PUBLISH_WINDOW
+    core.take_writable()
+    return core, conn, frames
 
 
 def deliver(core: ClientCore, conn: Conn, sid: int, *items: tuple[int, int],

@@ -5,10 +5,6 @@ takeover event the shard core reports to its observer.
 
 from __future__ import annotations
 
-from typing import Any
-
-from test_core_support import Shard
-
 from flux.shard.dedup import EXPIRE_SLICE, DedupWindow
 
 
@@ -23,18 +19,6 @@ def test_an_id_accepted_again_after_its_window_counts_its_bytes_once() -> None:
     assert dedup.lookup("aa", 13.0) == 5000
     dedup.expire(30.0)
     assert dedup.held_bytes == 0 and dedup.live_bytes(30.0) == 0
-
-
-def test_a_takeover_is_reported_to_the_core_s_observer() -> None:
-    shard = Shard()
-    events: list[tuple[Any, ...]] = []
-    shard.core.on_event = events.append
-    first, second = shard.connect(), shard.connect()
-    first.hello()
-    second.hello()
-    first.subscribe(1, name="s")
-    second.subscribe(1, name="s")
-    assert [e[:2] for e in events if e[0] == "taken_over"] == [("taken_over", "orders.eu")]
 
 
 def test_a_lookup_forgets_at_most_one_slice_of_due_ids() -> None:
