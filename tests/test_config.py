@@ -366,7 +366,7 @@ def test_readme_configuration_table_lists_every_key_with_its_default() -> None:
                 out.update(flat(value, f"{prefix}{key}."))
             else:
                 text = f"{value:g}" if isinstance(value, float) else str(value)
-                out[f"{prefix}{key}"] = text
+                out[f"{prefix}{key}"] = text.lower() if isinstance(value, bool) else text
         return out
 
     assert rows == flat(Config().to_dict())
