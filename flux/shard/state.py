@@ -105,7 +105,7 @@ class ShardState:
         # optional observer of internal events, e.g. ("deleted", topic, offset, count)
         self.on_event: Callable[[tuple[Any, ...]], None] | None = None
         self.counters = {"published": 0, "duplicates": 0, "delivered": 0, "redelivered": 0,
-                         "acked": 0, "trimmed": 0}
+                         "acked": 0, "trimmed": 0, "bytes_in": 0}
 
     def _end_session_attachments(self, session: Session, now: float) -> None:
         for sub in list(session.subs.values()):
