@@ -74,8 +74,23 @@ async def serve_monitor(host: Host, config: Config, router: Router, *,
     async with trio.open_nursery() as nursery:
         try:
             binds: list[str] = await nursery.start(serve, build_app(gatherer), hyper)
-        except OSError as exc:
-            raise OSError(exc.errno, f"http.port {hyper.bind[0]}: {exc.strerror}") from exc
+        except (OSError, BaseExceptionGroup) as exc:
+            error = _os_error(exc)
+            if error is None:
+                raise
+            raise OSError(error.errno, f"http.port {hyper.bind[0]}: {error.strerror}") from exc
         port = int(binds[0].rsplit(":", 1)[1])  # "http://127.0.0.1:8070": the bound port
         nursery.start_soon(gatherer.run)
         task_status.started(http_url(config.http.host, port))
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError in ``exc`` (Hypercorn's nurseries wrap it in exception groups)."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _os_error(inner)
+            if found is not None:
+                return found
+    return None
