@@ -51,7 +51,7 @@ def dashboard(broker_factory: BrokerFactory, browser: Browser) -> Iterator[tuple
 
 def test_dashboard_shows_topics_subscriptions_and_the_expected_lag(
         dashboard: tuple[Monitored, Page], tmp_path: Path) -> None:
-    monitored, page = dashboard
+    _, page = dashboard
     expect(page).to_have_title("Flux dashboard")
     expect(page.locator("#health")).to_have_text("healthy")
     expect(page.locator("#card-shards")).to_have_text("2 / 2")
