@@ -103,6 +103,7 @@ class Sample:
     totals: dict[str, int]
     offsets: dict[str, int]                 # topic -> next offset
     cursors: dict[tuple[str, str], int]     # (topic, subscription) -> cursor
+    shards: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)  # per shard
 
 
 class RateHistory:
@@ -113,6 +114,7 @@ class RateHistory:
         self.samples: deque[Sample] = deque()
         self._last: dict[int, tuple[int, dict[str, int]]] = {}   # shard -> (generation, counters)
         self._totals = dict.fromkeys(COUNTERS, 0)
+        self._shard_totals: dict[int, dict[str, int]] = {}
 
     def add(self, snapshot: Snapshot) -> Sample:
         """Record a snapshot; returns its sample."""
@@ -125,19 +127,24 @@ class RateHistory:
             counters = {k: int(stats.get("counters", {}).get(k, 0)) for k in COUNTERS}
             generation = int(stats["generation"])
             previous = self._last.get(view.entry.index)
+            shard_totals = self._shard_totals.setdefault(view.entry.index,
+                                                         dict.fromkeys(COUNTERS, 0))
             for key in COUNTERS:
                 before = 0
                 if previous is not None and previous[0] == generation:
                     before = previous[1][key]
                 # a new generation (or a counter that went down) started from zero
                 delta = counters[key] - before
-                self._totals[key] += delta if delta >= 0 else counters[key]
+                grown = delta if delta >= 0 else counters[key]
+                self._totals[key] += grown
+                shard_totals[key] += grown
             self._last[view.entry.index] = (generation, counters)
             for name, topic in stats["topics"].items():
                 offsets[name] = int(topic["next_offset"])
                 for sub_name, sub in topic["subscriptions"].items():
                     cursors[(name, sub_name)] = int(sub["cursor"])
-        sample = Sample(snapshot.at, snapshot.wall, dict(self._totals), offsets, cursors)
+        sample = Sample(snapshot.at, snapshot.wall, dict(self._totals), offsets, cursors,
+                        {index: dict(t) for index, t in self._shard_totals.items()})
         self.samples.append(sample)
         while self.samples and self.samples[0].at < snapshot.at - self.keep_seconds:
             self.samples.popleft()
@@ -172,6 +179,10 @@ class RateHistory:
             return 0.0
         first, last = window
         return (last.totals[key] - first.totals[key]) / (last.at - first.at)
+
+    def shard_rate(self, index: int, key: str, seconds: float = RATE_WINDOW) -> float:
+        """Counter ``key`` of shard ``index`` per second over about the last ``seconds``."""
+        return self._moved(seconds, lambda s: s.shards.get(index, {}).get(key))
 
     def topic_rate(self, topic: str, seconds: float = RATE_WINDOW) -> float:
         """Publishes per second to ``topic`` (its next offset's growth)."""
