@@ -90,6 +90,7 @@ def subscriptions(snap: Snapshot, history: RateHistory) -> list[dict[str, Any]]:
                         "active": sub["active"], "ephemeral": sub["ephemeral"],
                         "cursor": sub["cursor"], "lag": lag(topic, sub),
                         "in_flight": sub["in_flight"],
+                        "redelivered": sub.get("redelivered", 0),
                         "ack_rate": history.ack_rate(name, sub_name)})
     out.sort(key=lambda s: (-s["lag"], s["topic"], s["name"]))
     return out

@@ -115,6 +115,9 @@ def _topic_metrics(snap: Snapshot) -> Iterator[Metric]:
                                   "Pushed messages waiting for their ack.", labels=SUBSCRIPTION)
     cursor = GaugeMetricFamily("flux_subscription_cursor", "The lowest unacked offset.",
                                labels=SUBSCRIPTION)
+    redelivered = CounterMetricFamily("flux_subscription_redelivered",
+                                      "Re-pushes to this subscription after ack timeouts.",
+                                      labels=SUBSCRIPTION)
     active = GaugeMetricFamily("flux_subscription_active",
                                "1 if a session is attached (or a pull reader is active).",
                                labels=SUBSCRIPTION)
@@ -132,7 +135,9 @@ def _topic_metrics(snap: Snapshot) -> Iterator[Metric]:
             in_flight.add_metric(sub_labels, float(sub["in_flight"]))
             cursor.add_metric(sub_labels, float(sub["cursor"]))
             active.add_metric(sub_labels, 1.0 if sub["active"] else 0.0)
-    yield from (held, held_bytes, oldest, next_offset, dedup, lags, in_flight, cursor, active)
+            redelivered.add_metric(sub_labels, float(sub.get("redelivered", 0)))
+    yield from (held, held_bytes, oldest, next_offset, dedup, lags, in_flight, cursor, active,
+                redelivered)
 
 
 class MetricsPage:

@@ -132,7 +132,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                     s.name: {"mode": s.mode, "cursor": s.cursor, "active": s.active,
                              "in_flight": len(s.in_flight), "ephemeral": s.ephemeral,
                              # exact: offsets above the cursor acked already are not lag
-                             "lag": max(0, topic.log.next_offset - s.cursor - len(s.acked))}
+                             "lag": max(0, topic.log.next_offset - s.cursor - len(s.acked)),
+                             "redelivered": s.redelivered}
                     for s in topic.subs.values()},
             }
         return {"index": self.index, "generation": self.generation,

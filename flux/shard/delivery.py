@@ -180,6 +180,7 @@ class Delivery(ShardState):
             runs = sorted((sorted(offsets), attempt) for attempt, offsets in by_attempt.items())
             for offsets, attempt in runs:
                 self.counters["redelivered"] += len(offsets)
+                sub.redelivered += len(offsets)
                 self._deliver(session, sub.session[1], attempt, offsets,
                               *self._columns(log, offsets))
 

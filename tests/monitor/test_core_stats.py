@@ -30,3 +30,20 @@ def test_bytes_in_counts_stored_payload_bytes_on_both_publish_paths() -> None:
     rows = client.publish_rows([[TOPIC, "a", b"dup"], [TOPIC, "c", b"xyz"]])  # a duplicate
     assert [row[2] for row in rows] == [True, False]
     assert shard.stats()["counters"]["bytes_in"] == 13
+
+
+def test_each_subscription_counts_its_own_redeliveries() -> None:
+    shard = Shard({"subscriber.timeout": 7.0, "subscriber.retry_interval": 3.0,
+                   "subscriber.retry_count": 2, "message.cleanup_time": 1000.0,
+                   "subscriber.cleanup_time": 1000.0, "subscriber.heartbeat": 1000.0})
+    client = shard.connect()
+    client.subscribe(1, name="slow")
+    client.subscribe(2, name="quick")
+    client.publish_one("a")
+    client.ack(2, 0)
+    shard.advance(10.0)   # the first re-push of offset 0 to "slow" only
+    subs = shard.topic_stats()["subscriptions"]
+    assert (subs["slow"]["redelivered"], subs["quick"]["redelivered"]) == (1, 0)
+    shard.advance(20.0)
+    assert shard.topic_stats()["subscriptions"]["slow"]["redelivered"] == 2
+    assert shard.stats()["counters"]["redelivered"] == 2

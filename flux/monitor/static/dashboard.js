@@ -140,6 +140,7 @@ function renderSubscriptions(subs) {
   el("td", { class: "num cursor" }, fmt.int(s.cursor)),
   el("td", { class: "num lag" }, el("span", { class: "bar", style: `width:${s.lag ? Math.max(2, s.lag / maxLag * 60) : 0}px` }), fmt.int(s.lag)),
   el("td", { class: "num" }, fmt.int(s.in_flight)),
+  el("td", { class: "num redelivered" }, fmt.int(s.redelivered)),
   el("td", { class: "num" }, fmt.rate(s.ack_rate)))));
 }
 
