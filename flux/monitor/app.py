@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio.to_thread
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -45,7 +46,9 @@ def build_app(gatherer: StatsGatherer) -> Starlette:
     host = gatherer.host
 
     async def metrics(request: Request) -> Response:
-        return Response(page.render(), media_type=CONTENT_TYPE_LATEST)
+        # a fresh render of many series takes tens of ms: off the router's event loop
+        body = await anyio.to_thread.run_sync(page.render)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> JSONResponse:
         status, body = api.health(gatherer.directory)

@@ -19,7 +19,7 @@ from flux.monitor.gather import Snapshot, lag
 
 SHARD = ["shard"]
 TOPIC = ["shard", "topic"]
-SUBSCRIPTION = ["shard", "topic", "subscription", "mode"]
+SUBSCRIPTION = ["topic", "subscription"]  # few labels: each costs at every scrape
 
 # counter name suffix -> the STATS counter it reports
 MESSAGE_COUNTERS = {
@@ -130,7 +130,7 @@ def _topic_metrics(snap: Snapshot) -> Iterator[Metric]:
         dedup.add_metric(labels, float(topic["dedup_ids"]))
         for sub_name in sorted(topic["subscriptions"]):
             sub = topic["subscriptions"][sub_name]
-            sub_labels = [*labels, sub_name, str(sub["mode"])]
+            sub_labels = [name, sub_name]
             lags.add_metric(sub_labels, float(lag(topic, sub)))
             in_flight.add_metric(sub_labels, float(sub["in_flight"]))
             cursor.add_metric(sub_labels, float(sub["cursor"]))

@@ -73,8 +73,8 @@ def test_metrics_parse_and_match_what_was_published_and_acked(
     assert value(found, "flux_topic_messages_held", topic=AUDIT) == len(AUDIT_PAYLOADS)
     assert value(found, "flux_subscription_cursor", topic=ORDERS,
                  subscription="billing") == BILLING_ACKED
-    assert value(found, "flux_subscription_lag_messages", topic=AUDIT, subscription="replay",
-                 mode="pull") == len(AUDIT_PAYLOADS)
+    assert value(found, "flux_subscription_lag_messages", topic=AUDIT,
+                 subscription="replay") == len(AUDIT_PAYLOADS)
     assert value(found, "flux_subscription_active", subscription="billing") == 0
     shards = monitored.broker.shards
     for index, shard in shards.items():
