@@ -1,4 +1,4 @@
-"""The shipped Grafana dashboard queries only metrics that ``/metrics`` really serves."""
+"""The metrics docs: the Grafana dashboard and the README list what ``/metrics`` serves."""
 
 from __future__ import annotations
 
@@ -23,3 +23,14 @@ def test_every_metric_the_dashboard_queries_is_served() -> None:
     assert queried and queried <= served, queried - served
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
     assert dashboard["__inputs"][0]["pluginId"] == "prometheus"
+
+
+def test_readme_lists_every_metric_served_with_its_type() -> None:
+    readme = (ROOT / "README.md").read_text().split("### Metrics", 1)[1].split("\n### ", 1)[0]
+    documented = dict(re.findall(r"^\| `(flux_[a-z_]+)` \| (gauge|counter) \|", readme, re.M))
+    page = MetricsPage(lambda: synthetic(100)).render().decode()
+    served = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            served[sample.name] = family.type
+    assert documented == served
