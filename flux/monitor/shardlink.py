@@ -40,16 +40,13 @@ class ShardLink:
         ERROR reply carries.
         """
         async with self._lock:
-            reply: list[Any] | None = None
-            failure: str | None = None
-            # nothing may be raised inside move_on_at (its nursery would wrap it in a group)
-            async with move_on_at(self.host, self.host.now() + self.timeout):
-                try:
-                    reply = await self._exchange(frame)
-                except (*BROKEN, errors.ProtocolError) as exc:
-                    failure = str(exc) or type(exc).__name__
+            reused = self._stream is not None
+            reply, failure = await self._attempt(frame)
+            if reply is None and failure is not None and reused:
+                # the shard may have closed an idle connection (two silent heartbeat
+                # periods): one more try on a fresh one
+                reply, failure = await self._attempt(frame)
             if reply is None:
-                await self.aclose()
                 if failure is not None:
                     raise errors.ConnectionLost(f"shard at {self.address}: {failure}")
                 raise errors.RequestTimeout(
@@ -59,6 +56,20 @@ class ShardLink:
                 await self.aclose()
             raise protocol.error_from_frame(reply)
         return reply
+
+    async def _attempt(self, frame: list[Any]) -> tuple[list[Any] | None, str | None]:
+        """The reply, or None and why not (None: the timeout passed); closes on failure."""
+        reply: list[Any] | None = None
+        failure: str | None = None
+        # nothing may be raised inside move_on_at (its nursery would wrap it in a group)
+        async with move_on_at(self.host, self.host.now() + self.timeout):
+            try:
+                reply = await self._exchange(frame)
+            except (*BROKEN, errors.ProtocolError) as exc:
+                failure = str(exc) or type(exc).__name__
+        if reply is None:
+            await self.aclose()
+        return reply, failure
 
     async def _exchange(self, frame: list[Any]) -> list[Any]:
         if self._stream is None:

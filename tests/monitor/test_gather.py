@@ -150,3 +150,29 @@ async def test_gatherer_caches_answers_and_says_why_a_shard_is_missing() -> None
         assert views[3].error is not None and views[3].error.startswith("ConnectionLost")
         assert [name for _, name, _ in gatherer.snapshot.topics()] == ["t"]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_the_shard_closed_while_idle_is_dialled_again_at_once() -> None:
+    host = RealHost("test")
+    good = stats(7, 3)
+
+    async def one_reply_per_connection(stream: trio.abc.Stream) -> None:
+        decoder = protocol.FrameDecoder()
+        async with stream:
+            while data := await stream.receive_some(65536):
+                for frame in decoder.feed(data):
+                    if frame[0] == protocol.HELLO:
+                        await stream.send_all(protocol.encode([protocol.HELLO_OK, frame[1], {}]))
+                    else:  # as a shard closes a session silent for two heartbeats
+                        await stream.send_all(protocol.encode([protocol.STATS_OK, frame[1], good]))
+                        return
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(host.serve, "127.0.0.1", 0, one_reply_per_connection)
+        gatherer = StatsGatherer(host, Directory([ShardEntry(0, True, 1, 7, f"127.0.0.1:{port}")]),
+                                 interval=1.0, timeout=2.0)
+        with trio.fail_after(10):
+            for _ in range(3):
+                snap = await gatherer.gather()
+                assert snap.shards[0].up, snap.shards[0].error
+        nursery.cancel_scope.cancel()
