@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -160,7 +162,36 @@ def test_a_taken_http_port_stops_serve_before_any_shard_starts(tmp_path: Any) ->
             [sys.executable, "-m", "flux", "serve", "--port", "0", "--shards", "1",
              "--set", f"http.port={port}"],
             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-            env={**__import__("os").environ, "FLUX_RUNTIME_DIR": str(tmp_path)})
+            env={**os.environ, "FLUX_RUNTIME_DIR": str(tmp_path)})
     assert done.returncode == 1, done
     assert f"http.port 127.0.0.1:{port}" in done.stderr
     assert "shard 0 listening" not in done.stdout
+
+
+def test_healthz_is_503_naming_a_shard_that_died_until_its_replacement_registers(
+        broker_factory: BrokerFactory) -> None:
+    monitored = start(broker_factory)
+    old = monitored.broker.shards[1]
+    os.kill(old.pid, signal.SIGKILL)
+    seen: list[dict[str, Any]] = []
+
+    def unhealthy() -> bool:
+        status, _, body = get(monitored.url + "healthz")
+        if status == 503:
+            seen.append(json.loads(body))
+        return status == 503
+
+    wait_for(unhealthy, "/healthz to report the dead shard", timeout=15)
+    assert seen[0]["status"] == "unavailable" and seen[0]["missing"] == [1]
+    assert "shards [1]" in seen[0]["message"]
+    wait_for(lambda: get(monitored.url + "healthz")[0] == 200, "the replacement shard", 30)
+
+    def restarted() -> dict[str, Any] | None:
+        found = samples(get(monitored.url + "metrics")[2].decode())
+        if value(found, "flux_shard_restarts_total", shard="1") != 1:
+            return None
+        return found if value(found, "flux_shard_up", shard="1") == 1 else None
+
+    found = wait_for(restarted, "the restart in /metrics")
+    [(labels, _)] = [s for s in found["flux_shard_generation_info"] if s[0]["shard"] == "1"]
+    assert labels["generation"] != f"{old.generation:#018x}"  # G7: a new generation
