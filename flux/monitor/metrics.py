@@ -12,7 +12,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from flux.monitor.gather import Snapshot, lag
@@ -70,8 +75,11 @@ def _shard_metrics(snap: Snapshot) -> Iterator[Metric]:
                                 labels=SHARD)
     counters = {name: CounterMetricFamily(f"flux_messages_{name}", text, labels=SHARD)
                 for name, (_, text) in MESSAGE_COUNTERS.items()}
-    bytes_in = CounterMetricFamily("flux_bytes_in", "Payload and id bytes of stored messages.",
+    bytes_in = CounterMetricFamily("flux_bytes_in", "Payload bytes of stored messages.",
                                    labels=SHARD)
+    acks = HistogramMetricFamily("flux_publish_ack_seconds",
+                                 "Time from a PUBLISH frame's arrival at the shard to its"
+                                 " PUBLISHED reply.", labels=SHARD)
     for view in snap.shards:
         shard = [str(view.entry.index)]
         up.add_metric(shard, 1.0 if view.up else 0.0)
@@ -90,10 +98,26 @@ def _shard_metrics(snap: Snapshot) -> Iterator[Metric]:
             counters[name].add_metric(shard, float(counted.get(key, 0)))
         if "bytes_in" in counted:
             bytes_in.add_metric(shard, float(counted["bytes_in"]))
+        histogram = stats.get("publish_ack_seconds")
+        if histogram is not None:
+            acks.add_metric(shard, buckets=_buckets(histogram), sum_value=histogram["sum"])
     yield from (up, info, restarts, uptime, memory, limit, sessions, retired)
     yield from counters.values()
     if bytes_in.samples:
         yield bytes_in
+    if acks.samples:
+        yield acks
+
+
+def _buckets(histogram: dict[str, Any]) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` pairs from STATS' per-bucket counts (the last: +Inf)."""
+    out: list[tuple[str, float]] = []
+    running = 0
+    bounds = [*histogram["bounds"], float("inf")]
+    for bound, count in zip(bounds, histogram["counts"], strict=True):
+        running += count
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(running)))
+    return out
 
 
 def _topic_metrics(snap: Snapshot) -> Iterator[Metric]:

@@ -140,7 +140,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                 "shard_count": self.shard_count, "uptime": now - self._started,
                 "sessions": len(self.sessions), "counters": dict(self.counters),
                 "memory": self.memory, "max_memory": self.max_memory,
-                "retired_topics": len(self.retired), "topics": topics}
+                "retired_topics": len(self.retired),
+                "publish_ack_seconds": self.publish_acks.as_dict(), "topics": topics}
 
     _handlers: ClassVar[dict[int, Callable[[Any, Session, list[Any], float], None]]] = {
         P.HELLO: _hello, P.PING: _ping, P.PUBLISH: Publishing._publish,

@@ -91,7 +91,7 @@ class Connection:
     """
 
     __slots__ = ("_sent", "_try_send", "_wake", "closing", "conn", "done", "nursery", "pending",
-                 "pending_bytes", "sending", "stream")
+                 "pending_bytes", "publishes", "sending", "stream")
 
     def __init__(self, conn: int, stream: trio.abc.Stream, nursery: trio.Nursery,
                  try_send: Callable[[trio.abc.Stream, bytes], int]) -> None:
@@ -106,6 +106,7 @@ class Connection:
         self._wake = trio.Event()
         self._sent = trio.Event()
         self._try_send = try_send
+        self.publishes: dict[int, float] = {}  # rid of a PUBLISH not answered yet -> arrival
 
     def send(self, data: bytes) -> None:
         if data and not self.done.is_set():
@@ -261,6 +262,8 @@ class ShardServer:
                 self._dispatch()
                 self._adopt(c, frame)
             else:
+                if frame[0] == protocol.PUBLISH and len(frame) > 1 and type(frame[1]) is int:
+                    c.publishes[frame[1]] = now  # for publish_ack_seconds (STATS)
                 run.append(frame)
         if run:
             core.receive_many(c.conn, run, now)
@@ -311,9 +314,21 @@ class ShardServer:
             if c is None:
                 continue
             if frames:
+                if c.publishes:
+                    self._time_publish_acks(c, frames)
                 c.send(protocol.encode_many(frames))
             if close:
                 self._begin_close(c)
+
+    def _time_publish_acks(self, c: Connection, frames: list[list[Any]]) -> None:
+        """Observe each answered PUBLISH's time from arrival to its reply (an ERROR
+        reply is no ack: it is only forgotten)."""
+        now = self.host.now()
+        for frame in frames:
+            if frame[0] == protocol.PUBLISHED or frame[0] == protocol.ERROR:
+                started = c.publishes.pop(frame[1], None)
+                if started is not None and frame[0] == protocol.PUBLISHED:
+                    self.core.publish_acks.observe(now - started)
 
     def _adopt(self, c: Connection, frame: list[Any]) -> None:
         """A restarted router asks this shard to register at its control address."""

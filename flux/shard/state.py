@@ -17,6 +17,7 @@ from flux.config import Config
 from flux.hashing import shard_for
 from flux.policies import TopicSettings
 from flux.shard.dedup import DedupWindow
+from flux.shard.latency import LatencyHistogram
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
 
@@ -90,6 +91,7 @@ class ShardState:
         # what every topic's messages and ids take (Topic.footprint, summed), and the cap
         self.memory = 0
         self.max_memory = config.shard_max_memory(shard_count)
+        self.publish_acks = LatencyHistogram()  # observed by the shell (PUBLISH -> PUBLISHED)
         self.sessions: dict[int, Session] = {}
         self._conn_ids = itertools.count(1)
         self._timer_seq = itertools.count()

@@ -47,3 +47,21 @@ def test_each_subscription_counts_its_own_redeliveries() -> None:
     shard.advance(20.0)
     assert shard.topic_stats()["subscriptions"]["slow"]["redelivered"] == 2
     assert shard.stats()["counters"]["redelivered"] == 2
+
+
+def test_latency_histogram_counts_a_bound_in_its_own_bucket_and_clamps_negatives() -> None:
+    from flux.shard.latency import BOUNDS, LatencyHistogram
+
+    histogram = LatencyHistogram()
+    for seconds in (0.0001, 0.00011, 7.0, -1.0):
+        histogram.observe(seconds)
+    data = histogram.as_dict()
+    assert data["bounds"] == list(BOUNDS) and len(data["counts"]) == len(BOUNDS) + 1
+    assert data["counts"][0] == 2          # 0.0001 (the bound itself) and the clamped -1
+    assert data["counts"][1] == 1          # 0.00011 <= 0.00025
+    assert data["counts"][-1] == 1         # 7 s: above every bound
+    assert data["sum"] == 0.0001 + 0.00011 + 7.0
+
+
+def test_stats_carry_the_publish_ack_histogram() -> None:
+    assert Shard().stats()["publish_ack_seconds"]["counts"] == [0] * 16

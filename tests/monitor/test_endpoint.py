@@ -78,6 +78,12 @@ def test_metrics_parse_and_match_what_was_published_and_acked(
     assert value(found, "flux_subscription_lag_messages", topic=AUDIT,
                  subscription="replay") == len(AUDIT_PAYLOADS)
     assert value(found, "flux_subscription_active", subscription="billing") == 0
+    # each publish was one PUBLISH frame, answered: one observation each (the duplicate too)
+    frames = ORDERS_COUNT + 1 + len(AUDIT_PAYLOADS)
+    assert total(found, "flux_publish_ack_seconds_count") == frames
+    assert sum(v for labels, v in found["flux_publish_ack_seconds_bucket"]
+               if labels["le"] == "+Inf") == frames
+    assert 0 < total(found, "flux_publish_ack_seconds_sum") < frames
     shards = monitored.broker.shards
     for index, shard in shards.items():
         assert value(found, "flux_shard_up", shard=str(index)) == 1

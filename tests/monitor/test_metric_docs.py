@@ -27,10 +27,9 @@ def test_every_metric_the_dashboard_queries_is_served() -> None:
 
 def test_readme_lists_every_metric_served_with_its_type() -> None:
     readme = (ROOT / "README.md").read_text().split("### Metrics", 1)[1].split("\n### ", 1)[0]
-    documented = dict(re.findall(r"^\| `(flux_[a-z_]+)` \| (gauge|counter) \|", readme, re.M))
+    documented = dict(re.findall(r"^\| `(flux_[a-z_]+)` \| (gauge|counter|histogram) \|",
+                                 readme, re.M))
     page = MetricsPage(lambda: synthetic(100)).render().decode()
-    served = {}
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            served[sample.name] = family.type
+    served = {family.name + ("_total" if family.type == "counter" else ""): family.type
+              for family in text_string_to_metric_families(page)}
     assert documented == served
