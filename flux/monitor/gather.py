@@ -224,7 +224,10 @@ class StatsGatherer:
         try:
             while True:
                 started = self.host.now()
-                await self.gather()
+                try:
+                    await self.gather()
+                except Exception:  # a malformed reply must not stop the router's monitor
+                    log.exception("gathering shard STATS failed; trying again next interval")
                 await self.host.sleep_until(max(started + self.interval, self.host.now()))
         finally:
             with trio.CancelScope(shield=True):
@@ -268,7 +271,8 @@ class StatsGatherer:
                 and previous.stats.get("generation") == entry.generation else None
             return ShardView(entry, kept, f"{type(exc).__name__}: {exc}")
         stats = reply[2] if len(reply) > 2 and isinstance(reply[2], dict) else None
-        if stats is None:
+        if stats is None or type(stats.get("generation")) is not int \
+                or not isinstance(stats.get("topics"), dict):
             return ShardView(entry, None, "malformed STATS reply")
         return ShardView(entry, stats)
 

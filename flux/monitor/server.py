@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from flux.router.router import Router
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+log = logging.getLogger("flux.monitor")
 
 
 class RouterDirectory:
@@ -71,17 +72,25 @@ async def serve_monitor(host: Host, config: Config, router: Router, *,
     hyper.accesslog = None
     hyper.errorlog = logging.getLogger("flux.monitor.http")
     hyper.graceful_timeout = 1.0
-    async with trio.open_nursery() as nursery:
-        try:
-            binds: list[str] = await nursery.start(serve, build_app(gatherer), hyper)
-        except (OSError, BaseExceptionGroup) as exc:
-            error = _os_error(exc)
-            if error is None:
-                raise
-            raise OSError(error.errno, f"http.port {hyper.bind[0]}: {error.strerror}") from exc
-        port = int(binds[0].rsplit(":", 1)[1])  # "http://127.0.0.1:8070": the bound port
-        nursery.start_soon(gatherer.run)
-        task_status.started(http_url(config.http.host, port))
+    started = False
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                binds: list[str] = await nursery.start(serve, build_app(gatherer), hyper)
+            except (OSError, BaseExceptionGroup) as exc:
+                error = _os_error(exc)
+                if error is None:
+                    raise
+                raise OSError(error.errno, f"http.port {hyper.bind[0]}: {error.strerror}") from exc
+            port = int(binds[0].rsplit(":", 1)[1])  # "http://127.0.0.1:8070": the bound port
+            nursery.start_soon(gatherer.run)
+            task_status.started(http_url(config.http.host, port))
+            started = True
+    except Exception:
+        if not started:
+            raise
+        # monitoring is not worth the broker: the router goes on serving without it
+        log.exception("the HTTP endpoint failed; the broker goes on without it")
 
 
 def _os_error(exc: BaseException) -> OSError | None:

@@ -132,11 +132,14 @@ async def test_gatherer_caches_answers_and_says_why_a_shard_is_missing() -> None
                                       lambda s: fake_shard(s, good))
         port_err = await nursery.start(host.serve, "127.0.0.1", 0,
                                        lambda s: fake_shard(s, errors.Busy("recovering")))
+        port_bad = await nursery.start(host.serve, "127.0.0.1", 0,
+                                       lambda s: fake_shard(s, {"generation": "x"}))
         directory = Directory([
             ShardEntry(0, True, 1, 7, f"127.0.0.1:{port_ok}"),
             ShardEntry(1, True, 2, 8, f"127.0.0.1:{port_err}"),
             ShardEntry(2, False, None),
             ShardEntry(3, True, 4, 9, f"127.0.0.1:{closed_port()}"),
+            ShardEntry(4, True, 5, 9, f"127.0.0.1:{port_bad}"),
         ])
         gatherer = StatsGatherer(host, directory, interval=0.05, timeout=2.0)
         with trio.fail_after(10):
@@ -148,6 +151,7 @@ async def test_gatherer_caches_answers_and_says_why_a_shard_is_missing() -> None
         assert not views[1].up and views[1].error is not None and "Busy" in views[1].error
         assert (views[2].stats, views[2].error) == (None, "not registered")
         assert views[3].error is not None and views[3].error.startswith("ConnectionLost")
+        assert (views[4].stats, views[4].error) == (None, "malformed STATS reply")
         assert [name for _, name, _ in gatherer.snapshot.topics()] == ["t"]
         nursery.cancel_scope.cancel()
 
