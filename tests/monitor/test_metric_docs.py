@@ -7,8 +7,8 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from flux.bench.monitor_scrape import synthetic
 from flux.monitor.metrics import MetricsPage
-from flux.monitor.scrape_bench import synthetic
 from tests.conftest import ROOT
 
 DASHBOARD = ROOT / "monitoring" / "grafana-flux.json"

@@ -1,6 +1,6 @@
 """How long rendering ``/metrics`` takes at the router for a given number of series.
 
-``python -m flux.monitor.scrape_bench [--series 10000] [--repeat 7]`` builds a synthetic
+``python -m flux.bench.monitor_scrape [--series 10000] [--repeat 7]`` builds a synthetic
 snapshot (two shards, topics with one subscription each) of about that many series and
 times a fresh render (what the first scrape after each gathering costs) and a cached one.
 """
