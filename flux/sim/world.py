@@ -21,9 +21,10 @@ from flux.router.router import run_router
 from flux.router.state import MemoryStateStore
 from flux.shard.server import ShardServer, run_shard
 from flux.sim import history as h
+from flux.sim.disk import SimDisk
 from flux.sim.faults import Fault
 from flux.sim.network import Network, SimStream
-from flux.sim.simhost import SimHost
+from flux.sim.simhost import SimHost, derive_seed
 from flux.sim.tap import Recorder, TappedHost
 
 log = logging.getLogger("flux.sim")
@@ -42,6 +43,7 @@ class World:
         self.failures: list[str] = []
         self.tracebacks: list[str] = []
         self._incarnations: dict[str, int] = {}
+        self.disks: dict[str, SimDisk] = {}
         self.shards: dict[int, tuple[SimHost, TaskShard]] = {}
         self.launcher = SimLauncher(nursery, self)
         self.router = RouterSupervisor(self, nursery)
@@ -53,7 +55,15 @@ class World:
     def new_host(self, name: str) -> SimHost:
         n = self._incarnations.get(name, 0)
         self._incarnations[name] = n + 1
-        return SimHost(self.network, name, seed=self.seed, incarnation=n)
+        return SimHost(self.network, name, seed=self.seed, incarnation=n,
+                       disk=self.disk_of(name))
+
+    def disk_of(self, name: str) -> SimDisk:
+        """The disk of the machine ``name`` runs on: it outlives every incarnation."""
+        disk = self.disks.get(name)
+        if disk is None:
+            disk = self.disks[name] = SimDisk(derive_seed(self.seed, name, "disk"))
+        return disk
 
     def client_host(self, name: str) -> TappedHost:
         n = self._incarnations.get(name, 0)
@@ -230,6 +240,7 @@ class SimLauncher(TaskLauncher):
             raise
         finally:
             world.network.crash(host)  # a dead process's sockets close with it
+            world.disk_of(host.name).crash()  # ... and its open files (written data stays)
             if started:
                 world.record(h.ShardStopped(trio.current_time(), index, started[0]))
             if world.shards.get(index, (None, None))[1] is shard:

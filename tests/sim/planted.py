@@ -626,9 +626,9 @@ def attempt_counted_twice() -> contextlib.AbstractContextManager[Any]:
     """G4: a redelivery's DELIVER says attempt k + 2 for its push k + 1 (the push count
     is incremented before it is sent, then once more)."""
     def make(f: Any) -> Any:
-        def deliver(self: ShardCore, session: Any, sid: int, attempt: int,
+        def deliver(self: ShardCore, session: Any, sid: int, generation: int, attempt: int,
                     *args: Any) -> None:
-            f(self, session, sid, attempt + 1 if attempt > 1 else attempt, *args)
+            f(self, session, sid, generation, attempt + 1 if attempt > 1 else attempt, *args)
         return deliver
     return _wrap(ShardCore, "_deliver", make)
 
