@@ -146,6 +146,21 @@ def test_a_new_named_subscription_is_confirmed_durable_before_any_delivery() -> 
     assert kinds == [P.SUBSCRIBED, P.DELIVER]
 
 
+def test_frames_to_a_connection_never_overtake_a_reply_held_for_durability() -> None:
+    shard, disk, first = _disk_shard()
+    second = shard.connect()
+    _publish(first, "a")
+    disk.sync()
+    first.take()
+    first.send([P.SUBSCRIBE, first.rid(), 1, {"topic": TOPIC, "name": "s", "read_old": True}])
+    second.send([P.SUBSCRIBE, second.rid(), 1, {"topic": TOPIC, "name": "s"}])  # takes over
+    first.send([P.PING, first.rid()])
+    assert first.take() == []  # SUB_ENDED and PONG wait behind the held SUBSCRIBED
+    disk.sync()
+    assert [f[0] for f in first.take()] == [P.SUBSCRIBED, P.DELIVER, P.SUB_ENDED, P.PONG]
+    assert [f[0] for f in second.take()] == [P.SUBSCRIBED, P.DELIVER]
+
+
 def test_an_ack_is_confirmed_once_its_cursor_record_is_durable() -> None:
     _shard, disk, client = _disk_shard()
     _publish(client, "a", "b")

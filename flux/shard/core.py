@@ -55,7 +55,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         session = self.sessions.get(conn)
         if session is None:
             return
-        session.out.append(P.error_frame(0, exc))
+        # ahead of any reply still held for durability: the connection closes now
+        (session.ready if session.holds else session.out).append(P.error_frame(0, exc))
         session.close = True
         self._end_session_attachments(session, now)
 
@@ -196,7 +197,16 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         """Frames to send per connection, and whether to close it after sending."""
         out: list[tuple[int, list[list[Any]], bool]] = []
         for conn, session in list(self.sessions.items()):
-            if session.out or session.close:
+            if session.ready or session.holds:  # replies held for durability (G9)
+                if not session.holds:  # all released: what came after them goes too
+                    session.ready += session.out
+                    session.out = []
+                if session.ready or session.close:
+                    out.append((conn, session.ready, session.close))
+                    session.ready = []
+                    if session.close:
+                        self.disconnect(conn, session.last_seen)
+            elif session.out or session.close:
                 out.append((conn, session.out, session.close))
                 session.out = []
                 if session.close:

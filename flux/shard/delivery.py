@@ -38,8 +38,6 @@ class Delivery(ShardState):
         log = topic.log
         end = log.next_offset if topic.journal is None else topic.journal.exposed
         room = min(sub.max_in_flight - len(sub.in_flight), sub.credit)
-        if not sub.announced:
-            return
         # the cursor can jump past next_push over offsets acked before this attachment
         # (they are no longer in ``acked``): never push those
         start = max(sub.next_push, sub.cursor, log.oldest)

@@ -56,12 +56,17 @@ class Appender(Protocol):
 
 @dataclass(eq=False)
 class Held:
-    """A reply that may go out only once every record it depends on is durable."""
+    """A reply that may go out only once every record it depends on is durable, and
+    everything its session was sent after it."""
 
     conn: int
     frame: list[Any]
     waiting: int = 0   # journals whose durable mark has yet to reach this reply's record
-    sub: Any = None    # a subscription whose pushes wait for this SUBSCRIBED to go out
+    released: bool = False
+    # frames the session was sent after this reply, before its next held one: they go
+    # out behind it, so a connection's frames keep their order (a DELIVER or SUB_ENDED
+    # never overtakes the SUBSCRIBED it follows)
+    behind: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass(eq=False)

@@ -8,6 +8,7 @@ The frame handlers and timers live in the mixins that ``ShardCore`` combines.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,8 +85,12 @@ class Session:
     last_seen: float
     hello: bool = False
     subs: dict[int, Subscription] = field(default_factory=dict)  # client sid -> subscription
-    out: list[list[Any]] = field(default_factory=list)
+    out: list[list[Any]] = field(default_factory=list)  # frames to send (behind any hold)
     close: bool = False
+    # replies held for durability (disk topics, G9), oldest first; ``out`` is behind the
+    # last of them, and ``ready`` holds what may go out meanwhile
+    holds: deque[Held] = field(default_factory=deque)
+    ready: list[list[Any]] = field(default_factory=list)
 
 
 class ShardState:
@@ -188,26 +193,32 @@ class ShardState:
         return journal
 
     def _release(self, held: list[Held]) -> None:
-        """Send replies whose records became durable (to connections still open)."""
+        """Replies whose records became durable may go, each with what queued behind it,
+        as soon as every reply held before it on its connection went too."""
         sessions = self.sessions
         for h in held:
+            h.released = True
             session = sessions.get(h.conn)
-            if session is not None and not session.close:
-                session.out.append(h.frame)
-            sub = h.sub
-            if sub is not None:
-                sub.announced = True
-                self._dirty[id(sub)] = sub
+            if session is None:
+                continue
+            holds = session.holds
+            while holds and holds[0].released:
+                first = holds.popleft()
+                session.ready.append(first.frame)
+                session.ready += first.behind
+                if not holds:  # the frames made since the last hold are free too
+                    session.ready += session.out
+                    session.out = []
 
     def storage_failed(self, journal: TopicJournal, reason: str) -> None:
         """``journal``'s log stopped: its waiting replies become StorageUnavailable errors;
         its topic refuses publishes from now on (the shell restarts the shard to recover)."""
         exc = errors.StorageUnavailable(f"the log of topic {journal.topic!r} failed: {reason}")
-        for held in journal.fail(reason):
-            session = self.sessions.get(held.conn)
-            if session is not None and held.waiting > 0:
-                held.waiting = 0
-                session.out.append(P.error_frame(held.frame[1], exc))
+        failed = journal.fail(reason)
+        for held in failed:
+            held.waiting = 0
+            held.frame = P.error_frame(held.frame[1], exc)
+        self._release(failed)
 
     def _journal_hold(self, session: Session, frame: list[Any],
                       journals: list[TopicJournal]) -> Held | None:
@@ -225,6 +236,13 @@ class ShardState:
         if not waiting:
             session.out.append(frame)
             return None
+        holds = session.holds
+        if holds:
+            holds[-1].behind += session.out
+        else:
+            session.ready += session.out
+        session.out = []
+        holds.append(held)
         return held
 
     def _recount(self, topic: Topic) -> None:

@@ -125,10 +125,7 @@ class Subscribing(ShardState):
             "next_offset": log.next_offset, "max_in_flight": sub.max_in_flight,
         }]
         if topic.journal is not None and not sub.ephemeral:
-            held = self._journal_hold(session, reply, [topic.journal])  # its record first (G9)
-            if held is not None and mode == "push":
-                sub.announced = False  # DELIVERs only after the SUBSCRIBED they belong to
-                held.sub = sub
+            self._journal_hold(session, reply, [topic.journal])  # its record first (G9)
         else:
             session.out.append(reply)
 

@@ -55,7 +55,6 @@ class Subscription:
     last_activity: float = 0.0
     deleted: bool = False
     wake_at: float | None = None  # earliest time the shard's timer heap will wake us
-    announced: bool = True  # False while its SUBSCRIBED waits for durability: no pushes yet
 
     # -- cursor and acks ---------------------------------------------------------------
 

@@ -276,6 +276,25 @@ def policies(rng: random.Random) -> Workload:
                                  ("partition", 0.7), ("crash", 0.3)), count=(0, 6)))
 
 
+def disk(rng: random.Random) -> Workload:
+    """Disk topics (G9): some or all topics keep a log on each shard machine's simulated
+    disk, with fsync always, interval or never; shards crash (kill -9: written bytes
+    survive) and come back with the same generation for those topics, every acked
+    message, the dedup window and the named subscriptions' confirmed cursors."""
+    w = crashes(rng)
+    config = dict(w.config)
+    fsync = rng.choice(("always", "always", "interval", "never"))
+    config["storage"] = {"dir": "/data/flux", "fsync": fsync,
+                         "fsync_interval": rng.choice((0.01, 0.05)),
+                         "segment_bytes": rng.choice((65536, 1 << 20))}
+    chosen = rng.sample(w.topics, rng.randint(1, len(w.topics)))
+    if len(chosen) == len(w.topics):
+        config["storage"]["kind"] = "disk"  # type: ignore[index]
+    else:
+        config["topics"] = [{"match": topic, "storage": "disk"} for topic in chosen]
+    return replace(w, scenario="disk", config=config)
+
+
 def with_client_ids(workload: Workload, rng: random.Random) -> Workload:
     """About half the producers let the client choose their ids, so the client's own id
     generation runs (and the checker knows their messages by payload). Drawn from a
@@ -293,5 +312,5 @@ def with_vandals(workload: Workload, rng: random.Random) -> Workload:
 SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
-    "topics": topics, "policies": policies,
+    "topics": topics, "policies": policies, "disk": disk,
 }

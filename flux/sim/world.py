@@ -82,6 +82,9 @@ class World:
                event: tuple[Any, ...]) -> None:
         """The shard core's observer hook: cleanup facts for the G5/G6 checks."""
         now = trio.current_time()
+        held = server.core.topics.get(event[1]) if len(event) > 1 else None
+        if held is not None:
+            generation = held.generation  # a disk topic's own, which outlives the shard's
         if event[0] == "trimmed":
             self.record(h.Trimmed(now, shard, generation, event[1], event[2], event[3]))
         elif event[0] == "created":

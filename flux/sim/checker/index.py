@@ -150,6 +150,18 @@ class Index:
         self.disturbances: list[Disturbance] = []
         self.heal_at = math.inf
         self.stopped: dict[int, float] = {}   # generation -> when its shard stopped
+        # the generations of shard incarnations; any other generation is a disk topic's
+        # own (G9), which outlives the incarnations of its shard
+        self.shard_generations: set[int] = {
+            e.generation for e in history.events if isinstance(e, (h.ShardHello, h.ShardStopped))}
+        # per shard index: when an incarnation stopped, and when clients heard one answer
+        self._stops: dict[int, list[float]] = {}
+        self._hellos: dict[int, list[float]] = {}
+        for e in history.events:
+            if isinstance(e, h.ShardStopped):
+                self._stops.setdefault(e.shard, []).append(e.t)
+            elif isinstance(e, h.ShardHello) and e.shard >= 0:
+                self._hellos.setdefault(e.shard, []).append(e.t)
         self.end_at = history.events[-1].t if history.events else 0.0
         self._slow_factor: float | None = None
         open_faults: dict[tuple[str, str], float] = {}
@@ -190,6 +202,22 @@ class Index:
             end = self.heal_at if self.heal_at < math.inf else self.end_at
             self.disturbances.append(Disturbance(fault, _hosts(target), begin,
                                                  max(begin, end) + self._tail(fault)))
+
+    def recovered_deadline(self, shard: int, since: float, slack: float) -> float:
+        """When a disk topic's inactive subscription on ``shard``, inactive since ``since``,
+        must be gone: ``slack`` after ``since``, or after the recovery of a restart within
+        that span (recovery restarts its inactive clock, G9). A recovery is over by the
+        time a client hears the new incarnation answer."""
+        deadline = since + slack
+        stops, hellos = self._stops.get(shard, []), self._hellos.get(shard, [])
+        while True:
+            stop = next((t for t in stops if since < t <= deadline), None)
+            if stop is None:
+                return deadline
+            up = next((t for t in hellos if t > stop), None)
+            if up is None:
+                return math.inf
+            since, deadline = up, up + slack
 
     def _subscribed(self, sub: h.Subscribed) -> None:
         inc: Incarnation | None = None
