@@ -40,7 +40,7 @@ def serve_forever(config: Config) -> int:
         from flux.host import RealDisk
         from flux.shard.disk import check_data_dir
         try:  # a data directory that is not this broker's is refused before anything starts
-            check_data_dir(RealDisk(), config.storage.dir, config.shard_count)
+            trio.run(check_data_dir, RealDisk(), config.storage.dir, config.shard_count)
         except ConfigError as exc:
             print(f"flux: {exc}", file=sys.stderr)
             return 2

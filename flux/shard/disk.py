@@ -40,7 +40,7 @@ FORMAT_VERSION = 1
 MARKER = "flux-data.json"
 
 
-def check_data_dir(disk: Disk, directory: str, shard_count: int) -> None:
+async def check_data_dir(disk: Disk, directory: str, shard_count: int) -> None:
     """Make ``directory`` Flux's (if it is new or empty) or check that it is, for
     ``shard_count`` shards. Raises ConfigError naming the path and what to do."""
     try:
@@ -56,7 +56,7 @@ def check_data_dir(disk: Disk, directory: str, shard_count: int) -> None:
             raise ConfigError("storage.dir", f"{directory} is not empty and is not a Flux data"
                                              " directory (no flux-data.json); give an empty or"
                                              " new directory")
-        _write_marker(disk, marker, shard_count)
+        await _write_marker(disk, marker, shard_count)
         return
     try:
         f = disk.open(marker)
@@ -78,13 +78,17 @@ def check_data_dir(disk: Disk, directory: str, shard_count: int) -> None:
                                          " over existing data is not supported yet)")
 
 
-def _write_marker(disk: Disk, marker: str, shard_count: int) -> None:
+async def _write_marker(disk: Disk, marker: str, shard_count: int) -> None:
+    """Write the marker durably (the file, then its directory entry): a power loss must
+    not leave segments in a directory that no longer says whose it is."""
     f = disk.open(marker, create=True)
     try:
         f.truncate(0)
         f.append(json.dumps({"format": FORMAT_VERSION, "shards": shard_count}).encode())
+        await f.sync()
     finally:
         f.close()
+    await disk.sync_dir(posixpath.dirname(marker))
 
 
 @dataclass
@@ -133,7 +137,7 @@ class ShardStorage:
         """Check the data directory and rebuild every disk topic of this shard into ``core``
         (before the shard serves). Raises ConfigError for a directory that is not this
         broker's, StorageError (ForeignLog) for a log that is not this topic's."""
-        check_data_dir(self.disk, self.root, self.shard_count)
+        await check_data_dir(self.disk, self.root, self.shard_count)
         self.disk.makedirs(self.directory)
         self._core = core
         core.open_journal = self.open_new
@@ -150,7 +154,8 @@ class ShardStorage:
         epoch = core.epoch
         replay = TopicReplay(name, settings, epoch)
         table, report = await recover(self.disk, path, owner=f"topic {name}",
-                                      on_record=replay.feed, now=host.now)
+                                      on_record=replay.feed, now=host.now,
+                                      boot_id=self.disk.boot_id())
         why: str | None = None
         generation = report.generation
         if generation is None:
@@ -163,7 +168,7 @@ class ShardStorage:
         if why is not None:
             generation = self.new_generation()
         assert generation is not None
-        topic = replay.build(generation, host.now())
+        topic = replay.build(generation, host.now(), reset=why is not None)
         writer = self._writer(name, table, generation)
         journal = TopicJournal(name, writer, exposed=topic.log.next_offset)
         topic.journal = journal

@@ -93,8 +93,10 @@ class TopicReplay:
             self.dedup.remember_all(chunk, first, stored_at)
         self.messages += len(chunk)
 
-    def build(self, generation: int, now: float) -> Topic:
-        """The recovered topic at ``now`` (monotonic), of ``generation``."""
+    def build(self, generation: int, now: float, *, reset: bool = False) -> Topic:
+        """The recovered topic at ``now`` (monotonic), of ``generation``. ``reset``: a new
+        generation (G9: after a power loss or damage) in which the old one's acks mean
+        nothing to clients, so each subscription starts over at the oldest message held."""
         log = self.log
         if log is None or log.next_offset < self.next_offset:
             log = TopicLog(max(self.next_offset, log.next_offset if log else 0))
@@ -103,6 +105,8 @@ class TopicReplay:
         self.dedup.expire(now)
         topic = Topic(self.name, log, self.dedup, self.settings, generation=generation)
         for name, (mode, start, created, cursor, acked) in self.subs.items():
+            if reset:
+                cursor, start, acked = log.oldest, log.oldest, set()
             sub = Subscription(topic=self.name, name=name, ephemeral=False, mode=mode,
                                cursor=cursor, start_offset=start,
                                created_at=created - self.epoch,

@@ -174,20 +174,23 @@ class SimDisk:
         inode.durable = bytearray(content)
         inode.dirty_from = len(content)
 
-    def flip_bit(self, path: str | None = None, offset: int | None = None) -> tuple[str, int] | None:
-        """Flip one bit of a synced byte (of ``path`` at ``offset``, or drawn from the seed).
-        Returns where, or None if nothing is synced yet."""
+    def flip_bit(self, path: str | None = None, offset: int | None = None, *,
+                 suffix: str = "", skip: int = 0) -> tuple[str, int] | None:
+        """Flip one bit of a synced byte (of ``path`` at ``offset``, or drawn from the seed
+        among files ending in ``suffix``, past their first ``skip`` bytes). Returns where,
+        or None if nothing is synced yet."""
         if path is None:
-            candidates = [p for p in sorted(self._files) if self._synced_len(self._files[p]) > 0]
+            candidates = [p for p in sorted(self._files) if p.endswith(suffix)
+                          and self._synced_len(self._files[p]) > skip]
             if not candidates:
                 return None
             path = self.random.choice(candidates)
         inode = self._files[posixpath.normpath(path)]
         limit = self._synced_len(inode)
-        if limit == 0:
+        if limit <= skip:
             return None
         if offset is None:
-            offset = self.random.randrange(limit)
+            offset = self.random.randrange(skip, limit)
         bit = 1 << self.random.randrange(8)
         inode.data[offset] ^= bit
         if offset < len(inode.durable):

@@ -292,7 +292,10 @@ def disk(rng: random.Random) -> Workload:
         config["storage"]["kind"] = "disk"  # type: ignore[index]
     else:
         config["topics"] = [{"match": topic, "storage": "disk"} for topic in chosen]
-    return replace(w, scenario="disk", config=config)
+    return replace(w, scenario="disk", config=config,
+                   mix=FaultMix((("crash", 1.0), ("pause", 0.7), ("router", 0.7),
+                                 ("power", 0.7), ("flip", 0.5), ("reset", 0.5)),
+                                count=(3, 10), router_down=(0.5, 12.0)))
 
 
 def with_client_ids(workload: Workload, rng: random.Random) -> Workload:

@@ -26,6 +26,7 @@ from flux.sim.faults import Fault
 from flux.sim.network import Network, SimStream
 from flux.sim.simhost import SimHost, derive_seed
 from flux.sim.tap import Recorder, TappedHost
+from flux.storage.segment import MAX_HEADER
 
 log = logging.getLogger("flux.sim")
 
@@ -120,14 +121,23 @@ class World:
         if self._healed:
             return  # due at the very moment of the heal, and started after it: too late
         kind, target, net = fault.kind, fault.target, self.network
-        if kind in ("crash", "pause"):
+        if kind in ("crash", "pause", "power", "flip"):
             index = int(target.rsplit("-", 1)[1])
             entry = self.shards.get(index)
             if entry is None:
                 return  # not running right now (being restarted)
             host, shard = entry
-            if kind == "crash":
-                self.record(h.FaultInjected(trio.current_time(), "crash", target, "instant"))
+            if kind in ("crash", "power", "flip"):
+                detail = "instant"
+                disk = self.disk_of(host.name)
+                if kind == "power":
+                    disk.power_loss()  # its open files die with the unsynced data
+                elif kind == "flip":
+                    # in a record of a log segment (past any segment header), where the
+                    # checksums must find it
+                    flipped = disk.flip_bit(suffix=".log", skip=MAX_HEADER)
+                    detail = "nothing synced" if flipped is None else f"{flipped[0]}@{flipped[1]}"
+                self.record(h.FaultInjected(trio.current_time(), kind, target, detail))
                 net.crash(host)
                 shard.kill()
                 return

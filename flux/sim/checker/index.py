@@ -164,7 +164,8 @@ class Index:
                 self._hellos.setdefault(e.shard, []).append(e.t)
         self.end_at = history.events[-1].t if history.events else 0.0
         self._slow_factor: float | None = None
-        open_faults: dict[tuple[str, str], float] = {}
+        # begins of faults not ended yet, per (kind, target): two of one kind may overlap
+        open_faults: dict[tuple[str, str], list[float]] = {}
         for position, event in enumerate(history.events):
             if isinstance(event, h.Subscribed):
                 self._subscribed(event)
@@ -198,7 +199,10 @@ class Index:
                 self._fault(event, open_faults)
             elif isinstance(event, h.Phase) and event.name == "heal":
                 self.heal_at = min(self.heal_at, event.t)
-        for (fault, target), begin in open_faults.items():
+        for (fault, target), begins in open_faults.items():
+            if not begins:
+                continue
+            begin = begins[0]
             end = self.heal_at if self.heal_at < math.inf else self.end_at
             self.disturbances.append(Disturbance(fault, _hosts(target), begin,
                                                  max(begin, end) + self._tail(fault)))
@@ -243,12 +247,15 @@ class Index:
         inc.events.append(sub)
         self.sessions[sub.session] = session
 
-    def _fault(self, event: h.FaultInjected, open_faults: dict[tuple[str, str], float]) -> None:
+    def _fault(self, event: h.FaultInjected,
+               open_faults: dict[tuple[str, str], list[float]]) -> None:
         key = (event.fault, event.target)
         if event.detail == "begin":
-            open_faults.setdefault(key, event.t)
+            open_faults.setdefault(key, []).append(event.t)
         elif event.detail == "end":
-            begin = open_faults.pop(key, event.t)
+            # the earliest still open: overlapping spans pair up to cover their union
+            begins = open_faults.get(key)
+            begin = begins.pop(0) if begins else event.t
             self.disturbances.append(Disturbance(event.fault, _hosts(event.target), begin,
                                                  event.t + self._tail(event.fault)))
         else:  # an instant fault
