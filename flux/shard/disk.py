@@ -162,7 +162,7 @@ class ShardStorage:
             why = "its log held no record"
         elif report.damage is not None and report.damage.kind == "corrupt":
             why = f"damage in its log lost records ({report.damage.reason})"
-        elif report.boot_id != self.disk.boot_id() and self.config.storage.fsync != "always":
+        elif self._boot_changed(report):
             why = (f"the machine restarted since its log was written, and with"
                    f" storage.fsync={self.config.storage.fsync} the unsynced tail may be lost")
         if why is not None:
@@ -189,6 +189,11 @@ class ShardStorage:
                  report.seconds, report.bytes, replay.records, replay.messages, len(topic.subs),
                  topic.log.oldest, topic.log.next_offset, generation,
                  f" (new: {why})" if why else "", damage)
+
+    def _boot_changed(self, report: RecoveryReport) -> bool:
+        """Whether the log's unsynced tail may be gone: it was written before the
+        machine's last reboot, and not every record was fsynced before its ack."""
+        return report.boot_id != self.disk.boot_id() and self.config.storage.fsync != "always"
 
     def open_new(self, name: str, start: int) -> TopicJournal:
         """A new disk topic's journal (the core calls this when it makes the topic)."""

@@ -174,11 +174,17 @@ class SimDisk:
         inode.durable = bytearray(content)
         inode.dirty_from = len(content)
 
+    def synced_files(self, suffix: str = "") -> list[str]:
+        """The files ending in ``suffix`` that hold synced bytes, sorted."""
+        return [p for p in sorted(self._files) if p.endswith(suffix)
+                and self._synced_len(self._files[p]) > 0]
+
     def flip_bit(self, path: str | None = None, offset: int | None = None, *,
-                 suffix: str = "", skip: int = 0) -> tuple[str, int] | None:
+                 suffix: str = "", skip: int = 0, recent: int = 0) -> tuple[str, int] | None:
         """Flip one bit of a synced byte (of ``path`` at ``offset``, or drawn from the seed
-        among files ending in ``suffix``, past their first ``skip`` bytes). Returns where,
-        or None if nothing is synced yet."""
+        among files ending in ``suffix``, past their first ``skip`` bytes, and within the
+        last ``recent`` synced bytes if given). Returns where, or None if nothing is
+        synced yet."""
         if path is None:
             candidates = [p for p in sorted(self._files) if p.endswith(suffix)
                           and self._synced_len(self._files[p]) > skip]
@@ -190,7 +196,8 @@ class SimDisk:
         if limit <= skip:
             return None
         if offset is None:
-            offset = self.random.randrange(skip, limit)
+            low = max(skip, limit - recent) if recent else skip
+            offset = self.random.randrange(low, limit)
         bit = 1 << self.random.randrange(8)
         inode.data[offset] ^= bit
         if offset < len(inode.durable):

@@ -26,7 +26,8 @@ from flux.sim.faults import Fault
 from flux.sim.network import Network, SimStream
 from flux.sim.simhost import SimHost, derive_seed
 from flux.sim.tap import Recorder, TappedHost
-from flux.storage.segment import MAX_HEADER
+from flux.storage.record import Bad, Torn
+from flux.storage.segment import MAX_HEADER, decode_header
 
 log = logging.getLogger("flux.sim")
 
@@ -133,9 +134,7 @@ class World:
                 if kind == "power":
                     disk.power_loss()  # its open files die with the unsynced data
                 elif kind == "flip":
-                    # in a record of a log segment (past any segment header), where the
-                    # checksums must find it
-                    flipped = disk.flip_bit(suffix=".log", skip=MAX_HEADER)
+                    flipped = _flip_in_a_record(disk)
                     detail = "nothing synced" if flipped is None else f"{flipped[0]}@{flipped[1]}"
                 self.record(h.FaultInjected(trio.current_time(), kind, target, detail))
                 net.crash(host)
@@ -219,6 +218,20 @@ def _directions(target: str) -> list[tuple[str, str]]:
         return [(a, b), (b, a)]
     a, b = target.split("->")
     return [(a, b)]
+
+
+def _flip_in_a_record(disk: SimDisk) -> tuple[str, int] | None:
+    """Flip a bit in a record of a log segment (past its header), where the checksums
+    must find it; half the time in the most recently written block."""
+    logs = disk.synced_files(".log")
+    if not logs:
+        return None
+    path = disk.random.choice(logs)
+    try:
+        _, header_size = decode_header(disk.contents(path)[:MAX_HEADER])
+    except (Bad, Torn):
+        return None
+    return disk.flip_bit(path, skip=header_size, recent=disk.random.choice((0, 4096)))
 
 
 class SimLauncher(TaskLauncher):

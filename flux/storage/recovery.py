@@ -141,8 +141,7 @@ async def recover(disk: Disk, directory: str, *, owner: str,
             tail = file.read_at(segment.offset_of(position), cut)
             same_boot = boot_id is not None and header.boot_id == boot_id
             if last and not same_boot and not _record_follows(tail):
-                file.truncate(segment.offset_of(position))
-                await file.sync()
+                await _cut_torn_tail(file, segment.offset_of(position))
                 report.damage = Damage("torn-tail", path, position, reason, cut)
             else:
                 await _cut_corrupt(disk, table, segment, position, names[i + 1:], report,
@@ -197,6 +196,12 @@ def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] |
         buf = buf[at:] + more
         offset += at
         at = 0
+
+
+async def _cut_torn_tail(file: DiskFile, offset: int) -> None:
+    """Cut a torn tail off the last segment, durably, so appends follow the last record."""
+    file.truncate(offset)
+    await file.sync()
 
 
 def _what_is_wrong(buf: bytes, at: int) -> str:
