@@ -100,7 +100,7 @@ def test_quick_durable_bench_prints_every_row(tmp_path: Path) -> None:
 
 def test_recovery_bench_reports_a_time_or_why_not(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, [
-        "bench", "--sections", "recovery", "--recovery-bytes", "100K", "--data-dir",
+        "bench", "--sections", "recovery", "--recovery-bytes", "100K", "--keep-page-cache", "--data-dir",
         str(tmp_path), "--out", str(tmp_path / "results")])
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())
@@ -110,7 +110,7 @@ def test_recovery_bench_reports_a_time_or_why_not(tmp_path: Path) -> None:
 
 def test_recovery_of_a_memory_topic_says_it_was_lost() -> None:
     # the same fill, SIGKILL and FETCH on a memory topic: the restart must show as a loss
-    figures = recovery.measure(20_000, "full", storage=None, timeout=60)
+    figures = recovery.measure(20_000, "full", storage=None, timeout=60, drop_cache=False)
     assert figures.messages == 200
     assert figures.fill_seconds is not None
     assert figures.outcome.startswith("not recovered: the restarted shard answered"), figures

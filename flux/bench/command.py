@@ -46,11 +46,14 @@ PEERS = {"nats": ["nats", "jetstream"], "redis": ["redis"], "all": ["nats", "jet
 @click.option("--recovery-bytes", default="1G", show_default=True,
               help="Payload bytes of 100-byte messages the recovery run fills a topic with"
                    " (e.g. 1G, 50M, 200K).")
+@click.option("--keep-page-cache", is_flag=True,
+              help="Recovery: do not drop the page cache before the kill (it is dropped by default,"
+                   " which needs root).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-results",
               show_default=True, help="Where the JSON and PNG files go.")
 def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: str, rate: float,
           client: str, no_flux: bool, sections: str, in_flight: int, data_dir: str | None,
-          recovery_bytes: str, out_dir: str) -> None:
+          recovery_bytes: str, keep_page_cache: bool, out_dir: str) -> None:
     """Measure throughput, latency, CPU and memory per message, side by side.
 
     \b
@@ -90,7 +93,8 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
         raise click.BadParameter(str(exc), param_hint="--recovery-bytes") from None
     common: dict[str, Any] = {"sizes": size_list, "rate": rate, "client": client,
                               "sections": chosen, "in_flight": in_flight, "data_dir": data_dir,
-                              "recovery_bytes": recovery_size}
+                              "recovery_bytes": recovery_size,
+                              "recovery_drop_cache": not keep_page_cache}
     if quick:
         plan = Plan(systems, count=count or 5000, latency_seconds=0.5, memory_count=5000,
                     repeat=repeat or 1, **common)

@@ -63,7 +63,7 @@ class RecoveryFigures:
         what = (f"recovery of {self.bytes / (1 << 20):,.1f} MiB ({self.messages:,} x {SIZE} B),"
                 f" dedup window {self.dedup}")
         if self.seconds is None:
-            return f"{what}: {self.outcome}"
+            return f"{what}{', ' + self.cache if self.cache else ''}: {self.outcome}"
         per_gib = self.seconds / (self.bytes / (1 << 30)) if self.bytes else 0.0
         return (f"{what}, {self.cache}: served after {self.seconds:.2f} s"
                 f" ({per_gib:.2f} s per GiB); {self.outcome}")
@@ -80,7 +80,8 @@ def run(runner: Runner) -> list[RecoveryFigures]:
     for dedup in plan.recovery_dedup:
         runner.advance(f"Flux: recovery of {plan.recovery_bytes / (1 << 20):,.1f} MiB,"
                        f" dedup window {dedup}")
-        figures = measure(plan.recovery_bytes, dedup, plan.data_dir)
+        figures = measure(plan.recovery_bytes, dedup, plan.data_dir,
+                          drop_cache=plan.recovery_drop_cache)
         out.append(figures)
         if figures.outcome.startswith("not available"):
             break
@@ -91,11 +92,12 @@ DISK = systems.FluxStorage("always")
 
 
 def measure(total_bytes: int, dedup: str, data_dir: str | None = None,
-            timeout: float | None = None,
-            storage: systems.FluxStorage | None = DISK) -> RecoveryFigures:
+            timeout: float | None = None, storage: systems.FluxStorage | None = DISK,
+            drop_cache: bool = True) -> RecoveryFigures:
     """Fill, kill, time the restart (see the module docstring). Never raises for a
     server that cannot do it: the figures say why. ``storage=None`` runs the same
-    steps on a memory topic (which a restart loses: the figures say so)."""
+    steps on a memory topic (which a restart loses: the figures say so);
+    ``drop_cache=False`` leaves the machine's page cache alone (tests)."""
     figures = RecoveryFigures(dedup, total_bytes, messages=max(1, total_bytes // SIZE))
     window = EXPIRED_WINDOW if dedup == "expired" else FULL_WINDOW
     try:
@@ -106,12 +108,12 @@ def measure(total_bytes: int, dedup: str, data_dir: str | None = None,
         return figures
     with broker:
         limit = timeout if timeout is not None else max(60.0, 60.0 * total_bytes / (1 << 30))
-        trio.run(_fill_kill_fetch, broker, figures, window, limit)
+        trio.run(_fill_kill_fetch, broker, figures, window, limit, drop_cache)
     return figures
 
 
 async def _fill_kill_fetch(broker: systems.Broker, figures: RecoveryFigures, window: float,
-                           limit: float) -> None:
+                           limit: float, drop_cache: bool) -> None:
     topic = f"bench.recovery.{os.getpid()}.{figures.dedup}"
     body = os.urandom(SIZE)
     started = time.perf_counter()
@@ -138,7 +140,7 @@ async def _fill_kill_fetch(broker: systems.Broker, figures: RecoveryFigures, win
         before = await client.fetch(topic, 0, 1)
     if figures.dedup == "expired":
         await trio.sleep(window + 1.0)   # every id has left the dedup window
-    figures.cache = _drop_page_cache()
+    figures.cache = _drop_page_cache() if drop_cache else "page cache kept (not asked to drop it)"
     shard = broker.pids[0]
     killed = time.perf_counter()
     os.kill(shard, signal.SIGKILL)
@@ -220,12 +222,15 @@ def main() -> None:
     parser.add_argument("--bytes", default="1G", help="payload bytes to fill the topic with")
     parser.add_argument("--dedup", default="both", choices=["expired", "full", "both"])
     parser.add_argument("--dir", default=None, help="where the data directory goes (a real disk)")
+    parser.add_argument("--keep-page-cache", action="store_true",
+                        help="do not drop the page cache before the kill")
     parser.add_argument("--memory", action="store_true",
                         help="the same steps on a memory topic (a restart loses it)")
     args = parser.parse_args()
     for dedup in ("expired", "full") if args.dedup == "both" else (args.dedup,):
         figures = measure(parse_bytes(args.bytes), dedup, args.dir,
-                          storage=None if args.memory else DISK)
+                          storage=None if args.memory else DISK,
+                          drop_cache=not args.keep_page_cache)
         print(figures.line(), flush=True)
         if figures.outcome.startswith("not available"):
             break

@@ -147,6 +147,10 @@ def print_durable(console: Console, plan: Plan, report: DurableReport) -> None:
     for key, row in report.rows.items():
         for error in dict.fromkeys(row.errors):
             console.print(f"[red]{key}: {error}[/]")
+        load = max(row.background, default=0.0)
+        if load > 0.25:
+            console.print(f"[yellow]{key}: other processes used up to {load:.1f} cores during"
+                          " its runs; its figures are lower than on a quiet machine[/]")
 
 
 def durable_json(report: DurableReport) -> dict[str, Any]:

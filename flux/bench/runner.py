@@ -52,6 +52,7 @@ class Plan:
     data_dir: str | None = None     # where disk rows keep their logs (None: the temp dir)
     recovery_bytes: int = 1 << 30   # payload bytes the recovery run fills the topic with
     recovery_dedup: tuple[str, ...] = ("expired", "full")   # dedup windows the recovery times
+    recovery_drop_cache: bool = True   # drop the page cache before the kill (needs root)
 
     def count_for(self, system: str, size: int) -> int:
         n = self.count * SCALE[system] / (8 if size > 1000 else 1)
@@ -210,6 +211,11 @@ class Runner:
 
         Errors and background load go to ``figures`` (default: ``system``'s)."""
         fig = figures if figures is not None else self.figures[system]
+        status = broker.process.poll()
+        if status is not None:  # say so, rather than a worker's "cannot connect"
+            fig.errors.append(f"the {broker.name} broker exited before this run (status {status}"
+                              + (", killed from outside" if status == -9 else "") + ")")
+            return None
         specs: list[Spec] = []
         if producers[0].system == "jetstream":
             import asyncio

@@ -145,7 +145,7 @@ def start_flux(shards: int, settings: dict[str, Any] | None = None,
         if not key.startswith("storage."):
             args += ["--set", f"{key}={value}"]
     # stderr goes to a file: the router logs there, and a refusal says why
-    errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
+    errors = _server_log()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     assert proc.stdout is not None
@@ -175,6 +175,15 @@ def start_flux(shards: int, settings: dict[str, Any] | None = None,
     threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
     return Broker("flux", url, pids, proc, pinned, version=_flux_version(), tmpdir=tmp,
                   extra={"data_dir": os.path.join(tmp, "data")} if tmp else {})
+
+
+def _server_log() -> IO[bytes]:
+    """Where a Flux broker's stderr goes: a temporary file, or (to keep the logs of a
+    bench run) the file named by ``FLUX_BENCH_SERVER_LOG``, appended to."""
+    path = os.environ.get("FLUX_BENCH_SERVER_LOG")
+    if path:
+        return open(path, "a+b")  # the caller closes it
+    return tempfile.TemporaryFile()  # the caller closes it
 
 
 def _drain(stream: Any) -> None:
