@@ -115,3 +115,52 @@ def test_recovery_of_a_memory_topic_says_it_was_lost() -> None:
     assert figures.fill_seconds is not None
     assert figures.outcome.startswith("not recovered: the restarted shard answered"), figures
     assert "another generation" in figures.line()
+
+
+class _FakeServe:
+    """Stands in for a ``flux serve`` that keeps disk topics: records its arguments and
+    announces one shard, as the real one does on stdout."""
+
+    started: list[list[str]] = []
+
+    def __init__(self, args: list[str], **kwargs: object) -> None:
+        import io
+
+        self.started.append(args)
+        self.stdout = io.BytesIO(b"flux: router listening on 127.0.0.1:1 with 1 shards\n"
+                                 b"flux: shard 0 listening on 127.0.0.1:2 (pid 0, generation 0x1)\n")
+        self.pid = 0
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.returncode = -sig
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode or 0
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+
+def test_a_disk_broker_gets_data_dir_and_a_config_with_the_fsync_mode(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    monkeypatch.setattr(systems.subprocess, "Popen", _FakeServe)
+    monkeypatch.setattr(systems, "_wait_gone", lambda pid, timeout: None)
+    _FakeServe.started.clear()
+    broker = systems.start_flux(1, storage=systems.FluxStorage("interval", 1.0),
+                                data_dir=str(tmp_path))
+    args = _FakeServe.started[0]
+    data_dir, config = args[args.index("--data-dir") + 1], args[args.index("--config") + 1]
+    assert Path(data_dir).parent.parent == tmp_path
+    assert yaml.safe_load(Path(config).read_text()) == {
+        "storage": {"fsync": "interval", "fsync_interval": 1.0}}
+    assert "--set" in args and not any(a.startswith("storage.") for a in args)
+    assert broker.url == "flux://127.0.0.1:1" and broker.pids == [0]
+    assert broker.settings["storage.fsync"] == "interval"
+    broker.stop()
+    assert not Path(data_dir).parent.exists(), "the bench's data directory was left behind"
