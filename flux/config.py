@@ -419,7 +419,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             dir=data_dir,
             fsync=st["fsync"],
             fsync_interval=_seconds("storage.fsync_interval", st["fsync_interval"]),
-            segment_bytes=_int("storage.segment_bytes", st["segment_bytes"], minimum=65536),
+            segment_bytes=_int("storage.segment_bytes", st["segment_bytes"], minimum=4096),
             max_bytes=_int("storage.max_bytes", st["max_bytes"], minimum=0),
         ),
         topics=_topic_policies(merged["topics"]),

@@ -84,6 +84,8 @@ class Cleanup(ShardState):
                     budget -= dropped
                     if budget <= 0:
                         return False
+            if topic.journal is not None:  # whole log segments with nothing live may go
+                topic.journal.retain(log.oldest, self.epoch + now - dedup.window)
             if not topic.subs and not len(log) and not len(dedup) and topic.journal is None:
                 self._retire(topic)
             pending.pop()

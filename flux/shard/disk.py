@@ -120,6 +120,7 @@ class ShardStorage:
         self.writers: dict[str, LogWriter] = {}
         self.recovered: list[Recovered] = []
         self.failure: LogFailed | None = None
+        self._unsettled: list[LogWriter] = []  # logs of new generations to sync first
         self.failed = trio.Event()
         self._core: ShardCore | None = None
         self._dispatch: Callable[[], None] = lambda: None
@@ -171,6 +172,8 @@ class ShardStorage:
         topic = replay.build(generation, host.now(), reset=why is not None)
         writer = self._writer(name, table, generation)
         journal = TopicJournal(name, writer, exposed=topic.log.next_offset)
+        journal.published.extend(replay.published)
+        journal.droppable = table.start
         topic.journal = journal
         self.journals[name], self.writers[name] = journal, writer
         info = {"recovered_bytes": report.bytes, "recovered_records": replay.records,
@@ -180,6 +183,11 @@ class ShardStorage:
                     "position": report.damage.position, "reason": report.damage.reason,
                     "set_aside": list(report.damage.set_aside)}}
         core.adopt_recovered(topic, host.now(), info)
+        if why is not None:
+            # the new generation must be on disk before anyone hears of it: a snapshot
+            # starts a segment of that generation (synced in run, before serving)
+            journal.append(*core._snapshot(topic))
+            self._unsettled.append(writer)
         self.recovered.append(Recovered(name, report, replay.records, replay.messages,
                                         generation, why))
         damage = f"; {report.damage.kind} at position {report.damage.position}: " \
@@ -219,6 +227,9 @@ class ShardStorage:
             self._nursery = nursery
             for name, journal in self.journals.items():
                 nursery.start_soon(self._serve_log, journal, self.writers[name])
+            for writer in self._unsettled:
+                await writer.sync()  # raises LogFailed: the shard does not start
+            self._unsettled.clear()
             task_status.started()
             await trio.sleep_forever()
 
@@ -227,6 +238,7 @@ class ShardStorage:
         assert core is not None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer.run)
+            nursery.start_soon(self._retain, journal, writer)
             mark = writer.durable
             try:
                 while True:
@@ -242,6 +254,25 @@ class ShardStorage:
                     self.failure = exc
                 self.failed.set()
             nursery.cancel_scope.cancel()
+
+    async def _retain(self, journal: TopicJournal, writer: LogWriter) -> None:
+        """Every cleanup period, remove the log's whole segments that hold nothing live
+        (the cleanup pass moves ``journal.droppable``); never the one being written."""
+        period = self.config.message.cleanup_time
+        host = self.host
+        while True:
+            await host.sleep_until(host.now() + period)
+            if journal.failed is None and journal.droppable > writer.table.start:
+                try:
+                    # the snapshot that starts the first segment kept must be durable
+                    # before what it replaces goes (fsync never or interval included)
+                    await writer.sync()
+                    await writer.drop_before(journal.droppable)
+                except LogFailed:
+                    return  # the log's watcher fails what waits and stops the shard
+                except OSError as exc:  # the log itself is fine: try again next period
+                    log.warning("shard: removing old segments of topic %r failed: %s",
+                                journal.topic, exc)
 
     async def close(self) -> None:
         """Write and fsync what every log has queued, then close them (a clean stop)."""

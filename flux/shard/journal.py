@@ -78,6 +78,10 @@ class TopicJournal:
     exposed: int                           # offsets below are durable: deliver and fetch them
     failed: str | None = None              # why the log stopped taking records
     _waits: deque[tuple[int, Held | None, int]] = field(default_factory=deque)
+    # each PUBLISH record still in the log: (its end position, the offset after its
+    # messages, its wall time); the log before ``droppable`` holds nothing live
+    published: deque[tuple[int, int, float]] = field(default_factory=deque)
+    droppable: int = 0
 
     @property
     def generation(self) -> int:
@@ -94,6 +98,22 @@ class TopicJournal:
             if self.failed is None:
                 self.failed = str(exc) or exc.__class__.__name__
             return int(self.writer.appended)
+
+    def published_at(self, end: int, next_offset: int, wall: float) -> None:
+        """A PUBLISH record ending at ``end`` holds the messages below ``next_offset``."""
+        self.published.append((end, next_offset, wall))
+
+    def retain(self, oldest: int, forgotten_before: float) -> int:
+        """Move ``droppable`` past every PUBLISH record whose messages are all gone
+        (below ``oldest``) and whose ids left the dedup window (stored before
+        ``forgotten_before``, wall time); returns it. Every log segment begins with a
+        SNAPSHOT of the topic, so segments wholly before it can be removed."""
+        published = self.published
+        while published and published[0][1] <= oldest and published[0][2] < forgotten_before:
+            self.droppable = max(self.droppable, published.popleft()[0])
+        if not published:  # no message left in the log: everything written may go
+            self.droppable = max(self.droppable, self.writer.durable)
+        return self.droppable
 
     def publish_body(self, first: int, wall: float, ids: Any, packed_payloads: bytes) -> bytes:
         """A PUBLISH record's body around payloads already packed as one array."""

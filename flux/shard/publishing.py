@@ -90,9 +90,11 @@ class Publishing(ShardState):
                 log = topic.log
                 if log.next_offset != before:  # this group stored messages: one record
                     first, stored, packed = log.last_chunk()
-                    end = journal.append(PUBLISH, journal.publish_body(
-                        first, self.epoch + now, stored, packed))
+                    wall = self.epoch + now
+                    end = journal.append(PUBLISH, journal.publish_body(first, wall, stored,
+                                                                       packed))
                     journal.expose_at(end, log.next_offset)
+                    journal.published_at(end, log.next_offset, wall)
                 if journal not in journals:
                     journals.append(journal)
         reply = [P.PUBLISHED, rid, self.generation, results]

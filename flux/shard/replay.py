@@ -48,6 +48,7 @@ class TopicReplay:
         self.records = 0
         self.messages = 0
         self.gaps = 0
+        self.published: list[tuple[int, int, float]] = []  # (end, next offset, wall) each
 
     def feed(self, rec: Record) -> None:
         """Apply one record (in log order)."""
@@ -56,6 +57,7 @@ class TopicReplay:
         rtype = rec.type
         if rtype == J.PUBLISH:
             self._publish(*body)
+            self.published.append((rec.end, body[0] + len(body[2]), body[1]))
         elif rtype == J.CURSOR:
             name, cursor, acked = body
             row = self.subs.get(name)

@@ -286,12 +286,17 @@ def disk(rng: random.Random) -> Workload:
     fsync = rng.choice(("always", "always", "interval", "never"))
     config["storage"] = {"dir": "/data/flux", "fsync": fsync,
                          "fsync_interval": rng.choice((0.01, 0.05)),
-                         "segment_bytes": rng.choice((65536, 1 << 20))}
+                         "segment_bytes": rng.choice((4096, 16384, 1 << 20))}
+    short_window = rng.random() < 0.5  # ids leave the window in the run: segments go
+    if short_window:
+        config["message"] = {**w.config["message"], "dedup_window": 4.0}  # type: ignore[dict-item]
     chosen = rng.sample(w.topics, rng.randint(1, len(w.topics)))
     if len(chosen) == len(w.topics):
         config["storage"]["kind"] = "disk"  # type: ignore[index]
     else:
         config["topics"] = [{"match": topic, "storage": "disk"} for topic in chosen]
+    if short_window:  # producers give up well within the window
+        w = replace(w, request_timeout=0.5, retry_deadline=1.5, give_up_after=3.0)
     return replace(w, scenario="disk", config=config,
                    mix=FaultMix((("crash", 1.0), ("pause", 0.7), ("router", 0.7),
                                  ("power", 0.7), ("flip", 0.5), ("reset", 0.5)),
