@@ -180,11 +180,12 @@ class SimDisk:
                 and self._synced_len(self._files[p]) > 0]
 
     def flip_bit(self, path: str | None = None, offset: int | None = None, *,
-                 suffix: str = "", skip: int = 0, recent: int = 0) -> tuple[str, int] | None:
+                 suffix: str = "", skip: int = 0, recent: int = 0,
+                 limit: int | None = None) -> tuple[str, int] | None:
         """Flip one bit of a synced byte (of ``path`` at ``offset``, or drawn from the seed
         among files ending in ``suffix``, past their first ``skip`` bytes, and within the
         last ``recent`` synced bytes if given). Returns where, or None if nothing is
-        synced yet."""
+        synced yet. ``limit``: flip before this file offset."""
         if path is None:
             candidates = [p for p in sorted(self._files) if p.endswith(suffix)
                           and self._synced_len(self._files[p]) > skip]
@@ -192,7 +193,8 @@ class SimDisk:
                 return None
             path = self.random.choice(candidates)
         inode = self._files[posixpath.normpath(path)]
-        limit = self._synced_len(inode)
+        synced = self._synced_len(inode)
+        limit = synced if limit is None else min(limit, synced)
         if limit <= skip:
             return None
         if offset is None:

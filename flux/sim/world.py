@@ -26,7 +26,7 @@ from flux.sim.faults import Fault
 from flux.sim.network import Network, SimStream
 from flux.sim.simhost import SimHost, derive_seed
 from flux.sim.tap import Recorder, TappedHost
-from flux.storage.record import Bad, Torn
+from flux.storage.record import Bad, Record, Torn, decode_run
 from flux.storage.segment import MAX_HEADER, decode_header
 
 log = logging.getLogger("flux.sim")
@@ -222,16 +222,28 @@ def _directions(target: str) -> list[tuple[str, str]]:
 
 def _flip_in_a_record(disk: SimDisk) -> tuple[str, int] | None:
     """Flip a bit in a record of a log segment (past its header), where the checksums
-    must find it; half the time in the most recently written block."""
+    must find it; half the time in the most recently written block.
+
+    Never in a segment's last record: after a reboot a damaged last record cannot be
+    told from a torn write, and recovery cuts it as one (PROTOCOL.md §14.3 says so; with
+    fsync interval or never the reboot starts a new generation anyway). Only a flip
+    with a whole record after it is damage recovery must find."""
     logs = disk.synced_files(".log")
     if not logs:
         return None
     path = disk.random.choice(logs)
+    data = disk.contents(path)
     try:
-        _, header_size = decode_header(disk.contents(path)[:MAX_HEADER])
+        _, header_size = decode_header(data[:MAX_HEADER])
     except (Bad, Torn):
         return None
-    return disk.flip_bit(path, skip=header_size, recent=disk.random.choice((0, 4096)))
+    records: list[Record] = []
+    decode_run(data, header_size, header_size, records)
+    if len(records) < 2:
+        return None
+    last = records[-1].position  # (positions here are file offsets)
+    return disk.flip_bit(path, skip=header_size, recent=disk.random.choice((0, 4096)),
+                         limit=last)
 
 
 class SimLauncher(TaskLauncher):
