@@ -7,6 +7,7 @@ over ``flux.sim``. Errors a user can fix are printed in one line, without a trac
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -39,10 +40,13 @@ def main() -> None:
 @click.option("--port", type=int, default=None,
               help="The router's public port; 0 picks a free one.  [default: 7070]")
 @click.option("--shards", default=None, help="Shard processes: a number or 'auto' (one per CPU).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep topics on disk in this directory (storage.dir); every topic a"
+                   " policy does not place elsewhere becomes a disk topic.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Set any config key, e.g. --set message.ttl=5 (repeatable).")
 def serve(config_path: str | None, host: str | None, port: int | None, shards: str | None,
-          overrides: tuple[str, ...]) -> None:
+          data_dir: str | None, overrides: tuple[str, ...]) -> None:
     """Run a broker: the router plus one shard process per CPU.
 
     Flags override --set, which overrides the config file. Ctrl-C (or SIGTERM)
@@ -56,8 +60,11 @@ def serve(config_path: str | None, host: str | None, port: int | None, shards: s
             raise click.BadParameter("expected a number or 'auto'", param_hint="--shards")
         shard_flag = int(shards)
     try:
+        storage: dict[str, str | None] = {"storage.dir": None, "storage.kind": None}
+        if data_dir is not None:
+            storage = {"storage.dir": os.path.abspath(data_dir), "storage.kind": "disk"}
         cfg = config_mod.load(config_path, list(overrides), host=host, port=port,
-                              shards=shard_flag)
+                              shards=shard_flag, **storage)
     except errors.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     from flux.router.main import serve_forever

@@ -46,9 +46,13 @@ DEFAULTS: dict[str, Any] = {
     },
     "router": {"control_port": 0, "adopt_window": 5.0},
     "shard": {"ports": "auto", "advertise": [], "orphan_timeout": 60.0, "max_memory": "auto"},
+    "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
+                "segment_bytes": 67108864, "max_bytes": 0},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
     "topics": [],
 }
+
+FSYNC_MODES = ("always", "interval", "never")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +94,18 @@ class ShardConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class StorageConfig:
+    """Where and how disk topics keep their logs (DESIGN.md G9)."""
+
+    kind: str = "memory"            # the storage of topics no policy gives one
+    dir: str | None = None          # the data directory; required for any disk topic
+    fsync: str = "always"           # always | interval | never
+    fsync_interval: float = 1.0     # seconds between fsyncs with ``interval``
+    segment_bytes: int = 67108864   # a log segment is rolled past this size
+    max_bytes: int = 0              # a disk topic's log size cap (0: the disk's room)
+
+
+@dataclasses.dataclass(frozen=True)
 class HttpConfig:
     """The router's monitoring endpoint (``/metrics``, ``/healthz``, ``/api/``, the dashboard)."""
 
@@ -115,6 +131,7 @@ class Config:
     subscriber: SubscriberConfig = SubscriberConfig()
     router: RouterConfig = RouterConfig()
     shard: ShardConfig = ShardConfig()
+    storage: StorageConfig = StorageConfig()
     http: HttpConfig = HttpConfig()
     topics: tuple[TopicPolicy, ...] = ()  # per-pattern settings; the first match wins
 
@@ -125,7 +142,8 @@ class Config:
         return TopicSettings(match=None, ttl=m.ttl, dedup_window=m.dedup_window,
                              max_bytes=self.topic.max_bytes, retry_count=s.retry_count,
                              retry_interval=s.retry_interval, timeout=s.timeout,
-                             inactive_time=s.inactive_time)
+                             inactive_time=s.inactive_time, storage=self.storage.kind,
+                             storage_max_bytes=self.storage.max_bytes)
 
     @functools.cached_property
     def policies(self) -> tuple[tuple[tuple[str, ...], TopicSettings], ...]:
@@ -259,9 +277,17 @@ _POLICY_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "subscriber.retry_interval": _seconds_or_zero,
     "subscriber.timeout": _seconds,
     "subscriber.inactive_time": _seconds_or_zero,
+    "storage.kind": lambda path, value: _storage_kind(path, value),
+    "storage.max_bytes": lambda path, value: _int(path, value, minimum=0),
 }
 assert _POLICY_CHECKS.keys() == POLICY_KEYS.keys()
 _POLICY_SECTIONS = frozenset(path.split(".")[0] for path in POLICY_KEYS)
+
+
+def _storage_kind(path: str, value: Any) -> str:
+    if value not in ("memory", "disk"):
+        raise ConfigError(path, f"expected 'memory' or 'disk', got {value!r}")
+    return str(value)
 
 
 def _check_policy_key(where: str, path: str) -> None:
@@ -316,6 +342,8 @@ def _topic_policies(raw: Any) -> tuple[TopicPolicy, ...]:
         for section, keys in entry.items():
             if section == "match":
                 continue
+            if section == "storage" and not isinstance(keys, dict):
+                keys = {"kind": keys}  # storage: disk is short for storage: {kind: disk}
             if section not in _POLICY_SECTIONS:
                 _check_policy_key(where, str(section))  # raises: it is not a section of them
             if not isinstance(keys, dict):
@@ -345,7 +373,14 @@ def from_dict(raw: dict[str, Any]) -> Config:
     if not isinstance(host, str) or not host:
         raise ConfigError("host", f"expected a host name or address, got {host!r}")
 
-    t, m, s, r, sh = (merged[k] for k in ("topic", "message", "subscriber", "router", "shard"))
+    t, m, s, r, sh, st = (merged[k] for k in ("topic", "message", "subscriber", "router",
+                                              "shard", "storage"))
+    data_dir = st["dir"]
+    if data_dir is not None and (not isinstance(data_dir, str) or not data_dir):
+        raise ConfigError("storage.dir", f"expected a directory path, got {data_dir!r}")
+    if st["fsync"] not in FSYNC_MODES:
+        raise ConfigError("storage.fsync",
+                          f"expected one of {', '.join(FSYNC_MODES)}, got {st['fsync']!r}")
     ports = sh["ports"]
     if ports != "auto":
         if not isinstance(ports, list) or not ports:
@@ -404,9 +439,21 @@ def from_dict(raw: dict[str, Any]) -> Config:
             orphan_timeout=_positive_number("shard.orphan_timeout", sh["orphan_timeout"]),
             max_memory=max_memory,
         ),
+        storage=StorageConfig(
+            kind=_storage_kind("storage.kind", st["kind"]),
+            dir=data_dir,
+            fsync=st["fsync"],
+            fsync_interval=_seconds("storage.fsync_interval", st["fsync_interval"]),
+            segment_bytes=_int("storage.segment_bytes", st["segment_bytes"], minimum=4096),
+            max_bytes=_int("storage.max_bytes", st["max_bytes"], minimum=0),
+        ),
         http=_http(merged["http"]),
         topics=_topic_policies(merged["topics"]),
     )
+    if data_dir is None and (config.storage.kind == "disk" or any(
+            dict(policy.values).get("storage.kind") == "disk" for policy in config.topics)):
+        raise ConfigError("storage.dir", "disk topics need a data directory: set storage.dir"
+                                         " or start with --data-dir DIR")
     return config
 
 

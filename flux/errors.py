@@ -99,6 +99,14 @@ class Busy(RemoteError):
     retryable = True
 
 
+class StorageUnavailable(RemoteError):
+    """A disk topic's log cannot take records now (disk full, an I/O error, recovering);
+    nothing acked is lost. Retry with the same id."""
+
+    code = 42
+    retryable = True
+
+
 class TopicReset(RemoteError):
     """The topic's shard restarted (new generation); offsets began again at 0."""
 

@@ -32,6 +32,7 @@ class Host(Protocol):
 
     name: str
     random: random.Random
+    disk: Disk  # the file system disk topics keep their logs on
 
     def now(self) -> float:
         """Seconds on the monotonic clock (trio's clock; fake in the simulator)."""
@@ -75,6 +76,7 @@ class RealHost:
     def __init__(self, name: str = "flux", seed: int | None = None) -> None:
         self.name = name
         self.random = random.Random(seed if seed is not None else os.urandom(16))
+        self.disk: Disk = RealDisk()
 
     def now(self) -> float:
         return trio.current_time()

@@ -23,12 +23,12 @@ POLICY_KEYS: Final[dict[str, str]] = {
     "subscriber.retry_interval": "retry_interval",
     "subscriber.timeout": "timeout",
     "subscriber.inactive_time": "inactive_time",
+    "storage.kind": "storage",
+    "storage.max_bytes": "storage_max_bytes",
 }
 
 # Per-topic keys DESIGN.md names for features not built yet, and what brings each.
 PLANNED_KEYS: Final[dict[str, str]] = {
-    "storage": "disk topics",
-    "storage.max_bytes": "disk topics",
     "message.max_delay": "delayed delivery",
     "dead_letter": "dead letters",
     "dead_letter.ttl": "dead letters",
@@ -54,6 +54,8 @@ class TopicSettings:
     retry_interval: float
     timeout: float
     inactive_time: float
+    storage: str = "memory"          # "memory" or "disk" (G9), fixed when the topic is made
+    storage_max_bytes: int = 0       # a disk topic's log size cap; 0: only the disk's room
 
     def as_dict(self) -> dict[str, Any]:
         """``{"match": ..., "message.ttl": ..., ...}``: config paths, as STATS reports them."""
@@ -80,6 +82,9 @@ class TopicPolicy:
         for path, value in self.values:
             section, key = path.split(".")
             data.setdefault(section, {})[key] = value
+        storage = data.get("storage")
+        if storage is not None and list(storage) == ["kind"]:
+            data["storage"] = storage["kind"]  # written as the config file has it: storage: disk
         return data
 
     def apply(self, base: TopicSettings) -> TopicSettings:

@@ -18,7 +18,7 @@ import msgpack
 
 from flux import errors
 
-VERSION: Final = 3
+VERSION: Final = 4
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 HEADER = struct.Struct(">I")
 
@@ -31,7 +31,7 @@ PING: Final = 4           # [PING, rid]
 PONG: Final = 5           # [PONG, rid]
 # publishing
 PUBLISH: Final = 10       # [PUBLISH, rid, [[topic, [id, ...], [payload, ...]], ...]] (groups)
-PUBLISHED: Final = 11     # [PUBLISHED, rid, generation, [[offsets, duplicates, refused], ...]]
+PUBLISHED: Final = 11     # [PUBLISHED, rid, generation, [[offsets, duplicates, refused(, gen)], ...]]
 # push subscriptions
 SUBSCRIBE: Final = 20     # [SUBSCRIBE, rid, sid, {options}]
 SUBSCRIBED: Final = 21    # [SUBSCRIBED, rid, sid, {reply}]

@@ -33,8 +33,12 @@ def test_scaling_topics_land_on_distinct_shards() -> None:
 
 
 def test_plan_counts_every_step_it_reports() -> None:
-    plan = Plan(["flux", "nats"], sizes=(100,), repeat=2, shard_counts=(1, 2))
+    plan = Plan(["flux", "nats"], sizes=(100,), repeat=2, shard_counts=(1, 2), sections=("main",))
     assert plan.steps() == (2 * 1 * 2 + 2) * 2 + 2
+    # durable: five rows (Flux memory, always, interval; JetStream default, always) per
+    # repeat, the fsync probe, two latency runs; recovery: one run per dedup window
+    plan.sections = ("main", "durable", "recovery")
+    assert plan.steps() == (2 * 1 * 2 + 2) * 2 + 2 + 5 * 2 + 1 + 2 + 2
 
 
 @pytest.mark.parametrize("client", ["asyncio", "trio"])

@@ -49,7 +49,10 @@ def refused(path: str, *args: Any, **kwargs: Any) -> ConfigError:
 # keys added since the design (README, configuration table); topics: DESIGN.md §1
 ADDED_DEFAULTS: dict[str, Any] = {
     "shard": {"max_memory": "auto"}, "topics": [],
-    "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0}}
+    "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
+                "segment_bytes": 67108864, "max_bytes": 0},
+    "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
+}
 
 
 def test_defaults_equal_design_section_2_plus_the_added_keys() -> None:

@@ -76,7 +76,7 @@ def test_a_policy_inherits_every_key_it_omits_from_the_global_keys() -> None:
         "match": "a.*", "message.ttl": 7.0, "message.dedup_window": 9.0,
         "topic.max_bytes": 5000, "subscriber.retry_count": 2,
         "subscriber.retry_interval": 0.5, "subscriber.timeout": 8.0,
-        "subscriber.inactive_time": 11.0}
+        "subscriber.inactive_time": 11.0, "storage.kind": "memory", "storage.max_bytes": 0}
     assert cfg.settings_for("b") == cfg.global_settings
     assert cfg.global_settings.match is None and cfg.global_settings.timeout == 3.0
 
@@ -158,8 +158,11 @@ def test_bad_values_are_refused_with_their_path(entry: dict[str, Any], path: str
 
 
 @pytest.mark.parametrize(("entry", "path", "says"), [
-    ({"match": "a", "storage": "disk"}, "topics[0].storage", "disk topics"),
-    ({"match": "a", "storage": {"max_bytes": 5}}, "topics[0].storage", "disk topics"),
+    ({"match": "a", "storage": "tape"}, "topics[0].storage.kind", "'memory' or 'disk'"),
+    ({"match": "a", "storage": {"max_bytes": -5}}, "topics[0].storage.max_bytes", ">= 0"),
+    ({"match": "a", "storage": {"fsync": "never"}}, "topics[0].storage.fsync",
+     "global key only"),
+    ({"match": "a", "storage": "disk"}, "storage.dir", "need a data directory"),
     ({"match": "a", "message": {"max_delay": 5}}, "topics[0].message.max_delay",
      "delayed delivery"),
     ({"match": "a", "dead_letter": True}, "topics[0].dead_letter", "dead letters"),
@@ -177,6 +180,22 @@ def test_bad_values_are_refused_with_their_path(entry: dict[str, Any], path: str
 def test_keys_a_policy_may_not_set_are_refused_with_their_path(entry: dict[str, Any], path: str,
                                                                says: str) -> None:
     assert says in refused(path, [entry]).problem
+
+
+def test_storage_policies_resolve_and_round_trip() -> None:
+    cfg = config.from_dict({"storage": {"dir": "/data", "max_bytes": 10},
+                        "topics": [{"match": "orders.>", "storage": "disk"},
+                                   {"match": "logs.*", "storage": {"kind": "disk",
+                                                                   "max_bytes": 99}}]})
+    assert cfg.settings_for("orders.eu").storage == "disk"
+    assert cfg.settings_for("orders.eu").storage_max_bytes == 10
+    assert cfg.settings_for("logs.a").storage_max_bytes == 99
+    assert cfg.settings_for("other").storage == "memory"
+    assert cfg.to_dict()["topics"][0] == {"match": "orders.>", "storage": "disk"}
+    assert config.from_dict(cfg.to_dict()) == cfg
+    disk_default = config.from_dict({"storage": {"dir": "/data", "kind": "disk"}})
+    assert disk_default.settings_for("x").storage == "disk"
+    assert disk_default.settings_for("x").as_dict()["storage.kind"] == "disk"
 
 
 def test_topics_must_be_a_list_of_mappings() -> None:

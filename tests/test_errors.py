@@ -22,6 +22,7 @@ REMOTE_CODES: dict[int, tuple[type[errors.RemoteError], bool]] = {
     30: (errors.WrongShard, True),
     40: (errors.TopicFull, True),
     41: (errors.Busy, True),
+    42: (errors.StorageUnavailable, True),
     50: (errors.TopicReset, False),
     60: (errors.UnknownSubscription, False),
     61: (errors.SubscriptionInactive, False),

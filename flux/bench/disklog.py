@@ -14,6 +14,7 @@ import shutil
 import statistics
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import trio
 
@@ -23,7 +24,26 @@ from flux.storage import FsyncMode, LogWriter, Record, recover
 BODY = b"m" * 100
 
 
-async def append_run(directory: str, in_flight: int, seconds: float, mode: FsyncMode) -> str:
+@dataclass
+class AppendFigures:
+    """What :func:`append_figures` measured."""
+
+    mode: str
+    in_flight: int
+    records_per_s: float
+    fsyncs_per_s: float
+    records_per_fsync: float
+    fsync_p50_ms: float
+    fsync_p99_ms: float
+
+    def line(self) -> str:
+        return (f"append {self.mode:8} in flight {self.in_flight:6}: {self.records_per_s:10,.0f}"
+                f" records/s  {self.fsyncs_per_s:6.1f} fsyncs/s  {self.records_per_fsync:8.1f}"
+                f" records/fsync  fsync p50 {self.fsync_p50_ms:5.2f} ms p99 {self.fsync_p99_ms:5.2f} ms")
+
+
+async def append_figures(directory: str, in_flight: int, seconds: float,
+                         mode: FsyncMode) -> AppendFigures:
     """Keep ``in_flight`` appends waiting for the durable mark, for ``seconds``."""
     disk = RealDisk()
     table, _ = await recover(disk, directory, owner="bench")
@@ -48,9 +68,24 @@ async def append_run(directory: str, in_flight: int, seconds: float, mode: Fsync
     recent = sorted(writer.stats.recent_syncs)
     p50 = statistics.median(recent) * 1e3 if recent else 0.0
     p99 = recent[int(len(recent) * 0.99)] * 1e3 if recent else 0.0
-    return (f"append {mode.value:8} in flight {in_flight:6}: {acked / elapsed:10,.0f} records/s"
-            f"  {syncs / elapsed:6.1f} fsyncs/s  {acked / max(syncs, 1):8.1f} records/fsync"
-            f"  fsync p50 {p50:5.2f} ms p99 {p99:5.2f} ms")
+    return AppendFigures(mode.value, in_flight, acked / elapsed, syncs / elapsed,
+                         acked / max(syncs, 1), p50, p99)
+
+
+async def append_run(directory: str, in_flight: int, seconds: float, mode: FsyncMode) -> str:
+    """:func:`append_figures` as one line for a person."""
+    return (await append_figures(directory, in_flight, seconds, mode)).line()
+
+
+def fsync_p50(directory: str, seconds: float = 2.0, in_flight: int = 64) -> AppendFigures:
+    """The disk's own fsync time in ``directory`` (appends of 100 B records, ``in_flight``
+    waiting, ``fsync: always``), for the bench to show beside publish latency; the log
+    it writes is removed."""
+    path = os.path.join(directory, f"fsync-probe-{os.getpid()}")
+    try:
+        return trio.run(append_figures, path, in_flight, seconds, FsyncMode.ALWAYS)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 async def recovery_run(directory: str, megabytes: int, drop_cache: bool, record_bytes: int) -> str:

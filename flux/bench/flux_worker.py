@@ -24,6 +24,7 @@ from flux.bench.worker import (
     payload,
     ready_then_go,
     stamped,
+    summarise,
 )
 from flux.client import asyncio as flux_asyncio
 from flux.client.trio import Client, connect
@@ -48,7 +49,9 @@ async def _produce(spec: Spec) -> Result:
         await client.publish(spec.topic, b"warm-up")
         result.start = ready_then_go()
         if spec.mode == "latency":
-            await _produce_at_rate(client, spec)
+            acks: list[float] = []
+            await _produce_at_rate(client, spec, acks)
+            result.ack_latency_us = summarise(acks)
         else:
             await _produce_flat_out(client, spec)
         result.last = time.perf_counter()
@@ -69,17 +72,23 @@ async def _produce_flat_out(client: Client, spec: Spec) -> None:
             nursery.start_soon(publisher)
 
 
-async def _produce_at_rate(client: Client, spec: Spec) -> None:
+async def _produce_at_rate(client: Client, spec: Spec, acks: list[float]) -> None:
+    """Publish at ``spec.rate``; each message's publish-to-ack time (us) goes to ``acks``."""
     interval = 1.0 / spec.rate
     start = time.perf_counter()
     sent = 0
+
+    async def publish(payloads: list[bytes]) -> None:
+        began = time.perf_counter()
+        await client.publish_many(spec.topic, payloads)
+        acks.extend([(time.perf_counter() - began) * 1e6] * len(payloads))
+
     async with trio.open_nursery() as nursery:
         while sent < spec.count:
             due = min(spec.count, int((time.perf_counter() - start) / interval) + 1)
             if due > sent:
                 # everything due now goes in one call; acks are awaited off the schedule
-                nursery.start_soon(client.publish_many, spec.topic,
-                                   [stamped(spec.size) for _ in range(due - sent)])
+                nursery.start_soon(publish, [stamped(spec.size) for _ in range(due - sent)])
                 sent = due
             await trio.sleep(max(0.0, start + sent * interval - time.perf_counter()))
 
@@ -113,7 +122,9 @@ async def _aio_produce(spec: Spec) -> Result:
         await client.publish(spec.topic, b"warm-up")
         result.start = ready_then_go()
         if spec.mode == "latency":
-            await _aio_produce_at_rate(client, spec)
+            acks: list[float] = []
+            await _aio_produce_at_rate(client, spec, acks)
+            result.ack_latency_us = summarise(acks)
         else:
             await flat_out(spec, lambda payloads: client.publish_many(spec.topic, payloads))
         result.last = time.perf_counter()
@@ -121,12 +132,17 @@ async def _aio_produce(spec: Spec) -> Result:
     return result
 
 
-async def _aio_produce_at_rate(client: flux_asyncio.Client, spec: Spec) -> None:
+async def _aio_produce_at_rate(client: flux_asyncio.Client, spec: Spec, acks: list[float]) -> None:
     pending: set[asyncio.Task[object]] = set()
+
+    async def publish(payloads: list[bytes]) -> None:
+        began = time.perf_counter()
+        await client.publish_many(spec.topic, payloads)
+        acks.extend([(time.perf_counter() - began) * 1e6] * len(payloads))
 
     async def send(payloads: list[bytes]) -> None:
         # acks are awaited off the schedule
-        task = asyncio.ensure_future(client.publish_many(spec.topic, payloads))
+        task = asyncio.ensure_future(publish(payloads))
         pending.add(task)  # kept until done
         task.add_done_callback(pending.discard)
 

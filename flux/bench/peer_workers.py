@@ -124,8 +124,9 @@ async def _nats_consume(spec: Spec) -> Result:
 # -- JetStream -------------------------------------------------------------------------------
 
 
-async def ensure_stream(address: str, duplicate_window: float) -> None:
-    """(Re)create the memory stream ``BENCH`` on subjects ``js.>``."""
+async def ensure_stream(address: str, duplicate_window: float, storage: str = "memory",
+                        stream: str = STREAM, subjects: str = "js.>") -> None:
+    """(Re)create the stream ``stream`` on ``subjects``, in ``memory`` or ``file`` storage."""
     import nats
     from nats.js.api import StorageType, StreamConfig
 
@@ -133,9 +134,9 @@ async def ensure_stream(address: str, duplicate_window: float) -> None:
     try:
         js = nc.jetstream()
         with contextlib.suppress(Exception):  # not there yet
-            await js.delete_stream(STREAM)
-        await js.add_stream(StreamConfig(name=STREAM, subjects=["js.>"],
-                                         storage=StorageType.MEMORY,
+            await js.delete_stream(stream)
+        await js.add_stream(StreamConfig(name=stream, subjects=[subjects],
+                                         storage=StorageType(storage),
                                          duplicate_window=duplicate_window))
     finally:
         await nc.close()

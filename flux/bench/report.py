@@ -15,6 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from flux.bench.durable import DurableReport
+from flux.bench.recovery import RecoveryFigures
 from flux.bench.runner import LABELS, Figures, Plan
 
 Row = tuple[str, str, dict[str, float | None], bool]  # label, unit, value per system, higher wins
@@ -98,8 +100,69 @@ def print_table(console: Console, plan: Plan, figures: dict[str, Figures]) -> No
     console.print(table)
 
 
+def print_durable(console: Console, plan: Plan, report: DurableReport) -> None:
+    """The durable rows (end to end 100 B, the same publishes in flight on every row),
+    the goals of issue 16 as measured ratios, and publish latency beside the disk's fsync."""
+    memory = report.e2e("flux-memory")
+    always = report.e2e("flux-always")
+    table = Table(title=f"Durable topics: end to end 100 B, {plan.in_flight:,} publishes in flight"
+                        f" (medians of {plan.repeat})")
+    for name in ("system", "in flight", "msg/s", "server CPU us/msg", "/ Flux memory",
+                 "Flux always / this"):
+        table.add_column(name, justify="left" if name == "system" else "right")
+    for key, row in report.rows.items():
+        if row.unavailable is not None or row.e2e is None:
+            why = row.unavailable or ("failed: " + row.errors[-1] if row.errors else "no figure")
+            table.add_row(row.label, f"{row.in_flight:,}", f"[red]{why}[/]", "", "", "")
+            continue
+        cpu = f"{row.server_cpu_us:.2f}" if row.server_cpu_us is not None else "-"
+        vs_memory = f"{row.e2e / memory:.2f}x" if memory else "-"
+        vs_always = (f"{always / row.e2e:.2f}x" if always and key != "flux-always" else "-")
+        table.add_row(row.label, f"{row.in_flight:,}", _fmt(row.e2e, "msg/s"), cpu, vs_memory,
+                      vs_always)
+    console.print(table)
+    fsync = report.fsync
+    if "fsync_p50_ms" in fsync:
+        console.print(f"disk fsync in {fsync['directory']} (100 B appends, {fsync['in_flight']} in"
+                      f" flight): p50 {fsync['fsync_p50_ms']:.2f} ms, p99 {fsync['fsync_p99_ms']:.2f} ms")
+    elif "error" in fsync:
+        console.print(f"[red]{fsync['error']}[/]")
+    for key in ("flux-memory", "flux-always"):
+        if key not in report.rows:
+            continue
+        row = report.rows[key]
+        if row.ack_latency:
+            lat, ack = row.latency, row.ack_latency
+            console.print(f"{row.label} at {report.rate:,.0f} msg/s: publish to ack p50"
+                          f" {ack['p50'] / 1000:.3f} ms, p99 {ack['p99'] / 1000:.3f} ms; end to end"
+                          f" p50 {lat.get('p50', float('nan')) / 1000:.3f} ms,"
+                          f" p99 {lat.get('p99', float('nan')) / 1000:.3f} ms")
+        else:
+            console.print(f"{row.label} at {report.rate:,.0f} msg/s: publish latency"
+                          f" {row.unavailable or 'not measured (the run failed)'}")
+    console.print("[bold]Goals (issue 16), as measured in this run[/]")
+    for what, value, goal in report.goals():
+        shown = f"{value:.2f}" if value is not None else "- (a row is missing)"
+        console.print(f"  {what}: {shown}  (goal {goal})")
+    for key, row in report.rows.items():
+        for error in dict.fromkeys(row.errors):
+            console.print(f"[red]{key}: {error}[/]")
+        load = max(row.background, default=0.0)
+        if load > 0.25:
+            console.print(f"[yellow]{key}: other processes used up to {load:.1f} cores during"
+                          " its runs; its figures are lower than on a quiet machine[/]")
+
+
+def durable_json(report: DurableReport) -> dict[str, Any]:
+    return {"rows": {k: r.__dict__ for k, r in report.rows.items()}, "fsync": report.fsync,
+            "rate": report.rate,
+            "goals": [{"what": w, "measured": v, "goal": g} for w, v, g in report.goals()]}
+
+
 def write_json(path: Path, plan: Plan, figures: dict[str, Figures], configs: dict[str, Any],
-               versions: dict[str, str], runs: list[dict[str, Any]], wall: float) -> None:
+               versions: dict[str, str], runs: list[dict[str, Any]], wall: float,
+               durable: DurableReport | None = None,
+               recovery: list[RecoveryFigures] | None = None) -> None:
     table = rows(plan, figures)
     data = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -111,6 +174,8 @@ def write_json(path: Path, plan: Plan, figures: dict[str, Figures], configs: dic
                     for label, unit, values, higher in table},
         "ratios_flux_over_peer": ratios(table),
         "details": {s: f.__dict__ for s, f in figures.items()},
+        "durable": durable_json(durable) if durable is not None else None,
+        "recovery": [{**r.__dict__, "line": r.line()} for r in recovery or []],
         "runs": runs,
         "wall_seconds": wall,
     }

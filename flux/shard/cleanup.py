@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from flux import errors
+from flux.shard.journal import TRIM
 from flux.shard.state import (
     P,
     ShardState,
@@ -75,13 +76,17 @@ class Cleanup(ShardState):
                 first = log.oldest
                 dropped = log.trim(below, now - ttl, budget)
                 if dropped:
+                    if topic.journal is not None:  # trimmed messages stay gone after a restart
+                        topic.journal.append(TRIM, [log.oldest])
                     self._recount(topic)
                     self.counters["trimmed"] += dropped
                     self._emit("trimmed", topic.name, first, dropped)
                     budget -= dropped
                     if budget <= 0:
                         return False
-            if not topic.subs and not len(log) and not len(dedup):
+            if topic.journal is not None:  # whole log segments with nothing live may go
+                topic.journal.retain(log.oldest, self.epoch + now - dedup.window)
+            if not topic.subs and not len(log) and not len(dedup) and topic.journal is None:
                 self._retire(topic)
             pending.pop()
             if budget <= 0:

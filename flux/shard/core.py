@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from flux import errors
 from flux.shard.cleanup import Cleanup
 from flux.shard.delivery import Delivery
+from flux.shard.journal import TopicJournal
 from flux.shard.publishing import Publishing
 from flux.shard.pull import Pull
 from flux.shard.state import (
@@ -54,7 +55,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         session = self.sessions.get(conn)
         if session is None:
             return
-        session.out.append(P.error_frame(0, exc))
+        # ahead of any reply still held for durability: the connection closes now
+        (session.ready if session.holds else session.out).append(P.error_frame(0, exc))
         session.close = True
         self._end_session_attachments(session, now)
 
@@ -127,6 +129,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                 "oldest": topic.log.oldest, "next_offset": topic.log.next_offset,
                 "held": len(topic.log), "held_bytes": topic.held_bytes(now),
                 "dedup_ids": len(topic.dedup),
+                "generation": topic.generation,
+                "storage": self._storage_stats(topic),
                 "policy": topic.settings.as_dict(),
                 "subscriptions": {
                     s.name: {"mode": s.mode, "cursor": s.cursor, "active": s.active,
@@ -142,6 +146,18 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                 "memory": self.memory, "max_memory": self.max_memory,
                 "retired_topics": len(self.retired),
                 "publish_ack_seconds": self.publish_acks.as_dict(), "topics": topics}
+
+    def _storage_stats(self, topic: Topic) -> dict[str, Any] | None:
+        """A disk topic's log: its size, marks and what recovery found (None: memory)."""
+        journal = topic.journal
+        if journal is None:
+            return None
+        writer = journal.writer
+        info: dict[str, Any] = {"log_bytes": writer.size, "appended": writer.appended,
+                                "durable": writer.durable, "exposed": journal.exposed,
+                                "failed": journal.failed}
+        info.update(self.recovery_info.get(topic.name, {}))
+        return info
 
     _handlers: ClassVar[dict[int, Callable[[Any, Session, list[Any], float], None]]] = {
         P.HELLO: _hello, P.PING: _ping, P.PUBLISH: Publishing._publish,
@@ -185,12 +201,49 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         """Frames to send per connection, and whether to close it after sending."""
         out: list[tuple[int, list[list[Any]], bool]] = []
         for conn, session in list(self.sessions.items()):
-            if session.out or session.close:
+            if session.ready or session.holds:  # replies held for durability (G9)
+                if not session.holds:  # all released: what came after them goes too
+                    session.ready += session.out
+                    session.out = []
+                if session.ready or session.close:
+                    out.append((conn, session.ready, session.close))
+                    session.ready = []
+                    if session.close:
+                        self.disconnect(conn, session.last_seen)
+            elif session.out or session.close:
                 out.append((conn, session.out, session.close))
                 session.out = []
                 if session.close:
                     self.disconnect(conn, session.last_seen)
         return out
+
+    def adopt_recovered(self, topic: Topic, now: float,
+                        info: dict[str, Any] | None = None) -> None:
+        """Hold a disk topic rebuilt from its log (before the shard serves); ``info``:
+        what its recovery read and found, for STATS."""
+        if info is not None:
+            self.recovery_info[topic.name] = info
+        self.topics[topic.name] = topic
+        self.retired.pop(topic.name, None)
+        if topic.subs:
+            self._subscribed[topic.name] = topic
+        journal = topic.journal
+        if journal is not None:
+            journal.writer.snapshot = lambda: self._snapshot(topic)
+        self._recount(topic)
+
+    def storage_progress(self, journal: TopicJournal, now: float) -> None:
+        """The durable mark of ``journal`` moved: release replies, expose offsets, push."""
+        ready, moved = journal.advance()
+        if ready:
+            self._release(ready)
+        if moved:
+            topic = self.topics.get(journal.topic)
+            if topic is not None and topic.journal is journal:
+                for sub in topic.subs.values():
+                    if sub.session is not None:
+                        self._dirty[id(sub)] = sub
+        self._pump(now)
 
     def drain(self) -> None:
         """Refuse new publishes from now on (the shard is stopping)."""

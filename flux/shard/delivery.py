@@ -36,7 +36,7 @@ class Delivery(ShardState):
     def _push_new(self, sub: Subscription, now: float) -> None:
         topic = self.topics[sub.topic]
         log = topic.log
-        end = log.next_offset
+        end = log.next_offset if topic.journal is None else topic.journal.exposed
         room = min(sub.max_in_flight - len(sub.in_flight), sub.credit)
         # the cursor can jump past next_push over offsets acked before this attachment
         # (they are no longer in ``acked``): never push those
@@ -73,7 +73,7 @@ class Delivery(ShardState):
         sub.add_deadlines(now + topic.settings.timeout, offsets, 1)
         sub.credit -= n
         self.counters["delivered"] += n
-        self._deliver(session, sub.session[1], 1, offsets, ids, payloads, times)
+        self._deliver(session, sub.session[1], topic.generation, 1, offsets, ids, payloads, times)
         self._schedule(sub)
 
     def _columns(self, log: TopicLog, offsets: Sequence[int]
@@ -91,12 +91,12 @@ class Delivery(ShardState):
             times.append(epoch + entry.stored_at)
         return ids, payloads, P.time_runs(times)
 
-    def _deliver(self, session: Session, sid: int, attempt: int, offsets: Sequence[int],
+    def _deliver(self, session: Session, sid: int, generation: int, attempt: int,
+                 offsets: Sequence[int],
                  ids: list[str], payloads: Sequence[bytes], times: list[float | int]) -> None:
         """Queue DELIVER frames for these columns (``offsets`` a range when contiguous,
         ``times`` as runs), split so no frame nears max_frame_bytes."""
         budget = self.config.max_frame_bytes // 2
-        generation = self.generation
         n = len(offsets)
         size = (payloads.size if type(payloads) is P.PackedPayloads
                 else sum(map(len, payloads)))
@@ -181,7 +181,7 @@ class Delivery(ShardState):
             for offsets, attempt in runs:
                 self.counters["redelivered"] += len(offsets)
                 sub.redelivered += len(offsets)
-                self._deliver(session, sub.session[1], attempt, offsets,
+                self._deliver(session, sub.session[1], topic.generation, attempt, offsets,
                               *self._columns(log, offsets))
 
     def _exhausted(self, sub: Subscription, offset: int, pushes: int, now: float) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from flux import errors
 from flux.shard.dedup import EXPIRE_SLICE
+from flux.shard.journal import PUBLISH, TopicJournal
 from flux.shard.state import (
     MESSAGE_COST,
     MESSAGE_FRAME_SLACK,
@@ -48,6 +49,7 @@ class Publishing(ShardState):
         results: list[list[Any]] = []
         counts: dict[str, int] = {}  # items per topic in this frame so far (topic.buffer)
         touched: dict[str, Topic] = {}
+        journals: list[TopicJournal] = []  # disk topics whose records this reply waits for
         for name, ids, payloads in groups:
             n = len(ids)
             if not n:
@@ -62,19 +64,61 @@ class Publishing(ShardState):
                 continue
             topic = touched.get(name)
             if topic is None:
-                topic = touched[name] = self._topic(name)
+                try:
+                    topic = self._topic(name)
+                except errors.StorageUnavailable as exc:
+                    results.append(_refuse_all(n, exc))
+                    continue
+                touched[name] = topic
+            journal = topic.journal
+            before = 0
+            if journal is not None:
+                refusal = self._journal_refusal(topic, journal)
+                if refusal is not None:
+                    results.append(_refuse_all(n, refusal))
+                    continue
+                before = topic.log.next_offset
             if topic.dedup.expire(now, EXPIRE_SLICE):  # a slice: the cleanup passes do the rest
                 self._recount(topic)
             result = self._publish_fast(topic, ids, payloads, counts, now)
             if result is None:
                 result = self._publish_slow(topic, ids, payloads, counts, now)
+            if topic.generation != self.generation:
+                result.append(topic.generation)  # a disk topic's own generation (G9)
             results.append(result)
-        session.out.append([P.PUBLISHED, rid, self.generation, results])
+            if journal is not None:
+                log = topic.log
+                if log.next_offset != before:  # this group stored messages: one record
+                    first, stored, packed = log.last_chunk()
+                    wall = self.epoch + now
+                    end = journal.append(PUBLISH, journal.publish_body(first, wall, stored,
+                                                                       packed))
+                    journal.expose_at(end, log.next_offset)
+                    journal.published_at(end, log.next_offset, wall)
+                if journal not in journals:
+                    journals.append(journal)
+        reply = [P.PUBLISHED, rid, self.generation, results]
+        if journals:  # acks (and duplicates' acks) wait for durability (G9)
+            self._journal_hold(session, reply, journals)
+        else:
+            session.out.append(reply)
         dirty = self._dirty
         for topic in touched.values():
             for sub in topic.subs.values():
                 if sub.session is not None:
                     dirty[id(sub)] = sub
+
+    def _journal_refusal(self, topic: Topic, journal: TopicJournal) -> errors.FluxError | None:
+        """Why a disk topic takes no publishes now, if it does not."""
+        if journal.failed is not None:
+            return errors.StorageUnavailable(
+                f"the log of topic {topic.name!r} is unavailable ({journal.failed});"
+                " retry with the same ids")
+        cap = topic.settings.storage_max_bytes
+        if cap and journal.writer.size >= cap:
+            return errors.TopicFull(f"topic {topic.name!r} has {journal.writer.size} bytes"
+                                    f" on disk; storage.max_bytes={cap}")
+        return None
 
     def _publish_fast(self, topic: Topic, ids: list[Any], payloads: list[Any],
                       counts: dict[str, int], now: float) -> list[Any] | None:
@@ -222,3 +266,9 @@ class Publishing(ShardState):
         if len(new_ids) == len(ids):  # every item stored new: the first offset stands for all
             return [offsets[0], [], []]
         return [offsets, duplicates, refused]
+
+
+def _refuse_all(n: int, exc: errors.FluxError) -> list[Any]:
+    """A group result refusing all ``n`` items with ``exc``."""
+    message = str(exc)
+    return [[P.REFUSED] * n, [], [[i, exc.code, message] for i in range(n)]]

@@ -35,17 +35,21 @@ class Pull(ShardState):
         sub.last_activity = now
         return sub
 
-    def _check_generation(self, opts: dict[str, Any], topic: str) -> None:
+    def _check_generation(self, opts: dict[str, Any], name: str) -> int:
+        """The topic's generation; TopicReset if the request names another."""
+        topic = self.topics.get(name)
+        current = topic.generation if topic is not None else self.generation
         generation = _opt_int(opts, "generation")  # a non-integer is InvalidRequest (G8)
-        if generation is not None and generation != self.generation:
+        if generation is not None and generation != current:
             raise errors.TopicReset(
-                f"topic {topic!r} was reset: generation {generation} -> {self.generation}",
-                old=generation, new=self.generation)
+                f"topic {name!r} was reset: generation {generation} -> {current}",
+                old=generation, new=current)
+        return current
 
     def _fetch(self, session: Session, frame: list[Any], now: float) -> None:
         rid, opts = frame[1], _map(frame, 2)
         name = self._check_owned(opts.get("topic"))
-        self._check_generation(opts, name)
+        generation = self._check_generation(opts, name)
         offset = _opt_int(opts, "offset") or 0
         max_messages = _opt_int(opts, "max_messages")  # 0: only "oldest" and "next"
         max_messages = min(1000 if max_messages is None else max_messages, FETCH_MAX_MESSAGES)
@@ -65,13 +69,14 @@ class Pull(ShardState):
         times: list[float | int] = []
         if topic is not None:
             log = topic.log
-            oldest, next_offset = log.oldest, log.next_offset
+            oldest, next_offset = log.oldest, topic.exposed  # nothing not durable (G9)
+            max_messages = max(0, min(max_messages, next_offset - max(offset, oldest)))
             span = log.fit(offset, max_messages, max_bytes)
             first = span.start
             if span:
                 ids, payloads, times = log.span(span.start, span.stop, self.epoch)
         session.out.append([P.FETCHED, rid, {
-            "generation": self.generation, "oldest": oldest, "next": next_offset},
+            "generation": generation, "oldest": oldest, "next": next_offset},
             first, ids, payloads, times])
 
     def _commit(self, session: Session, frame: list[Any], now: float) -> None:
@@ -86,4 +91,9 @@ class Pull(ShardState):
             raise errors.OffsetOutOfRange(
                 f"commit offset {offset} is outside 0..{topic.log.next_offset}")
         sub.commit(offset)
-        session.out.append([P.COMMITTED, rid, {"cursor": sub.cursor}])
+        reply = [P.COMMITTED, rid, {"cursor": sub.cursor}]
+        journal = self._journal_cursor(topic, sub)
+        if journal is not None:
+            self._journal_hold(session, reply, [journal])  # a confirmed commit is durable (G9)
+        else:
+            session.out.append(reply)

@@ -21,6 +21,7 @@ from flux import config as config_mod
 from flux import errors, protocol
 from flux.host import Host, ShardSpec
 from flux.shard.core import ShardCore
+from flux.shard.disk import ShardStorage
 
 log = logging.getLogger("flux.shard")
 
@@ -31,6 +32,10 @@ DRAIN_GRACE = 5.0         # seconds a draining shard waits for its connections t
 CONNECT_TIMEOUT = 5.0
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
 BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class StorageFailed(Exception):
+    """A disk topic's log failed: the shard stops, and recovery runs when it restarts."""
 
 
 def draw_generation(host: Host) -> int:
@@ -146,6 +151,10 @@ class ShardServer:
         now = host.now()
         self.core = ShardCore(config, index=spec.index, shard_count=spec.shard_count,
                               generation=generation, now=now, epoch=host.wall_time() - now)
+        self.storage: ShardStorage | None = None
+        if config.storage.dir is not None:
+            self.storage = ShardStorage(host, config, spec.index, spec.shard_count,
+                                        lambda: draw_generation(host))
         self.conns: dict[int, Connection] = {}
         self.address = ""
         self.control = spec.control
@@ -159,7 +168,13 @@ class ShardServer:
         self._control_switch = trio.Event()
 
     async def run(self, stop: trio.Event | None, task_status: Any) -> None:
+        storage = self.storage
         async with trio.open_nursery() as nursery:
+            if storage is not None:
+                # disk topics are rebuilt before anything is served (G9)
+                await storage.recover(self.core)
+                await nursery.start(storage.run, self._dispatch)
+                nursery.start_soon(self._stop_on_storage_failure, storage)
             port = await nursery.start(self.host.serve, self.config.host, self.spec.port,
                                        self._serve_connection)
             self.address = format_address(self.config.host, port)
@@ -172,7 +187,16 @@ class ShardServer:
             task_status.started(port)
             await self._stop.wait()
             await self._drain()
+            if storage is not None:
+                await storage.close()
             nursery.cancel_scope.cancel()
+        if storage is not None and storage.failure is not None:
+            raise StorageFailed(f"shard {self.spec.index}: a log failed ({storage.failure});"
+                                " exiting so that recovery runs at the restart")
+
+    async def _stop_on_storage_failure(self, storage: ShardStorage) -> None:
+        await storage.failed.wait()
+        self.stop()
 
     def stop(self) -> None:
         """Begin the drain: refuse publishes, flush and close every connection, return."""

@@ -8,6 +8,7 @@ The frame handlers and timers live in the mixins that ``ShardCore`` combines.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,15 @@ from flux.config import Config
 from flux.hashing import shard_for
 from flux.policies import TopicSettings
 from flux.shard.dedup import DedupWindow
+from flux.shard.journal import (
+    CURSOR,
+    SNAPSHOT,
+    UNSUBSCRIBED,
+    Held,
+    TopicJournal,
+    snapshot_body,
+    subscription_row,
+)
 from flux.shard.latency import LatencyHistogram
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
@@ -46,6 +56,15 @@ class Topic:
     settings: TopicSettings
     subs: dict[str, Subscription] = field(default_factory=dict)
     counted: int = 0  # its footprint in the shard's ``memory`` when last counted
+    generation: int = 0  # a memory topic's is its shard's; a disk topic keeps its own (G9)
+    journal: TopicJournal | None = None  # a disk topic's log (None: a memory topic)
+
+    @property
+    def exposed(self) -> int:
+        """The end of what deliveries and FETCH may reach: every offset stored, or for a
+        disk topic every offset whose record is durable (G9)."""
+        journal = self.journal
+        return self.log.next_offset if journal is None else journal.exposed
 
     def held_bytes(self, now: float) -> int:
         """Payload and id bytes held at ``now`` (ids past their dedup window not counted)."""
@@ -67,8 +86,12 @@ class Session:
     last_seen: float
     hello: bool = False
     subs: dict[int, Subscription] = field(default_factory=dict)  # client sid -> subscription
-    out: list[list[Any]] = field(default_factory=list)
+    out: list[list[Any]] = field(default_factory=list)  # frames to send (behind any hold)
     close: bool = False
+    # replies held for durability (disk topics, G9), oldest first; ``out`` is behind the
+    # last of them, and ``ready`` holds what may go out meanwhile
+    holds: deque[Held] = field(default_factory=deque)
+    ready: list[list[Any]] = field(default_factory=list)
 
 
 class ShardState:
@@ -104,6 +127,10 @@ class ShardState:
         self._next_subscriber_cleanup = now + config.subscriber.cleanup_time
         self._next_session_check = now + 2 * config.subscriber.heartbeat
         self.draining = False
+        # opens a new disk topic's journal (the shell sets it when storage.dir is set):
+        # (name, first offset) -> journal
+        self.open_journal: Callable[[str, int], TopicJournal] | None = None
+        self.recovery_info: dict[str, dict[str, Any]] = {}  # disk topic -> its recovery
         # optional observer of internal events, e.g. ("deleted", topic, offset, count)
         self.on_event: Callable[[tuple[Any, ...]], None] | None = None
         self.counters = {"published": 0, "duplicates": 0, "delivered": 0, "redelivered": 0,
@@ -140,8 +167,85 @@ class ShardState:
     def _new_topic(self, name: str) -> Topic:
         """An empty topic, not registered: it continues where a retired one stopped."""
         settings = self.config.settings_for(name)
-        return Topic(name, TopicLog(self.retired.get(name, 0)),
-                     DedupWindow(settings.dedup_window), settings)
+        start = self.retired.get(name, 0)
+        topic = Topic(name, TopicLog(start), DedupWindow(settings.dedup_window), settings,
+                      generation=self.generation)
+        if settings.storage == "disk":
+            if self.open_journal is None:
+                raise errors.StorageUnavailable(
+                    f"topic {name!r} is a disk topic, but this shard has no data directory")
+            topic.journal = journal = self.open_journal(name, start)
+            topic.generation = journal.generation
+            journal.writer.snapshot = lambda: self._snapshot(topic)
+        return topic
+
+    def _snapshot(self, topic: Topic) -> tuple[int, bytes]:
+        """A disk topic's whole state as the record each log segment starts with."""
+        epoch = self.epoch
+        subs = [subscription_row(sub, epoch) for sub in topic.subs.values() if not sub.ephemeral]
+        return SNAPSHOT, snapshot_body(topic.log.next_offset, topic.log.oldest, subs)
+
+    def _journal_cursor(self, topic: Topic, sub: Subscription) -> TopicJournal | None:
+        """Record a named subscription's cursor and acks in its disk topic's log; the
+        journal the reply must wait for (None: a memory topic or an ephemeral one)."""
+        journal = topic.journal
+        if journal is None or sub.ephemeral:
+            return None
+        journal.append(CURSOR, [sub.name, sub.cursor, sorted(sub.acked)])
+        return journal
+
+    def _release(self, held: list[Held]) -> None:
+        """Replies whose records became durable may go, each with what queued behind it,
+        as soon as every reply held before it on its connection went too."""
+        sessions = self.sessions
+        for h in held:
+            h.released = True
+            session = sessions.get(h.conn)
+            if session is None:
+                continue
+            holds = session.holds
+            while holds and holds[0].released:
+                first = holds.popleft()
+                session.ready.append(first.frame)
+                session.ready += first.behind
+                if not holds:  # the frames made since the last hold are free too
+                    session.ready += session.out
+                    session.out = []
+
+    def storage_failed(self, journal: TopicJournal, reason: str) -> None:
+        """``journal``'s log stopped: its waiting replies become StorageUnavailable errors;
+        its topic refuses publishes from now on (the shell restarts the shard to recover)."""
+        exc = errors.StorageUnavailable(f"the log of topic {journal.topic!r} failed: {reason}")
+        failed = journal.fail(reason)
+        for held in failed:
+            held.waiting = 0
+            held.frame = P.error_frame(held.frame[1], exc)
+        self._release(failed)
+
+    def _journal_hold(self, session: Session, frame: list[Any],
+                      journals: list[TopicJournal]) -> Held | None:
+        """Send ``frame`` once each journal's records appended so far are durable; the
+        reply held back, or None if it went out at once (or as an error)."""
+        failed = next((j for j in journals if j.failed is not None), None)
+        if failed is not None:
+            session.out.append(P.error_frame(frame[1], errors.StorageUnavailable(
+                f"the log of topic {failed.topic!r} is unavailable ({failed.failed})")))
+            return None
+        held = Held(session.conn, frame)
+        waiting = False
+        for journal in journals:
+            waiting = journal.hold(held, journal.writer.appended) or waiting
+        if not waiting:
+            session.out.append(frame)
+            return None
+        holds = session.holds
+        if holds:
+            holds[-1].behind += session.out
+        else:
+            session.ready += session.out
+        session.out = []
+        holds.append(held)
+        return held
 
     def _recount(self, topic: Topic) -> None:
         """Bring ``memory`` up to date with ``topic`` after it changed."""
@@ -165,6 +269,8 @@ class ShardState:
             del topic.subs[sub.name]
             if not topic.subs:
                 del self._subscribed[topic.name]
+            if topic.journal is not None and not sub.ephemeral:
+                topic.journal.append(UNSUBSCRIBED, [sub.name])
         sub.deleted = True
         sub.detach(sub.inactive_since)
         self._emit("deleted_subscription", sub.topic, sub.name)

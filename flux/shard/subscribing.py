@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from flux import errors
+from flux.shard.journal import SUBSCRIPTION
 from flux.shard.state import (
     MAX_CREDIT,
     P,
@@ -60,14 +61,15 @@ class Subscribing(ShardState):
                 and session.subs[sid].session == (session.conn, sid):
             raise errors.InvalidRequest(f"sid {sid} is already in use on this connection")
 
-        reset = known_generation is not None and known_generation != self.generation
-        if reset and on_reset == "raise":
-            raise errors.TopicReset(
-                f"topic {name!r} was reset: generation {known_generation} -> {self.generation}",
-                old=known_generation, new=self.generation)
         # a refused SUBSCRIBE must not leave a new, empty topic behind (G8): register the
         # topic only once the subscription is made
         topic = self.topics.get(name) or self._new_topic(name)
+        generation = topic.generation
+        reset = known_generation is not None and known_generation != generation
+        if reset and on_reset == "raise":
+            raise errors.TopicReset(
+                f"topic {name!r} was reset: generation {known_generation} -> {generation}",
+                old=known_generation, new=generation)
         log = topic.log
         key = sub_name if sub_name is not None else f"~{session.conn}.{sid}"
         sub = topic.subs.get(key)
@@ -96,6 +98,8 @@ class Subscribing(ShardState):
             if self.topics.setdefault(name, topic) is topic:
                 self.retired.pop(name, None)
             self._emit("created", name, key, start)
+            if topic.journal is not None and sub_name is not None:
+                topic.journal.append(SUBSCRIPTION, [key, mode, start, self.epoch + now])
         elif sub.mode != mode:
             raise errors.InvalidRequest(
                 f"subscription {sub_name!r} is a {sub.mode} subscription, not {mode}")
@@ -115,11 +119,15 @@ class Subscribing(ShardState):
             sub.attach((session.conn, sid), credit, max_in_flight, now)
             session.subs[sid] = sub
             self._dirty[id(sub)] = sub
-        session.out.append([P.SUBSCRIBED, rid, sid, {
+        reply = [P.SUBSCRIBED, rid, sid, {
             "created": created, "start_offset": sub.start_offset, "cursor": sub.cursor,
-            "generation": self.generation, "clamped": clamped, "reset": reset,
+            "generation": generation, "clamped": clamped, "reset": reset,
             "next_offset": log.next_offset, "max_in_flight": sub.max_in_flight,
-        }])
+        }]
+        if topic.journal is not None and not sub.ephemeral:
+            self._journal_hold(session, reply, [topic.journal])  # its record first (G9)
+        else:
+            session.out.append(reply)
 
     def _unsubscribe(self, session: Session, frame: list[Any], now: float) -> None:
         rid, sid = frame[1], frame[2]
@@ -152,10 +160,11 @@ class Subscribing(ShardState):
     def _ack(self, session: Session, frame: list[Any], now: float) -> None:
         rid, sid, generation, offsets, through = frame[1], frame[2], frame[3], frame[4], frame[5]
         sub = self._attached(session, sid)
-        if generation != self.generation:
+        topic = self.topics[sub.topic]
+        if generation != topic.generation:
             raise errors.TopicReset(
-                f"ack for generation {generation}, shard is at {self.generation}",
-                old=generation if type(generation) is int else None, new=self.generation)
+                f"ack for generation {generation}, topic {sub.topic!r} is at {topic.generation}",
+                old=generation if type(generation) is int else None, new=topic.generation)
         if not isinstance(offsets, list) or type(through) is not int:
             raise errors.InvalidRequest("ACK offsets must be an array and through an integer")
         refused: list[list[Any]] = []
@@ -174,4 +183,9 @@ class Subscribing(ShardState):
             self.counters["acked"] += acked
             self._dirty[id(sub)] = sub
             sub.drop_acked_deadlines()
-        session.out.append([P.ACKED, rid, sid, sub.cursor, refused])
+        reply = [P.ACKED, rid, sid, sub.cursor, refused]
+        journal = self._journal_cursor(topic, sub) if acked else topic.journal
+        if journal is not None and not sub.ephemeral:
+            self._journal_hold(session, reply, [journal])  # a confirmed ack is durable (G9)
+        else:
+            session.out.append(reply)

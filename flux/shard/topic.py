@@ -118,6 +118,14 @@ class TopicLog:
             self.held_bytes += size
         return offset
 
+    def last_chunk(self) -> tuple[int, tuple[str, ...], bytes]:
+        """The newest chunk (the last run stored): its first offset, its ids and its
+        payloads packed as one MessagePack array (a disk topic's PUBLISH record)."""
+        packed = self._packed[-1]
+        if isinstance(packed, tuple):
+            packed = _packer.pack(list(packed))
+        return self._first[-1], self._ids[-1], packed
+
     def _chunk(self, offset: int) -> int:
         """Index of the chunk holding ``offset`` (held, or the newest chunk's next)."""
         return bisect_right(self._first, offset, self._head) - 1

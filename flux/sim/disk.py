@@ -174,20 +174,32 @@ class SimDisk:
         inode.durable = bytearray(content)
         inode.dirty_from = len(content)
 
-    def flip_bit(self, path: str | None = None, offset: int | None = None) -> tuple[str, int] | None:
-        """Flip one bit of a synced byte (of ``path`` at ``offset``, or drawn from the seed).
-        Returns where, or None if nothing is synced yet."""
+    def synced_files(self, suffix: str = "") -> list[str]:
+        """The files ending in ``suffix`` that hold synced bytes, sorted."""
+        return [p for p in sorted(self._files) if p.endswith(suffix)
+                and self._synced_len(self._files[p]) > 0]
+
+    def flip_bit(self, path: str | None = None, offset: int | None = None, *,
+                 suffix: str = "", skip: int = 0, recent: int = 0,
+                 limit: int | None = None) -> tuple[str, int] | None:
+        """Flip one bit of a synced byte (of ``path`` at ``offset``, or drawn from the seed
+        among files ending in ``suffix``, past their first ``skip`` bytes, and within the
+        last ``recent`` synced bytes if given). Returns where, or None if nothing is
+        synced yet. ``limit``: flip before this file offset."""
         if path is None:
-            candidates = [p for p in sorted(self._files) if self._synced_len(self._files[p]) > 0]
+            candidates = [p for p in sorted(self._files) if p.endswith(suffix)
+                          and self._synced_len(self._files[p]) > skip]
             if not candidates:
                 return None
             path = self.random.choice(candidates)
         inode = self._files[posixpath.normpath(path)]
-        limit = self._synced_len(inode)
-        if limit == 0:
+        synced = self._synced_len(inode)
+        limit = synced if limit is None else min(limit, synced)
+        if limit <= skip:
             return None
         if offset is None:
-            offset = self.random.randrange(limit)
+            low = max(skip, limit - recent) if recent else skip
+            offset = self.random.randrange(low, limit)
         bit = 1 << self.random.randrange(8)
         inode.data[offset] ^= bit
         if offset < len(inode.durable):

@@ -20,7 +20,11 @@ from dataclasses import dataclass
 #   stall     a short partition
 #   reset     reset every connection on a link (an RST each way)
 #   slow      multiply a link's latency by `factor` for `duration`
-KINDS = ("crash", "pause", "router", "partition", "stall", "reset", "slow")
+#   power     a shard machine loses power: the shard dies and its disk keeps only what
+#             was fsynced (an unsynced tail may survive torn or zero-filled, G9)
+#   flip      a bit of a synced block of a shard machine's disk flips, and the shard is
+#             killed (so recovery reads the damage back)
+KINDS = ("crash", "pause", "router", "partition", "stall", "reset", "slow", "power", "flip")
 
 
 @dataclass(frozen=True, order=True)
@@ -107,7 +111,7 @@ def draw_plan(rng: random.Random, mix: FaultMix, *, shards: int, clients: Sequen
     for _ in range(rng.randint(*mix.count)):
         kind = rng.choices(kinds, weights)[0]
         at = round(rng.uniform(start, end), 3)
-        if kind == "crash":
+        if kind in ("crash", "power", "flip"):
             faults.append(Fault(at, kind, rng.choice(shard_hosts)))
         elif kind == "pause":
             faults.append(Fault(at, kind, rng.choice(shard_hosts), _dur(rng, mix.pause)))

@@ -153,6 +153,9 @@ class Subscribed(Event):
     from_offset: int | None = None
     on_reset: str = "earliest"
     mode: str = "push"          # "pull": a pull subscription (nothing attached; FETCH/COMMIT)
+    # the generation of the shard incarnation that answered (HELLO_OK on this connection):
+    # ``generation`` when the topic is in memory; a disk topic has its own (G9)
+    shard_generation: int | None = None
 
 
 @_event

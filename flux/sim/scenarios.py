@@ -276,6 +276,45 @@ def policies(rng: random.Random) -> Workload:
                                  ("partition", 0.7), ("crash", 0.3)), count=(0, 6)))
 
 
+def disk(rng: random.Random) -> Workload:
+    """Disk topics (G9): some or all topics keep a log on each shard machine's simulated
+    disk, with fsync always, interval or never; shards crash (kill -9: written bytes
+    survive) and come back with the same generation for those topics, every acked
+    message, the dedup window and the named subscriptions' confirmed cursors."""
+    w = crashes(rng)
+    config = dict(w.config)
+    fsync = rng.choice(("always", "always", "interval", "never"))
+    config["storage"] = {"dir": "/data/flux", "fsync": fsync,
+                         "fsync_interval": rng.choice((0.01, 0.05)),
+                         "segment_bytes": rng.choice((4096, 16384, 1 << 20))}
+    short_window = rng.random() < 0.5  # ids leave the window in the run: segments go
+    if short_window:
+        config["message"] = {**w.config["message"], "dedup_window": 4.0}  # type: ignore[dict-item]
+    chosen = rng.sample(w.topics, rng.randint(1, len(w.topics)))
+    if len(chosen) == len(w.topics):
+        config["storage"]["kind"] = "disk"  # type: ignore[index]
+    else:
+        config["topics"] = [{"match": topic, "storage": "disk"} for topic in chosen]
+    if short_window:  # producers give up well within the window
+        w = replace(w, request_timeout=0.5, retry_deadline=1.5, give_up_after=3.0)
+    return replace(w, scenario="disk", config=config,
+                   mix=FaultMix((("crash", 1.0), ("pause", 0.7), ("router", 0.7),
+                                 ("power", 0.7), ("flip", 0.5), ("reset", 0.5)),
+                                count=(3, 10), router_down=(0.5, 12.0)))
+
+
+def storage_faults(rng: random.Random) -> Workload:
+    """Disk topics under storage faults above all: power losses (an unsynced tail lost,
+    torn or zero-filled) and flipped bits in synced records, between shard crashes."""
+    w = disk(rng)
+    config = dict(w.config)
+    config["storage"] = {**w.config["storage"], "kind": "disk"}  # type: ignore[dict-item]
+    config.pop("topics", None)  # every topic on disk: every fault hits some log
+    return replace(w, scenario="storage-faults", config=config,
+                   mix=FaultMix((("crash", 1.0), ("power", 1.5), ("flip", 1.5)),
+                                count=(4, 12)))
+
+
 def with_client_ids(workload: Workload, rng: random.Random) -> Workload:
     """About half the producers let the client choose their ids, so the client's own id
     generation runs (and the checker knows their messages by payload). Drawn from a
@@ -293,5 +332,5 @@ def with_vandals(workload: Workload, rng: random.Random) -> Workload:
 SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
-    "topics": topics, "policies": policies,
+    "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
 }

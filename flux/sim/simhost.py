@@ -13,7 +13,8 @@ from typing import Any
 
 import trio
 
-from flux.host import StreamHandler
+from flux.host import Disk, StreamHandler
+from flux.sim.disk import SimDisk
 from flux.sim.network import Network, SimStream
 
 EPOCH = 1_700_000_000.0  # wall time of simulated time 0
@@ -48,8 +49,11 @@ class Gate:
 class SimHost:
     """The Host protocol for one simulated process."""
 
-    def __init__(self, network: Network, name: str, *, seed: int, incarnation: int = 0) -> None:
+    def __init__(self, network: Network, name: str, *, seed: int, incarnation: int = 0,
+                 disk: Disk | None = None) -> None:
         self.name = name
+        # the machine's disk, which outlives the process (a fresh one if none is given)
+        self.disk: Disk = disk if disk is not None else SimDisk(derive_seed(seed, name, "disk"))
         self.network = network
         self.incarnation = incarnation
         self.random = random.Random(derive_seed(seed, name, incarnation))

@@ -74,6 +74,7 @@ class WireTap:
         self.client = client
         self.connection = connection
         self.shard = -1
+        self.shard_generation: int | None = None  # of the incarnation this stream reached
         self.out_decoder: P.FrameDecoder | None = P.FrameDecoder(1 << 30)
         self.in_decoder: P.FrameDecoder | None = P.FrameDecoder(1 << 30)
         self.pending: dict[int, tuple[Any, ...]] = {}
@@ -216,6 +217,7 @@ class WireTap:
             body = frame[2]
             if body.get("role") == "shard":
                 self.shard = body["index"]
+                self.shard_generation = body["generation"]
                 sent = pending[1] if pending is not None and pending[0] == "hello" else None
                 self._add(h.ShardHello(now, self.client, self.shard, body["generation"], sent))
         elif kind == P.ERROR:
@@ -225,8 +227,11 @@ class WireTap:
         pending = self.pending.pop(frame[1], None)
         if pending is None or pending[0] != "publish":
             return
-        rid, generation = frame[1], frame[2]
-        for group, (offsets, duplicates, refused) in zip(pending[1], frame[3], strict=False):
+        rid = frame[1]
+        for group, result in zip(pending[1], frame[3], strict=False):
+            offsets, duplicates, refused = result[:3]
+            # a disk topic's generation follows its result when it is not the shard's
+            generation = result[3] if len(result) > 3 else frame[2]
             dups = set(duplicates)
             codes = {index: code for index, code, _message in refused}
             for index, ((topic, message_id), offset) in enumerate(
@@ -275,7 +280,7 @@ class WireTap:
                                body.get("max_in_flight", 0), opts.get("max_in_flight"), sent,
                                opts.get("generation"), bool(opts.get("read_old", False)),
                                opts.get("from_offset"), opts.get("on_reset", "earliest"),
-                               "pull" if pull else "push"))
+                               "pull" if pull else "push", self.shard_generation))
 
     def _error(self, frame: list[Any], now: float) -> None:
         pending = self.pending.pop(frame[1], None)

@@ -135,7 +135,7 @@ class Vandal:
 
 def _items(reply: list[Any], count: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """Stored item indexes and ``"index:ErrorName"`` refusals of a one-group PUBLISHED."""
-    offsets, _duplicates, refused = reply[3][0]
+    offsets, _duplicates, refused = reply[3][0][:3]
     names = {int(i): type(errors.from_code(int(code), str(message))).__name__
              for i, code, message in refused}
     if isinstance(offsets, int):   # every item stored: the first offset stands for all

@@ -21,10 +21,13 @@ from flux.router.router import run_router
 from flux.router.state import MemoryStateStore
 from flux.shard.server import ShardServer, run_shard
 from flux.sim import history as h
+from flux.sim.disk import SimDisk
 from flux.sim.faults import Fault
 from flux.sim.network import Network, SimStream
-from flux.sim.simhost import SimHost
+from flux.sim.simhost import SimHost, derive_seed
 from flux.sim.tap import Recorder, TappedHost
+from flux.storage.record import Bad, Record, Torn, decode_run
+from flux.storage.segment import MAX_HEADER, decode_header
 
 log = logging.getLogger("flux.sim")
 
@@ -42,6 +45,7 @@ class World:
         self.failures: list[str] = []
         self.tracebacks: list[str] = []
         self._incarnations: dict[str, int] = {}
+        self.disks: dict[str, SimDisk] = {}
         self.shards: dict[int, tuple[SimHost, TaskShard]] = {}
         self.launcher = SimLauncher(nursery, self)
         self.router = RouterSupervisor(self, nursery)
@@ -53,7 +57,15 @@ class World:
     def new_host(self, name: str) -> SimHost:
         n = self._incarnations.get(name, 0)
         self._incarnations[name] = n + 1
-        return SimHost(self.network, name, seed=self.seed, incarnation=n)
+        return SimHost(self.network, name, seed=self.seed, incarnation=n,
+                       disk=self.disk_of(name))
+
+    def disk_of(self, name: str) -> SimDisk:
+        """The disk of the machine ``name`` runs on: it outlives every incarnation."""
+        disk = self.disks.get(name)
+        if disk is None:
+            disk = self.disks[name] = SimDisk(derive_seed(self.seed, name, "disk"))
+        return disk
 
     def client_host(self, name: str) -> TappedHost:
         n = self._incarnations.get(name, 0)
@@ -72,6 +84,9 @@ class World:
                event: tuple[Any, ...]) -> None:
         """The shard core's observer hook: cleanup facts for the G5/G6 checks."""
         now = trio.current_time()
+        held = server.core.topics.get(event[1]) if len(event) > 1 else None
+        if held is not None:
+            generation = held.generation  # a disk topic's own, which outlives the shard's
         if event[0] == "trimmed":
             self.record(h.Trimmed(now, shard, generation, event[1], event[2], event[3]))
         elif event[0] == "created":
@@ -107,14 +122,21 @@ class World:
         if self._healed:
             return  # due at the very moment of the heal, and started after it: too late
         kind, target, net = fault.kind, fault.target, self.network
-        if kind in ("crash", "pause"):
+        if kind in ("crash", "pause", "power", "flip"):
             index = int(target.rsplit("-", 1)[1])
             entry = self.shards.get(index)
             if entry is None:
                 return  # not running right now (being restarted)
             host, shard = entry
-            if kind == "crash":
-                self.record(h.FaultInjected(trio.current_time(), "crash", target, "instant"))
+            if kind in ("crash", "power", "flip"):
+                detail = "instant"
+                disk = self.disk_of(host.name)
+                if kind == "power":
+                    disk.power_loss()  # its open files die with the unsynced data
+                elif kind == "flip":
+                    flipped = _flip_in_a_record(disk)
+                    detail = "nothing synced" if flipped is None else f"{flipped[0]}@{flipped[1]}"
+                self.record(h.FaultInjected(trio.current_time(), kind, target, detail))
                 net.crash(host)
                 shard.kill()
                 return
@@ -198,6 +220,32 @@ def _directions(target: str) -> list[tuple[str, str]]:
     return [(a, b)]
 
 
+def _flip_in_a_record(disk: SimDisk) -> tuple[str, int] | None:
+    """Flip a bit in a record of a log segment (past its header), where the checksums
+    must find it; half the time in the most recently written block.
+
+    Never in a segment's last record: after a reboot a damaged last record cannot be
+    told from a torn write, and recovery cuts it as one (PROTOCOL.md §14.3 says so; with
+    fsync interval or never the reboot starts a new generation anyway). Only a flip
+    with a whole record after it is damage recovery must find."""
+    logs = disk.synced_files(".log")
+    if not logs:
+        return None
+    path = disk.random.choice(logs)
+    data = disk.contents(path)
+    try:
+        _, header_size = decode_header(data[:MAX_HEADER])
+    except (Bad, Torn):
+        return None
+    records: list[Record] = []
+    decode_run(data, header_size, header_size, records)
+    if len(records) < 2:
+        return None
+    last = records[-1].position  # (positions here are file offsets)
+    return disk.flip_bit(path, skip=header_size, recent=disk.random.choice((0, 4096)),
+                         limit=last)
+
+
 class SimLauncher(TaskLauncher):
     """Shards as tasks in the simulator's nursery, each incarnation on a fresh host.
 
@@ -230,6 +278,7 @@ class SimLauncher(TaskLauncher):
             raise
         finally:
             world.network.crash(host)  # a dead process's sockets close with it
+            world.disk_of(host.name).crash()  # ... and its open files (written data stays)
             if started:
                 world.record(h.ShardStopped(trio.current_time(), index, started[0]))
             if world.shards.get(index, (None, None))[1] is shard:

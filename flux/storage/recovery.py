@@ -67,9 +67,14 @@ class RecoveryReport:
 
 async def recover(disk: Disk, directory: str, *, owner: str,
                   on_record: Callable[[Record], None] | None = None,
-                  now: Callable[[], float] = trio.current_time) -> tuple[SegmentTable, RecoveryReport]:
+                  now: Callable[[], float] = trio.current_time,
+                  boot_id: str | None = None) -> tuple[SegmentTable, RecoveryReport]:
     """Recover the log in ``directory`` (made if missing), calling ``on_record`` for each
     good record in order. Returns the open segments (hand them to a LogWriter) and the report.
+
+    ``boot_id``: the machine's current boot. A last segment written in this same boot
+    cannot have a torn tail (a process crash leaves every written byte in the page
+    cache), so any bad spot in it is corruption, never cut silently as a torn tail.
 
     Raises ForeignLog if the directory holds another owner's log or an unreadable
     format, and OSError if the disk fails while recovering.
@@ -134,9 +139,9 @@ async def recover(disk: Disk, directory: str, *, owner: str,
             position, reason = bad
             cut = size - segment.offset_of(position)
             tail = file.read_at(segment.offset_of(position), cut)
-            if last and not _record_follows(tail):
-                file.truncate(segment.offset_of(position))
-                await file.sync()
+            same_boot = boot_id is not None and header.boot_id == boot_id
+            if last and not same_boot and not _record_follows(tail):
+                await _cut_torn_tail(file, segment.offset_of(position))
                 report.damage = Damage("torn-tail", path, position, reason, cut)
             else:
                 await _cut_corrupt(disk, table, segment, position, names[i + 1:], report,
@@ -191,6 +196,12 @@ def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] |
         buf = buf[at:] + more
         offset += at
         at = 0
+
+
+async def _cut_torn_tail(file: DiskFile, offset: int) -> None:
+    """Cut a torn tail off the last segment, durably, so appends follow the last record."""
+    file.truncate(offset)
+    await file.sync()
 
 
 def _what_is_wrong(buf: bytes, at: int) -> str:

@@ -68,7 +68,8 @@ class LogWriter:
                  boot_id: str, fsync: FsyncMode = FsyncMode.ALWAYS, fsync_interval: float = 1.0,
                  segment_bytes: int = 64 * 1024 * 1024,
                  now: Callable[[], float] = trio.current_time,
-                 wall_time: Callable[[], float] | None = None) -> None:
+                 wall_time: Callable[[], float] | None = None,
+                 snapshot: Callable[[], tuple[int, bytes]] | None = None) -> None:
         if segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
         if fsync is FsyncMode.INTERVAL and not fsync_interval > 0:
@@ -83,6 +84,9 @@ class LogWriter:
         self.segment_bytes = segment_bytes
         self._now = now
         self._wall = wall_time or (lambda: 0.0)
+        # the record each new segment starts with (type, body): the owner's whole state,
+        # so that the segments before it can be dropped without losing any of it
+        self.snapshot = snapshot
         self.stats = WriterStats()
         self.appended = table.end   # after the last record appended (queued or written)
         self.written = table.end    # after the last record write(2) took
@@ -121,15 +125,26 @@ class LogWriter:
         if self._closing:
             raise RuntimeError("the log writer is closing")
         data = record.encode(rtype, body)
-        position = self.appended
         if self._fill + len(data) > self.segment_bytes and self._fill > self._header_size:
-            self._rolls.append(position)
+            self._rolls.append(self.appended)
             self._fill = self._header_size
+            if self.snapshot is not None:
+                self._queue_record(record.encode(*self.snapshot()))
+        position = self._queue_record(data)
+        self._wake.set()
+        return Appended(position, self.appended)
+
+    def _queue_record(self, data: bytes) -> int:
+        position = self.appended
         self._fill += len(data)
         self._queue.append(data)
         self.appended = position + len(data)
-        self._wake.set()
-        return Appended(position, self.appended)
+        return position
+
+    @property
+    def size(self) -> int:
+        """Bytes the log holds (appended, from its first segment's start)."""
+        return self.appended - self.table.start
 
     async def wait_durable(self, end: int) -> int:
         """Wait until the durable mark reaches ``end`` (an :class:`Appended` end); returns the mark.

@@ -626,9 +626,9 @@ def attempt_counted_twice() -> contextlib.AbstractContextManager[Any]:
     """G4: a redelivery's DELIVER says attempt k + 2 for its push k + 1 (the push count
     is incremented before it is sent, then once more)."""
     def make(f: Any) -> Any:
-        def deliver(self: ShardCore, session: Any, sid: int, attempt: int,
+        def deliver(self: ShardCore, session: Any, sid: int, generation: int, attempt: int,
                     *args: Any) -> None:
-            f(self, session, sid, attempt + 1 if attempt > 1 else attempt, *args)
+            f(self, session, sid, generation, attempt + 1 if attempt > 1 else attempt, *args)
         return deliver
     return _wrap(ShardCore, "_deliver", make)
 
@@ -909,6 +909,127 @@ def through_refuses_acked() -> contextlib.AbstractContextManager[Any]:
     return _handler(protocol.ACK, before=before, after=after)
 
 
+# -- disk topics (G9) ---------------------------------------------------------------
+
+
+def ack_before_durable() -> contextlib.AbstractContextManager[Any]:
+    """G9: replies go out as soon as their records are appended, not once they are
+    durable: a crash before the writer wrote them loses acked messages and acks."""
+    def make(f: Any) -> Any:
+        def hold(self: ShardCore, session: Any, frame: list[Any], journals: list[Any]) -> None:
+            session.out.append(frame)
+        return hold
+    return _wrap(ShardCore, "_journal_hold", make)
+
+
+def no_checksum_on_read() -> contextlib.AbstractContextManager[Any]:
+    """G9: recovery takes a PUBLISH record without checking its CRC whenever its body
+    still reads as one, so a flipped bit in a synced payload is replayed and delivered. (Checking
+    the CRC of every other record keeps the shard starting, so the damage reaches
+    readers instead of stopping the run.)"""
+    from flux.storage import record
+    checked = record.decode_run
+
+    def decode_run(buf: bytes, at: int, position: int, out: list[Any]) -> int:
+        size, base = len(buf), position - at
+        while size - at >= record.HEADER_SIZE:
+            _crc, length, rtype = record.HEADER.unpack_from(buf, at)
+            end = at + record.HEADER_SIZE + length
+            if length > record.MAX_BODY or end > size or rtype == 0:
+                break
+            body = bytes(buf[at + record.HEADER_SIZE:end])
+            if not _publish_shaped(rtype, body):
+                return checked(buf, at, base + at, out)
+            out.append(record.Record(base + at, rtype, body))
+            at = end
+        return at
+    return mock.patch.object(record, "decode_run", decode_run)
+
+
+def _publish_shaped(rtype: int, body: bytes) -> bool:
+    """Whether ``body`` reads as a PUBLISH record (damage or not)."""
+    import msgpack
+
+    from flux.shard import journal
+    try:
+        first, wall, ids, payloads = msgpack.unpackb(body)
+    except Exception:
+        return False
+    return (rtype == journal.PUBLISH and type(first) is int and isinstance(wall, float)
+            and isinstance(ids, list) and isinstance(payloads, list)
+            and len(ids) == len(payloads) and all(type(i) is str for i in ids)
+            and all(type(p) is bytes for p in payloads))
+
+
+def torn_tail_kept() -> contextlib.AbstractContextManager[Any]:
+    """G9: recovery does not cut a torn tail; appends go on after the garbage, and the
+    next recovery finds damage with records after it (and loses them)."""
+    from flux.storage import recovery
+
+    async def keep(file: Any, offset: int) -> None:
+        return None
+    return mock.patch.object(recovery, "_cut_torn_tail", keep)
+
+
+def replay_payloads_rotated() -> contextlib.AbstractContextManager[Any]:
+    """G9: recovery lines a PUBLISH record's payload column up one place off its id
+    column (the columns of a group misaligned), so a recovered message carries
+    another's payload."""
+    from flux.shard.replay import TopicReplay
+
+    def make(f: Any) -> Any:
+        def publish(self: Any, first: int, wall: float, ids: list[str],
+                    payloads: list[bytes]) -> None:
+            f(self, first, wall, ids, payloads[1:] + payloads[:1])
+        return publish
+    return _wrap(TopicReplay, "_publish", make)
+
+
+def dedup_not_recovered() -> contextlib.AbstractContextManager[Any]:
+    """G9: recovery rebuilds messages but not the dedup window: a retry of an id acked
+    before the crash is stored again, in the same generation."""
+    from flux.shard.replay import TopicReplay
+
+    def make(f: Any) -> Any:
+        def publish(self: Any, first: int, wall: float, ids: list[str],
+                    payloads: list[bytes]) -> None:
+            window, self.dedup.window = self.dedup.window, 0.0
+            try:
+                f(self, first, wall, ids, payloads)
+            finally:
+                self.dedup.window = window
+        return publish
+    return _wrap(TopicReplay, "_publish", make)
+
+
+def cursor_record_ahead() -> contextlib.AbstractContextManager[Any]:
+    """G9: a subscription's cursor record says one past its confirmed cursor, so a
+    recovery resumes it past a message it never acked."""
+    def make(f: Any) -> Any:
+        def journal_cursor(self: ShardCore, topic: Any, sub: Subscription) -> Any:
+            journal = topic.journal
+            if journal is None or sub.ephemeral:
+                return None
+            from flux.shard.journal import CURSOR
+            journal.append(CURSOR, [sub.name, sub.cursor + 1, sorted(sub.acked)])
+            return journal
+        return journal_cursor
+    return _wrap(ShardCore, "_journal_cursor", make)
+
+
+def generation_kept_after_power_loss() -> contextlib.AbstractContextManager[Any]:
+    """G9: a recovery after a reboot keeps the generation even with fsync interval or
+    never, so offsets acked but lost with the unsynced tail are given again."""
+    from flux.shard import disk
+    return mock.patch.object(disk.ShardStorage, "_boot_changed", lambda self, report: False)
+
+
+def new_generation_at_every_start() -> contextlib.AbstractContextManager[Any]:
+    """G9: recovery draws a new generation for every disk topic, as a memory topic's."""
+    from flux.shard import disk
+    return mock.patch.object(disk.ShardStorage, "_boot_changed", lambda self, report: True)
+
+
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
     "duplicate-wrong-offset": duplicate_wrong_offset,
@@ -971,6 +1092,14 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "commit-last-read": commit_last_read,
     "fetch-unknown-sub-unchecked": fetch_unknown_sub_unchecked,
     "through-refuses-acked": through_refuses_acked,
+    "ack-before-durable": ack_before_durable,
+    "no-checksum-on-read": no_checksum_on_read,
+    "torn-tail-kept": torn_tail_kept,
+    "dedup-not-recovered": dedup_not_recovered,
+    "replay-payloads-rotated": replay_payloads_rotated,
+    "cursor-record-ahead": cursor_record_ahead,
+    "generation-kept-after-power-loss": generation_kept_after_power_loss,
+    "new-generation-at-every-start": new_generation_at_every_start,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise): each is
@@ -983,7 +1112,12 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "replay-fetch-ignores-generation": "crashes",
             "duplicate-not-flagged": "backpressure", "subscribed-echoes-generation": "crashes",
             "fetch-unknown-sub-unchecked": "crashes", "reset-starts-at-next": "crashes",
-            "restart-forgets-shards": "crashes", "resubscribe-forgotten": "crashes"}
+            "restart-forgets-shards": "crashes", "resubscribe-forgotten": "crashes",
+            "ack-before-durable": "disk", "no-checksum-on-read": "storage-faults",
+            "torn-tail-kept": "storage-faults", "dedup-not-recovered": "disk",
+            "cursor-record-ahead": "disk", "replay-payloads-rotated": "disk",
+            "generation-kept-after-power-loss": "disk",
+            "new-generation-at-every-start": "disk"}
 
 # The rule(s) of flux.sim.checker.RULES each bug must trip (every one of them, within
 # MAX_SEEDS seeds of its scenario; other rules may fire too).
@@ -1036,6 +1170,14 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "credit-over-window-refused": ("liveness/never-subscribed",),
     "commit-last-read": ("liveness/pull-behind",),
     "through-refuses-acked": ("G1/ack-refused",),
+    "ack-before-durable": ("G1/fetch-next",),
+    "no-checksum-on-read": ("G1/offset-reused",),
+    "replay-payloads-rotated": ("G9/payload-changed",),
+    "torn-tail-kept": ("G9/generation-kept",),
+    "dedup-not-recovered": ("G3/stored-twice",),
+    "cursor-record-ahead": ("G6/cursor-past-unacked",),
+    "generation-kept-after-power-loss": ("G1/offset-reused",),
+    "new-generation-at-every-start": ("G9/generation-kept",),
     "repush-reversed": ("G1/repush-order",),
     "generation-from-index": ("G1/offset-reused",),
     "ack-moves-cursor-early": ("G6/cursor-past-unacked",),

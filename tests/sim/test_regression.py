@@ -50,6 +50,22 @@ FOUND = [
     # called the re-push early (a checker bug: a slow spell now disturbs its link for
     # factor x latency bound after it ends)
     ("network", 308, "slow:s1<->shard-0@2.301+4.043x25.3"),
+    # disk topics (G9). A reply held for durability let a DELIVER made just after its
+    # release wait for the next output pass (0.3 s late: early re-pushes by the client's
+    # clock), and a takeover's SUB_ENDED overtook the SUBSCRIBED it followed
+    ("disk", 87, None),
+    ("disk", 13, None),
+    # two pauses of one shard overlapped; the checker kept only the first (a checker bug)
+    ("disk", 142, "reset:s0<->shard-0@17.205,crash:shard-0@17.684,pause:shard-1@23.36+5.083,"
+                  "pause:shard-1@28.06+4.425"),
+    # a flipped bit in the last record looked like a torn tail and was cut silently, losing
+    # a confirmed ack in the same generation (now: same boot, so corruption)
+    ("disk", 26, "router:router@17.124+3.148,flip:shard-0@27.751"),
+    # a new generation drawn at recovery was not on disk until the topic's next record:
+    # a second restart brought the old generation back with offsets from 0
+    ("disk", 236, "flip:shard-0@5.906,flip:shard-0@9.004"),
+    # old segments went before the snapshot that replaced them was synced (fsync never)
+    ("disk", 14, None),
 ]
 
 CASES = [(scenario, seed, None) for scenario in SCENARIOS

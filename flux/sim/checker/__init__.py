@@ -98,6 +98,11 @@ RULES: dict[str, str] = {
                        " that held it",
     "G4/left-unacked": "a live subscription acks, by the end, every message of its final"
                        " generation from its start on (unacked ones are pushed again)",
+    # durable.py: G9 (disk topics; the per-generation rules above span their restarts)
+    "G9/generation-kept": "a disk topic keeps its generation across shard crashes unless"
+                          " a power loss or damage explains a new one",
+    "G9/payload-changed": "every message delivered or fetched carries the payload its id"
+                          " was published with",
     # bad_input.py: G8
     "G8/untyped-error": "a bad request gets an error of a class a caller can act on",
     "G8/batch-item": "each item of a PUBLISH gets its own result: valid ones stored,"
@@ -170,7 +175,17 @@ def _known(guarantee: str, rule: str) -> str:
 
 def check(history: History) -> Report:
     """Check ``history`` against G1-G7 and liveness; the report lists every violation."""
-    from flux.sim.checker import bad_input, calls, delivery, liveness, publish, pull, retention, starts
+    from flux.sim.checker import (
+        bad_input,
+        calls,
+        delivery,
+        durable,
+        liveness,
+        publish,
+        pull,
+        retention,
+        starts,
+    )
 
     report = Report()
     index = Index(history)
@@ -182,6 +197,7 @@ def check(history: History) -> Report:
     liveness.check(index, report)
     pull.check(index, report)
     bad_input.check(index, report)
+    durable.check(index, report)
     # the same fact can break a rule more than once (e.g. one message, many sessions)
     report.violations = sorted(set(report.violations))
     return report

@@ -295,7 +295,8 @@ def _check_dropped(index: Index, session: Session, report: Report) -> None:
     if end is None or end.reason != "lost" or not index.history.meta.get("close_reasons"):
         return  # (a recorder that does not tell "lost" from "closed" sets no close_reasons)
     p = index.params
-    stopped = index.stopped.get(session.sub.generation)
+    incarnation = session.sub.shard_generation or session.sub.generation
+    stopped = index.stopped.get(incarnation)
     if stopped is not None and stopped <= end.t + p.latency:
         return  # its shard died or drained (G7)
     report.examine("G6", "dropped-without-cause")

@@ -150,9 +150,22 @@ class Index:
         self.disturbances: list[Disturbance] = []
         self.heal_at = math.inf
         self.stopped: dict[int, float] = {}   # generation -> when its shard stopped
+        # the generations of shard incarnations; any other generation is a disk topic's
+        # own (G9), which outlives the incarnations of its shard
+        self.shard_generations: set[int] = {
+            e.generation for e in history.events if isinstance(e, (h.ShardHello, h.ShardStopped))}
+        # per shard index: when an incarnation stopped, and when clients heard one answer
+        self._stops: dict[int, list[float]] = {}
+        self._hellos: dict[int, list[float]] = {}
+        for e in history.events:
+            if isinstance(e, h.ShardStopped):
+                self._stops.setdefault(e.shard, []).append(e.t)
+            elif isinstance(e, h.ShardHello) and e.shard >= 0:
+                self._hellos.setdefault(e.shard, []).append(e.t)
         self.end_at = history.events[-1].t if history.events else 0.0
         self._slow_factor: float | None = None
-        open_faults: dict[tuple[str, str], float] = {}
+        # begins of faults not ended yet, per (kind, target): two of one kind may overlap
+        open_faults: dict[tuple[str, str], list[float]] = {}
         for position, event in enumerate(history.events):
             if isinstance(event, h.Subscribed):
                 self._subscribed(event)
@@ -186,10 +199,29 @@ class Index:
                 self._fault(event, open_faults)
             elif isinstance(event, h.Phase) and event.name == "heal":
                 self.heal_at = min(self.heal_at, event.t)
-        for (fault, target), begin in open_faults.items():
+        for (fault, target), begins in open_faults.items():
+            if not begins:
+                continue
+            begin = begins[0]
             end = self.heal_at if self.heal_at < math.inf else self.end_at
             self.disturbances.append(Disturbance(fault, _hosts(target), begin,
                                                  max(begin, end) + self._tail(fault)))
+
+    def recovered_deadline(self, shard: int, since: float, slack: float) -> float:
+        """When a disk topic's inactive subscription on ``shard``, inactive since ``since``,
+        must be gone: ``slack`` after ``since``, or after the recovery of a restart within
+        that span (recovery restarts its inactive clock, G9). A recovery is over by the
+        time a client hears the new incarnation answer."""
+        deadline = since + slack
+        stops, hellos = self._stops.get(shard, []), self._hellos.get(shard, [])
+        while True:
+            stop = next((t for t in stops if since < t <= deadline), None)
+            if stop is None:
+                return deadline
+            up = next((t for t in hellos if t > stop), None)
+            if up is None:
+                return math.inf
+            since, deadline = up, up + slack
 
     def _subscribed(self, sub: h.Subscribed) -> None:
         inc: Incarnation | None = None
@@ -215,12 +247,15 @@ class Index:
         inc.events.append(sub)
         self.sessions[sub.session] = session
 
-    def _fault(self, event: h.FaultInjected, open_faults: dict[tuple[str, str], float]) -> None:
+    def _fault(self, event: h.FaultInjected,
+               open_faults: dict[tuple[str, str], list[float]]) -> None:
         key = (event.fault, event.target)
         if event.detail == "begin":
-            open_faults.setdefault(key, event.t)
+            open_faults.setdefault(key, []).append(event.t)
         elif event.detail == "end":
-            begin = open_faults.pop(key, event.t)
+            # the earliest still open: overlapping spans pair up to cover their union
+            begins = open_faults.get(key)
+            begin = begins.pop(0) if begins else event.t
             self.disturbances.append(Disturbance(event.fault, _hosts(event.target), begin,
                                                  event.t + self._tail(event.fault)))
         else:  # an instant fault

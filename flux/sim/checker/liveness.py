@@ -28,6 +28,7 @@ def check(index: Index, report: Report) -> None:
     delivered: dict[tuple[str, str, int], set[int]] = {}
     anyone: set[tuple[str, int, int]] = set()
     latest_generation: dict[int, int] = {}
+    latest_topic_generation: dict[str, int] = {}
     shard_of: dict[int, int] = {}
     final: dict[str, int] = {}  # topic -> the generation of its latest acked publish
     for e in history:
@@ -49,7 +50,18 @@ def check(index: Index, report: Report) -> None:
         elif isinstance(e, h.ShardHello):
             latest_generation[e.shard] = e.generation
             shard_of[e.generation] = e.shard
+        if isinstance(e, (h.PublishAcked, h.Subscribed)) \
+                and e.generation not in index.shard_generations:
+            latest_topic_generation[e.topic] = e.generation  # a disk topic's own (G9)
     received = consumed if consumed else delivered
+
+    def newest(session: Session) -> int:
+        """The generation a live session should have reached: its shard's latest, or
+        for a disk topic's own generation, the topic's latest."""
+        generation = session.sub.generation
+        if generation in index.shard_generations:
+            return latest_generation.get(session.sub.shard, generation)
+        return latest_topic_generation.get(session.sub.topic, generation)
 
     last_session: dict[str, Session] = {}
     for session in index.sessions.values():
@@ -58,8 +70,8 @@ def check(index: Index, report: Report) -> None:
         subscriber, topic = spec["subscriber"], spec["topic"]
         found = last_session.get(subscriber)
         if (found is None or found.sub.topic != topic
-                or latest_generation.get(found.sub.shard, found.sub.generation)
-                != found.sub.generation) and _past_the_end(spec, acked, final):
+                or newest(found) != found.sub.generation) \
+                and _past_the_end(spec, acked, final):
             continue  # refused with OffsetOutOfRange in the final generation, rightly
         report.examine("liveness", "never-subscribed")
         if found is None or found.sub.topic != topic:
@@ -68,12 +80,12 @@ def check(index: Index, report: Report) -> None:
             continue
         session = found
         generation = session.sub.generation
-        newest = latest_generation.get(session.sub.shard, generation)
+        latest = newest(session)
         report.examine("liveness", "stale-generation")
-        if newest != generation:
+        if latest != generation:
             report.add("liveness", "stale-generation", index.end_at,
                        f"{subscriber} still on generation {generation:#x} of shard"
-                       f" {session.sub.shard}; the shard is at {newest:#x}")
+                       f" {session.sub.shard}; the shard is at {latest:#x}")
             continue
         inc = session.incarnation
         got = received.get((subscriber, topic, generation), set())

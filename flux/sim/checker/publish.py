@@ -152,8 +152,8 @@ def _check_overlap(index: Index, report: Report) -> None:
             continue
         if isinstance(e, (h.ShardHello, h.Subscribed)):
             shard, sent, client = e.shard, e.requested, e.client
-            if shard < 0:
-                continue
+            if shard < 0 or e.generation not in index.shard_generations:
+                continue  # a disk topic's generation is not an incarnation's
             shard_of[e.generation] = shard if shard_of.get(e.generation, shard) == shard \
                 else None
         elif isinstance(e, h.PublishAcked):

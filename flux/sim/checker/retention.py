@@ -283,6 +283,8 @@ def _check_kept_too_long(index: Index, inc: Incarnation, successor: Incarnation 
         if end is None or end.reason not in ("unsubscribed", "inactive"):
             continue
         limit = end.t + slack
+        if session.sub.generation not in index.shard_generations:  # a disk topic (G9)
+            limit = index.recovered_deadline(session.sub.shard, end.t, slack)
         host = session.host
         following = sessions[i + 1] if i + 1 < len(sessions) else None
         if following is not None:

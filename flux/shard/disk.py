@@ -1,0 +1,283 @@
+"""The shard's data directory: its layout and checks, recovering every disk topic at
+start, and running each disk topic's log writer (the shell side of G9).
+
+Layout (``storage.dir``)::
+
+    flux-data.json             {"format": 1, "shards": N}: whose directory this is
+    shard-<i>/<topic>/          one log per disk topic (flux.storage segments)
+
+A directory that is not Flux's, has another format, or was written with another
+shard count is refused with an error naming the path and what to do; nothing in
+it is ever wiped. Each topic's writer runs as a task of the shard; a watcher
+hands every move of its durable mark to the core (``ShardCore.storage_progress``).
+A log that fails (an fsync or write error) fails what waits on it, and the
+shard stops so that the router restarts it and recovery runs: after a failed
+fsync the kernel's view of the file cannot be trusted (the fsync is never retried).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from flux.config import Config
+from flux.errors import ConfigError
+from flux.host import Disk, Host
+from flux.shard.core import ShardCore
+from flux.shard.journal import TopicJournal
+from flux.shard.replay import TopicReplay
+from flux.storage import FsyncMode, LogFailed, LogWriter, RecoveryReport, StorageError, recover
+from flux.storage.table import SegmentTable
+
+log = logging.getLogger("flux.shard")
+
+FORMAT_VERSION = 1
+MARKER = "flux-data.json"
+
+
+async def check_data_dir(disk: Disk, directory: str, shard_count: int) -> None:
+    """Make ``directory`` Flux's (if it is new or empty) or check that it is, for
+    ``shard_count`` shards. Raises ConfigError naming the path and what to do."""
+    try:
+        if not disk.exists(directory):
+            disk.makedirs(directory)
+        names = disk.listdir(directory)
+    except OSError as exc:
+        raise ConfigError("storage.dir", f"{directory}: cannot use it as the data directory:"
+                                         f" {exc.strerror or exc}") from None
+    marker = posixpath.join(directory, MARKER)
+    if MARKER not in names:
+        if names:
+            raise ConfigError("storage.dir", f"{directory} is not empty and is not a Flux data"
+                                             " directory (no flux-data.json); give an empty or"
+                                             " new directory")
+        await _write_marker(disk, marker, shard_count)
+        return
+    try:
+        f = disk.open(marker)
+        try:
+            meta = json.loads(f.read_at(0, 1 << 16))
+        finally:
+            f.close()
+        version, shards = meta["format"], meta["shards"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError("storage.dir", f"{marker} cannot be read ({exc}); restore it from"
+                                         " a backup, or give another directory") from None
+    if version != FORMAT_VERSION:
+        raise ConfigError("storage.dir", f"{directory} has data format {version!r}; this"
+                                         f" Flux reads format {FORMAT_VERSION} only; run the"
+                                         " Flux version that wrote it")
+    if shards != shard_count:
+        raise ConfigError("storage.dir", f"{directory} was written by {shards} shards; start"
+                                         f" with --shards {shards} (changing the shard count"
+                                         " over existing data is not supported yet)")
+
+
+async def _write_marker(disk: Disk, marker: str, shard_count: int) -> None:
+    """Write the marker durably (the file, then its directory entry): a power loss must
+    not leave segments in a directory that no longer says whose it is."""
+    f = disk.open(marker, create=True)
+    try:
+        f.truncate(0)
+        f.append(json.dumps({"format": FORMAT_VERSION, "shards": shard_count}).encode())
+        await f.sync()
+    finally:
+        f.close()
+    await disk.sync_dir(posixpath.dirname(marker))
+
+
+@dataclass
+class Recovered:
+    """One disk topic's recovery, as logged and shown in STATS."""
+
+    topic: str
+    report: RecoveryReport
+    records: int
+    messages: int
+    generation: int
+    new_generation: str | None   # why recovery started a new generation, if it did
+
+
+class ShardStorage:
+    """The disk topics of one shard: recovery at start, then one writer task per log."""
+
+    def __init__(self, host: Host, config: Config, index: int, shard_count: int,
+                 new_generation: Callable[[], int]) -> None:
+        assert config.storage.dir is not None
+        self.host = host
+        self.disk: Disk = host.disk
+        self.config = config
+        self.root = config.storage.dir
+        self.shard_count = shard_count
+        self.directory = posixpath.join(self.root, f"shard-{index}")
+        self.new_generation = new_generation
+        self.journals: dict[str, TopicJournal] = {}
+        self.writers: dict[str, LogWriter] = {}
+        self.recovered: list[Recovered] = []
+        self.failure: LogFailed | None = None
+        self._unsettled: list[LogWriter] = []  # logs of new generations to sync first
+        self.failed = trio.Event()
+        self._core: ShardCore | None = None
+        self._dispatch: Callable[[], None] = lambda: None
+        self._nursery: trio.Nursery | None = None
+
+    def _writer(self, name: str, table: SegmentTable, generation: int) -> LogWriter:
+        st = self.config.storage
+        host = self.host
+        return LogWriter(self.disk, table, owner=f"topic {name}", generation=generation,
+                         boot_id=self.disk.boot_id(), fsync=FsyncMode(st.fsync),
+                         fsync_interval=st.fsync_interval, segment_bytes=st.segment_bytes,
+                         now=host.now, wall_time=host.wall_time)
+
+    async def recover(self, core: ShardCore) -> None:
+        """Check the data directory and rebuild every disk topic of this shard into ``core``
+        (before the shard serves). Raises ConfigError for a directory that is not this
+        broker's, StorageError (ForeignLog) for a log that is not this topic's."""
+        await check_data_dir(self.disk, self.root, self.shard_count)
+        self.disk.makedirs(self.directory)
+        self._core = core
+        core.open_journal = self.open_new
+        for name in self.disk.listdir(self.directory):
+            await self._recover_topic(core, name)
+
+    async def _recover_topic(self, core: ShardCore, name: str) -> None:
+        host = self.host
+        path = posixpath.join(self.directory, name)
+        settings = core.config.settings_for(name)
+        if settings.storage != "disk":
+            log.info("shard %d: topic %r stays on disk (it was made a disk topic; its policy"
+                     " now says %s)", core.index, name, settings.storage)
+        epoch = core.epoch
+        replay = TopicReplay(name, settings, epoch)
+        table, report = await recover(self.disk, path, owner=f"topic {name}",
+                                      on_record=replay.feed, now=host.now,
+                                      boot_id=self.disk.boot_id())
+        why: str | None = None
+        generation = report.generation
+        if generation is None:
+            why = "its log held no record"
+        elif report.damage is not None and report.damage.kind == "corrupt":
+            why = f"damage in its log lost records ({report.damage.reason})"
+        elif self._boot_changed(report):
+            why = (f"the machine restarted since its log was written, and with"
+                   f" storage.fsync={self.config.storage.fsync} the unsynced tail may be lost")
+        if why is not None:
+            generation = self.new_generation()
+        assert generation is not None
+        topic = replay.build(generation, host.now(), reset=why is not None)
+        writer = self._writer(name, table, generation)
+        journal = TopicJournal(name, writer, exposed=topic.log.next_offset)
+        journal.published.extend(replay.published)
+        journal.droppable = table.start
+        topic.journal = journal
+        self.journals[name], self.writers[name] = journal, writer
+        info = {"recovered_bytes": report.bytes, "recovered_records": replay.records,
+                "recovery_seconds": report.seconds, "new_generation": why,
+                "damage": None if report.damage is None else {
+                    "kind": report.damage.kind, "path": report.damage.path,
+                    "position": report.damage.position, "reason": report.damage.reason,
+                    "set_aside": list(report.damage.set_aside)}}
+        core.adopt_recovered(topic, host.now(), info)
+        if why is not None:
+            # the new generation must be on disk before anyone hears of it: a snapshot
+            # starts a segment of that generation (synced in run, before serving)
+            journal.append(*core._snapshot(topic))
+            self._unsettled.append(writer)
+        self.recovered.append(Recovered(name, report, replay.records, replay.messages,
+                                        generation, why))
+        damage = f"; {report.damage.kind} at position {report.damage.position}: " \
+                 f"{report.damage.reason}" if report.damage is not None else ""
+        log.info("shard %d: recovered topic %r in %.3fs: read %d bytes, %d records, %d messages,"
+                 " %d subscriptions; offsets %d..%d; generation %#x%s%s", core.index, name,
+                 report.seconds, report.bytes, replay.records, replay.messages, len(topic.subs),
+                 topic.log.oldest, topic.log.next_offset, generation,
+                 f" (new: {why})" if why else "", damage)
+
+    def _boot_changed(self, report: RecoveryReport) -> bool:
+        """Whether the log's unsynced tail may be gone: it was written before the
+        machine's last reboot, and not every record was fsynced before its ack."""
+        return report.boot_id != self.disk.boot_id() and self.config.storage.fsync != "always"
+
+    def open_new(self, name: str, start: int) -> TopicJournal:
+        """A new disk topic's journal (the core calls this when it makes the topic)."""
+        path = posixpath.join(self.directory, name)
+        try:
+            self.disk.makedirs(path)
+        except OSError as exc:
+            from flux.errors import StorageUnavailable
+            raise StorageUnavailable(f"cannot make the log directory of topic {name!r}:"
+                                     f" {exc.strerror or exc}") from None
+        writer = self._writer(name, SegmentTable(path, start=0), self.new_generation())
+        journal = TopicJournal(name, writer, exposed=start)
+        self.journals[name], self.writers[name] = journal, writer
+        if self._nursery is not None:
+            self._nursery.start_soon(self._serve_log, journal, writer)
+        return journal
+
+    async def run(self, dispatch: Callable[[], None], *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run every writer (and those of topics made later) until cancelled."""
+        self._dispatch = dispatch
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for name, journal in self.journals.items():
+                nursery.start_soon(self._serve_log, journal, self.writers[name])
+            for writer in self._unsettled:
+                await writer.sync()  # raises LogFailed: the shard does not start
+            self._unsettled.clear()
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def _serve_log(self, journal: TopicJournal, writer: LogWriter) -> None:
+        core = self._core
+        assert core is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            nursery.start_soon(self._retain, journal, writer)
+            mark = writer.durable
+            try:
+                while True:
+                    mark = await writer.wait_durable(mark + 1)
+                    core.storage_progress(journal, self.host.now())
+                    self._dispatch()
+            except LogFailed as exc:
+                log.error("shard %d: the log of topic %r failed: %s", core.index, journal.topic,
+                          exc)
+                core.storage_failed(journal, str(exc))
+                self._dispatch()
+                if self.failure is None:
+                    self.failure = exc
+                self.failed.set()
+            nursery.cancel_scope.cancel()
+
+    async def _retain(self, journal: TopicJournal, writer: LogWriter) -> None:
+        """Every cleanup period, remove the log's whole segments that hold nothing live
+        (the cleanup pass moves ``journal.droppable``); never the one being written."""
+        period = self.config.message.cleanup_time
+        host = self.host
+        while True:
+            await host.sleep_until(host.now() + period)
+            if journal.failed is None and journal.droppable > writer.table.start:
+                try:
+                    # the snapshot that starts the first segment kept must be durable
+                    # before what it replaces goes (fsync never or interval included)
+                    await writer.sync()
+                    await writer.drop_before(journal.droppable)
+                except LogFailed:
+                    return  # the log's watcher fails what waits and stops the shard
+                except OSError as exc:  # the log itself is fine: try again next period
+                    log.warning("shard: removing old segments of topic %r failed: %s",
+                                journal.topic, exc)
+
+    async def close(self) -> None:
+        """Write and fsync what every log has queued, then close them (a clean stop)."""
+        for name, writer in list(self.writers.items()):
+            try:
+                await writer.close()
+            except (LogFailed, StorageError, OSError) as exc:
+                log.error("shard: closing the log of topic %r failed: %s", name, exc)

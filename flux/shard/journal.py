@@ -1,0 +1,174 @@
+"""A disk topic's journal as the shard core sees it: records out, durable marks in (G9).
+
+The core stays free of I/O. For a disk topic it appends one record per change
+(a PUBLISH group, a named subscription made or deleted, a subscription's acks or
+commit, a trim of the head) to the topic's :class:`Appender` (the log writer,
+which the shell runs) and *holds back* what G9 says must wait for durability:
+replies (PUBLISHED, ACKED, COMMITTED, a SUBSCRIBED that made a subscription) and
+the topic's *exposed* end (deliveries and FETCH reach only offsets below it).
+When the writer's durable mark moves, the shell calls
+``ShardCore.storage_progress`` and :meth:`TopicJournal.advance` releases
+everything the mark now covers, in order.
+
+Record bodies are MessagePack arrays; their layout is PROTOCOL.md §14.3.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+
+from flux import protocol as P
+
+# record types (flux.storage.record: type 0 is never written)
+PUBLISH = 1        # [first offset, wall time, [id, ...], [payload, ...]]
+SUBSCRIPTION = 2   # [name, mode, start offset, wall time created]
+UNSUBSCRIBED = 3   # [name]: the named subscription was deleted
+CURSOR = 4         # [name, cursor, [acked offset above the cursor, ...]]
+TRIM = 5           # [oldest]: messages below were cleaned up
+SNAPSHOT = 6       # [next offset, oldest, [[name, mode, start, created, cursor, [acked]], ...]]
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+class Appender(Protocol):
+    """What the core needs of a log writer (``flux.storage.LogWriter`` is one)."""
+
+    generation: int
+    durable: int
+    appended: int
+    # the record each new segment starts with (the topic's whole state)
+    snapshot: Callable[[], tuple[int, bytes]] | None
+
+    @property
+    def size(self) -> int:
+        """Bytes the log holds."""
+        ...
+
+    def append(self, rtype: int, body: bytes) -> Any:
+        """Queue a record; returns something with an ``end`` position."""
+        ...
+
+
+@dataclass(eq=False)
+class Held:
+    """A reply that may go out only once every record it depends on is durable, and
+    everything its session was sent after it."""
+
+    conn: int
+    frame: list[Any]
+    waiting: int = 0   # journals whose durable mark has yet to reach this reply's record
+    released: bool = False
+    # frames the session was sent after this reply, before its next held one: they go
+    # out behind it, so a connection's frames keep their order (a DELIVER or SUB_ENDED
+    # never overtakes the SUBSCRIBED it follows)
+    behind: list[list[Any]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class TopicJournal:
+    """One disk topic's link to its log: the writer, what waits on it, and the exposed end."""
+
+    topic: str
+    writer: Appender
+    exposed: int                           # offsets below are durable: deliver and fetch them
+    failed: str | None = None              # why the log stopped taking records
+    _waits: deque[tuple[int, Held | None, int]] = field(default_factory=deque)
+    # each PUBLISH record still in the log: (its end position, the offset after its
+    # messages, its wall time); the log before ``droppable`` holds nothing live
+    published: deque[tuple[int, int, float]] = field(default_factory=deque)
+    droppable: int = 0
+
+    @property
+    def generation(self) -> int:
+        return self.writer.generation
+
+    def append(self, rtype: int, body: list[Any] | bytes) -> int:
+        """Append a record; returns the position its durability is waited for by. Once
+        the log has failed nothing is appended (``failed`` says why; the shell's
+        watcher fails what waits)."""
+        data = body if isinstance(body, bytes) else _pack(body)
+        try:
+            return int(self.writer.append(rtype, data).end)
+        except Exception as exc:  # LogFailed, or the writer closing: no record is written
+            if self.failed is None:
+                self.failed = str(exc) or exc.__class__.__name__
+            return int(self.writer.appended)
+
+    def published_at(self, end: int, next_offset: int, wall: float) -> None:
+        """A PUBLISH record ending at ``end`` holds the messages below ``next_offset``."""
+        self.published.append((end, next_offset, wall))
+
+    def retain(self, oldest: int, forgotten_before: float) -> int:
+        """Move ``droppable`` past every PUBLISH record whose messages are all gone
+        (below ``oldest``) and whose ids left the dedup window (stored before
+        ``forgotten_before``, wall time); returns it. Every log segment begins with a
+        SNAPSHOT of the topic, so segments wholly before it can be removed."""
+        published = self.published
+        while published and published[0][1] <= oldest and published[0][2] < forgotten_before:
+            self.droppable = max(self.droppable, published.popleft()[0])
+        if not published:  # no message left in the log: everything written may go
+            self.droppable = max(self.droppable, self.writer.durable)
+        return self.droppable
+
+    def publish_body(self, first: int, wall: float, ids: Any, packed_payloads: bytes) -> bytes:
+        """A PUBLISH record's body around payloads already packed as one array."""
+        return b"".join((P.array_header(4), _pack(first), _pack(wall), _pack(list(ids)),
+                         packed_payloads))
+
+    def hold(self, held: Held, end: int) -> bool:
+        """``held`` waits (also) for this journal's durable mark to reach ``end``;
+        False if the mark is there already (nothing to wait for)."""
+        if self.writer.durable >= end:
+            return False
+        held.waiting += 1
+        self._waits.append((end, held, -1))
+        return True
+
+    def expose_at(self, end: int, next_offset: int) -> None:
+        """Offsets below ``next_offset`` are exposed once the mark reaches ``end``."""
+        if self.writer.durable >= end and not self._waits:
+            self.exposed = next_offset
+        else:
+            self._waits.append((end, None, next_offset))
+
+    def advance(self) -> tuple[list[Held], bool]:
+        """Release what the durable mark now covers: the replies ready to go, and
+        whether the exposed end moved."""
+        durable = self.writer.durable
+        waits = self._waits
+        ready: list[Held] = []
+        moved = False
+        while waits and waits[0][0] <= durable:
+            _, held, next_offset = waits.popleft()
+            if held is None:
+                if next_offset > self.exposed:
+                    self.exposed = next_offset
+                    moved = True
+            else:
+                held.waiting -= 1
+                if held.waiting == 0:
+                    ready.append(held)
+        return ready, moved
+
+    def fail(self, reason: str) -> list[Held]:
+        """The log stopped: every held reply is answered with its error, none is released."""
+        self.failed = reason
+        stranded = [held for _, held, _ in self._waits if held is not None]
+        self._waits.clear()
+        return stranded
+
+
+def subscription_row(sub: Any, epoch: float) -> list[Any]:
+    """A named subscription as SNAPSHOT carries it (``epoch``: wall minus monotonic time)."""
+    return [sub.name, sub.mode, sub.start_offset, epoch + sub.created_at, sub.cursor,
+            sorted(sub.acked)]
+
+
+def snapshot_body(next_offset: int, oldest: int, subs: list[list[Any]]) -> bytes:
+    """A SNAPSHOT record's body."""
+    return bytes(_pack([next_offset, oldest, subs]))

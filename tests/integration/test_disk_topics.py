@@ -1,0 +1,122 @@
+"""Disk topics against real ``flux serve`` processes (G9): a SIGKILL of a shard
+mid-stream loses no acked message, keeps the topic's generation, its offsets, its
+subscription cursors and its dedup window; a data directory that is not the
+broker's is refused at start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import trio
+
+from flux.client.trio import connect
+from flux.router.launcher import pid_alive
+
+from .wire import owned_topic
+
+if TYPE_CHECKING:
+    from tests.conftest import BrokerFactory
+
+pytestmark = pytest.mark.integration
+
+
+async def _cursor(client: object, shard: int, topic: str, name: str) -> int:
+    stats = await client.stats()  # type: ignore[attr-defined]
+    return int(stats[shard]["topics"][topic]["subscriptions"][name]["cursor"])
+
+
+async def test_a_kill_9_mid_stream_loses_nothing_acked_on_a_disk_topic(
+        broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    broker = broker_factory(f"storage.dir={tmp_path / 'data'}", "storage.kind=disk")
+    victim = 1
+    topic = owned_topic(victim, prefix="disk")
+    old_pid = broker.shards[victim].pid
+    acked: dict[str, tuple[int, int, bytes]] = {}   # id -> (generation, offset, payload)
+    with trio.fail_after(60):
+        async with connect(broker.url, retry_deadline=30) as client:
+            # a named subscription acks the first 50 messages; the cursor is confirmed
+            # durable once a later publish of the same topic is acked (one log, in order)
+            for i in range(60):
+                ack = await client.publish(topic, f"p{i}".encode(), id=f"m{i}")
+                acked[f"m{i}"] = (ack.generation, ack.offset, f"p{i}".encode())
+            generation = acked["m0"][0]
+            async with client.subscribe(topic, name="billing", read_old=True) as sub:
+                n = 0
+                async for msg in sub:
+                    await msg.ack()
+                    n += 1
+                    if n == 50:
+                        break
+                with trio.fail_after(10):
+                    while await _cursor(client, victim, topic, "billing") < 50:
+                        await trio.sleep(0.02)
+            i = 60
+
+            async def publish(upto: int) -> None:
+                nonlocal i
+                while i < upto:
+                    batch = [f"p{j}".encode() for j in range(i, i + 20)]
+                    ids = [f"m{j}" for j in range(i, i + 20)]
+                    acks = await client.publish_many(topic, batch, ids=ids)
+                    for message_id, payload, a in zip(ids, batch, acks, strict=True):
+                        acked[message_id] = (a.generation, a.offset, payload)
+                    i += 20
+
+            await publish(400)
+            os.kill(old_pid, signal.SIGKILL)  # mid-stream: the next publishes retry
+            await publish(800)
+
+            broker.note_pids()
+            assert not pid_alive(old_pid)
+            # the same generation, offsets continuing, every acked message held
+            assert {g for g, _, _ in acked.values()} == {generation}
+            offsets = sorted(o for _, o, _ in acked.values())
+            assert offsets == list(range(800))
+            stored: dict[int, tuple[str, bytes]] = {}
+            offset = 0
+            while offset < 800:
+                page = await client.fetch(topic, offset, max_messages=500)
+                for m in page.messages:
+                    stored[m.offset] = (m.id, m.payload)
+                offset = page.next if not page.messages else page.messages[-1].offset + 1
+            for message_id, (_, o, payload) in acked.items():
+                assert stored[o] == (message_id, payload)
+            # the dedup window: a retry of an id acked before the kill is a duplicate
+            again = await client.publish(topic, b"p7", id="m7")
+            assert again.duplicate and again.offset == acked["m7"][1]
+            assert again.generation == generation
+            # the cursor: the subscription resumes where its confirmed acks left it
+            async with client.subscribe(topic, name="billing") as sub:
+                assert sub.info is not None
+                assert not sub.info.created and sub.info.cursor == 50
+                first = await sub.__anext__()
+                assert first.offset == 50 and first.generation == generation
+    routed = {s["index"]: s for s in broker.stats()["shards"]}[victim]
+    assert routed["pid"] != old_pid
+
+
+def test_a_data_directory_that_is_not_the_brokers_is_refused_at_start(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "photos.txt").write_text("not flux")
+    done = subprocess.run([sys.executable, "-m", "flux", "serve", "--port", "0", "--shards", "1",
+                           "--data-dir", str(data)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert str(data) in done.stderr and "not a Flux data directory" in done.stderr
+    assert (data / "photos.txt").read_text() == "not flux"  # nothing wiped
+
+
+def test_a_data_directory_of_another_shard_count_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "flux-data.json").write_text('{"format": 1, "shards": 3}')
+    done = subprocess.run([sys.executable, "-m", "flux", "serve", "--port", "0", "--shards", "1",
+                           "--data-dir", str(data)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert "written by 3 shards" in done.stderr and "--shards 3" in done.stderr

@@ -1,0 +1,247 @@
+"""ShardCore with disk topics (G9), its log writer replaced by one whose durable mark the
+test moves: nothing is acked, confirmed or exposed before its record is durable, and
+the records rebuild the topic (TopicReplay) as the core held it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from test_core_support import GEN, TOPIC, Client, Shard
+
+from flux import errors
+from flux import protocol as P
+from flux.shard import journal as J
+from flux.shard.journal import TopicJournal
+from flux.shard.replay import TopicReplay
+from flux.storage import Appended, LogFailed, Record
+
+
+class FakeWriter:
+    """The Appender side of a log writer: records kept in a list, durable when told."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.records: list[Record] = []
+        self.appended = 0
+        self.durable = 0
+        self.snapshot: Any = None
+        self.failed: LogFailed | None = None
+
+    @property
+    def size(self) -> int:
+        return self.appended
+
+    def append(self, rtype: int, body: bytes) -> Appended:
+        if self.failed is not None:
+            raise self.failed
+        if not self.records and self.snapshot is not None:  # a segment starts with one
+            self._add(*self.snapshot())
+        return self._add(rtype, body)
+
+    def _add(self, rtype: int, body: bytes) -> Appended:
+        position = self.appended
+        self.records.append(Record(position, rtype, bytes(body)))
+        self.appended += 9 + len(body)
+        return Appended(position, self.appended)
+
+    def kinds(self) -> list[int]:
+        return [r.type for r in self.records]
+
+
+class Disk:
+    """Opens a FakeWriter per disk topic and moves durable marks on demand."""
+
+    def __init__(self, shard: Shard, generation: int = GEN) -> None:
+        self.shard = shard
+        self.generation = generation
+        self.journals: dict[str, TopicJournal] = {}
+        shard.core.open_journal = self.open
+
+    def open(self, name: str, start: int) -> TopicJournal:
+        journal = TopicJournal(name, FakeWriter(self.generation), exposed=start)
+        self.journals[name] = journal
+        return journal
+
+    def writer(self, topic: str = TOPIC) -> FakeWriter:
+        writer = self.journals[topic].writer
+        assert isinstance(writer, FakeWriter)
+        return writer
+
+    def sync(self, topic: str = TOPIC) -> None:
+        writer = self.writer(topic)
+        writer.durable = writer.appended
+        self.shard.core.storage_progress(self.journals[topic], self.shard.now)
+        self.shard.collect()
+
+
+def _disk_shard(**overrides: Any) -> tuple[Shard, Disk, Client]:
+    shard = Shard({"storage.dir": "/data", "storage.kind": "disk", **overrides})
+    disk = Disk(shard)
+    return shard, disk, shard.connect()
+
+
+def _publish(client: Client, *ids: str) -> None:
+    client.send([P.PUBLISH, client.rid(), [[TOPIC, list(ids), [i.encode() for i in ids]]]])
+
+
+def test_a_publish_is_acked_only_once_its_record_is_durable() -> None:
+    _shard, disk, client = _disk_shard()
+    _publish(client, "a", "b")
+    assert client.take(P.PUBLISHED) == []
+    assert disk.writer().kinds() == [J.SNAPSHOT, J.PUBLISH]
+    disk.sync()
+    [reply] = client.take(P.PUBLISHED)
+    assert reply[2] == GEN and reply[3] == [[0, [], []]]
+
+
+def test_a_disk_topic_has_its_own_generation_in_each_group_result() -> None:
+    shard = Shard({"storage.dir": "/data", "topics": [{"match": "disk.>", "storage": "disk"}]})
+    disk = Disk(shard, generation=0xD15C)
+    client = shard.connect()
+    client.send([P.PUBLISH, client.rid(), [["mem", ["m"], [b"m"]], ["disk.a", ["d"], [b"d"]]]])
+    disk.sync("disk.a")
+    [reply] = client.take(P.PUBLISHED)
+    assert reply[2] == GEN
+    assert reply[3] == [[0, [], []], [0, [], [], 0xD15C]]
+    assert shard.stats()["topics"]["disk.a"]["generation"] == 0xD15C
+
+
+def test_nothing_is_delivered_or_fetched_before_it_is_durable() -> None:
+    shard, disk, client = _disk_shard()
+    reader = shard.connect()
+    reader.subscribe(1)  # ephemeral: its SUBSCRIBED needs no record
+    _publish(client, "a", "b")
+    assert reader.deliveries() == []
+    fetched = reader.fetch()
+    assert fetched[2]["next"] == 0 and fetched[4] == []
+    disk.sync()
+    assert reader.deliveries() == [(0, 1), (1, 1)]
+    fetched = reader.fetch()
+    assert fetched[2]["next"] == 2 and fetched[4] == ["a", "b"]
+
+
+def test_a_duplicate_is_acked_only_once_its_original_is_durable() -> None:
+    _shard, disk, client = _disk_shard()
+    _publish(client, "a")
+    _publish(client, "a")
+    assert client.take(P.PUBLISHED) == []
+    disk.sync()
+    first, second = client.take(P.PUBLISHED)
+    assert first[3] == [[0, [], []]] and second[3] == [[[0], [0], []]]
+
+
+def test_a_new_named_subscription_is_confirmed_durable_before_any_delivery() -> None:
+    _shard, disk, client = _disk_shard()
+    _publish(client, "a")
+    disk.sync()
+    client.take()
+    client.send([P.SUBSCRIBE, client.rid(), 1, {"topic": TOPIC, "name": "billing",
+                                               "read_old": True}])
+    assert client.take() == []  # neither SUBSCRIBED nor a DELIVER ahead of it
+    assert disk.writer().kinds()[-1] == J.SUBSCRIPTION
+    disk.sync()
+    kinds = [f[0] for f in client.take()]
+    assert kinds == [P.SUBSCRIBED, P.DELIVER]
+
+
+def test_frames_to_a_connection_never_overtake_a_reply_held_for_durability() -> None:
+    shard, disk, first = _disk_shard()
+    second = shard.connect()
+    _publish(first, "a")
+    disk.sync()
+    first.take()
+    first.send([P.SUBSCRIBE, first.rid(), 1, {"topic": TOPIC, "name": "s", "read_old": True}])
+    second.send([P.SUBSCRIBE, second.rid(), 1, {"topic": TOPIC, "name": "s"}])  # takes over
+    first.send([P.PING, first.rid()])
+    assert first.take() == []  # SUB_ENDED and PONG wait behind the held SUBSCRIBED
+    disk.sync()
+    assert [f[0] for f in first.take()] == [P.SUBSCRIBED, P.DELIVER, P.SUB_ENDED, P.PONG]
+    assert [f[0] for f in second.take()] == [P.SUBSCRIBED, P.DELIVER]
+
+
+def test_an_ack_is_confirmed_once_its_cursor_record_is_durable() -> None:
+    _shard, disk, client = _disk_shard()
+    _publish(client, "a", "b")
+    disk.sync()
+    client.send([P.SUBSCRIBE, client.rid(), 1, {"topic": TOPIC, "name": "billing",
+                                               "read_old": True}])
+    disk.sync()
+    client.take()
+    client.send([P.ACK, client.rid(), 1, GEN, [1], -1])
+    assert client.take(P.ACKED) == []
+    body = msgpack.unpackb(disk.writer().records[-1].body)
+    assert disk.writer().records[-1].type == J.CURSOR and body == ["billing", 0, [1]]
+    disk.sync()
+    [acked] = client.take(P.ACKED)
+    assert acked[3] == 0 and acked[4] == []
+
+
+def test_a_failed_log_answers_what_waits_and_refuses_publishes() -> None:
+    shard, disk, client = _disk_shard()
+    _publish(client, "a")
+    journal = disk.journals[TOPIC]
+    disk.writer().failed = LogFailed("fsync failed")
+    shard.core.storage_failed(journal, "fsync failed")
+    shard.collect()
+    [error] = client.take(P.ERROR)
+    assert error[2] == errors.StorageUnavailable.code
+    rows = client.publish_rows([[TOPIC, "b", b"b"]])
+    assert rows[0][0] == errors.StorageUnavailable.code
+
+
+def test_a_log_over_storage_max_bytes_refuses_publishes_with_topic_full() -> None:
+    _shard, disk, client = _disk_shard(**{"storage.max_bytes": 10})
+    _publish(client, "a")
+    disk.sync()
+    client.take()
+    rows = client.publish_rows([[TOPIC, "b", b"b"]])
+    assert rows[0][0] == errors.TopicFull.code
+
+
+def test_the_records_rebuild_the_topic_as_the_core_held_it() -> None:
+    shard, disk, client = _disk_shard(**{"message.ttl": 20.0})
+    _publish(client, "a", "b", "c")
+    client.send([P.SUBSCRIBE, client.rid(), 1, {"topic": TOPIC, "name": "billing",
+                                               "read_old": True}])
+    client.send([P.SUBSCRIBE, client.rid(), 2, {"topic": TOPIC, "name": "gone"}])
+    disk.sync()
+    client.send([P.ACK, client.rid(), 1, GEN, [0, 2], -1])
+    client.send([P.UNSUBSCRIBE, client.rid(), 2])
+    disk.sync()
+    held = shard.core.topics[TOPIC]
+    shard.core._delete_subscription(held.subs["gone"])
+    replay = TopicReplay(TOPIC, held.settings, epoch=0.0)
+    for rec in disk.writer().records:
+        replay.feed(rec)
+    topic = replay.build(GEN, now=shard.now)
+    assert (topic.log.oldest, topic.log.next_offset) == (0, 3)
+    assert [topic.log.get(o).id for o in range(3)] == ["a", "b", "c"]  # type: ignore[union-attr]
+    assert topic.dedup.get("b") == 1
+    assert list(topic.subs) == ["billing"]
+    billing = topic.subs["billing"]
+    assert (billing.cursor, billing.acked, billing.active) == (1, {2}, False)
+
+
+@pytest.mark.parametrize("segment_at", [1, 2, 3])
+def test_a_snapshot_at_any_record_replaces_what_came_before_it(segment_at: int) -> None:
+    """A segment begins with a SNAPSHOT of the whole state; the records before it may be
+    dropped. Replaying from any snapshot on gives the same subscriptions and head."""
+    shard, disk, client = _disk_shard()
+    _publish(client, "a", "b")
+    client.send([P.SUBSCRIBE, client.rid(), 1, {"topic": TOPIC, "name": "s",
+                                               "read_old": True}])
+    disk.sync()
+    client.send([P.ACK, client.rid(), 1, GEN, [0], -1])
+    writer = disk.writer()
+    topic = shard.core.topics[TOPIC]
+    records = writer.records[:segment_at]
+    snap = Record(0, *shard.core._snapshot(topic))
+    tail = [r for r in writer.records[segment_at:] if r.type != J.PUBLISH]
+    replay = TopicReplay(TOPIC, topic.settings, epoch=0.0)
+    for rec in [*records, snap, *tail]:
+        replay.feed(rec)
+    rebuilt = replay.build(GEN, now=shard.now)
+    assert rebuilt.subs["s"].cursor == 1
+    assert rebuilt.log.next_offset == 2
