@@ -27,6 +27,7 @@ def synthetic(series: int, shards: int = 2) -> Snapshot:
         "counters": {"published": 1000, "duplicates": 1, "delivered": 900, "redelivered": 5,
                      "acked": 800, "trimmed": 10, "bytes_in": 100000},
         "publish_ack_seconds": {"bounds": [0.001, 0.01], "counts": [5, 2, 1], "sum": 0.05},
+        "fsync_seconds": {"bounds": [0.001, 0.01], "counts": [0, 3, 1], "sum": 0.04},
         "topics": {}} for i in range(shards)]
     for t in range(topics):
         replies[t % shards]["topics"][f"orders.region-{t}"] = {

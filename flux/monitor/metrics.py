@@ -80,6 +80,9 @@ def _shard_metrics(snap: Snapshot) -> Iterator[Metric]:
     acks = HistogramMetricFamily("flux_publish_ack_seconds",
                                  "Time from a PUBLISH frame's arrival at the shard to its"
                                  " PUBLISHED reply.", labels=SHARD)
+    fsyncs = HistogramMetricFamily("flux_fsync_seconds",
+                                   "Time each fsync of the shard's disk topic logs took.",
+                                   labels=SHARD)
     for view in snap.shards:
         shard = [str(view.entry.index)]
         up.add_metric(shard, 1.0 if view.up else 0.0)
@@ -98,15 +101,15 @@ def _shard_metrics(snap: Snapshot) -> Iterator[Metric]:
             counters[name].add_metric(shard, float(counted.get(key, 0)))
         if "bytes_in" in counted:
             bytes_in.add_metric(shard, float(counted["bytes_in"]))
-        histogram = stats.get("publish_ack_seconds")
-        if histogram is not None:
-            acks.add_metric(shard, buckets=_buckets(histogram), sum_value=histogram["sum"])
+        for family, key in ((acks, "publish_ack_seconds"), (fsyncs, "fsync_seconds")):
+            histogram = stats.get(key)
+            if histogram is not None:
+                family.add_metric(shard, buckets=_buckets(histogram), sum_value=histogram["sum"])
     yield from (up, info, restarts, uptime, memory, limit, sessions, retired)
     yield from counters.values()
     if bytes_in.samples:
         yield bytes_in
-    if acks.samples:
-        yield acks
+    yield from (family for family in (acks, fsyncs) if family.samples)
 
 
 def _buckets(histogram: dict[str, Any]) -> list[tuple[str, float]]:

@@ -145,7 +145,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                 "sessions": len(self.sessions), "counters": dict(self.counters),
                 "memory": self.memory, "max_memory": self.max_memory,
                 "retired_topics": len(self.retired),
-                "publish_ack_seconds": self.publish_acks.as_dict(), "topics": topics}
+                "publish_ack_seconds": self.publish_acks.as_dict(),
+                "fsync_seconds": self.fsync_times.as_dict(), "topics": topics}
 
     def _storage_stats(self, topic: Topic) -> dict[str, Any] | None:
         """A disk topic's log: its size, marks and what recovery found (None: memory)."""

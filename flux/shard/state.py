@@ -16,6 +16,7 @@ from typing import Any
 from flux import errors, protocol
 from flux.config import Config
 from flux.hashing import shard_for
+from flux.histogram import LatencyHistogram
 from flux.policies import TopicSettings
 from flux.shard.dedup import DedupWindow
 from flux.shard.journal import (
@@ -27,7 +28,6 @@ from flux.shard.journal import (
     snapshot_body,
     subscription_row,
 )
-from flux.shard.latency import LatencyHistogram
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
 
@@ -115,6 +115,7 @@ class ShardState:
         self.memory = 0
         self.max_memory = config.shard_max_memory(shard_count)
         self.publish_acks = LatencyHistogram()  # observed by the shell (PUBLISH -> PUBLISHED)
+        self.fsync_times = LatencyHistogram()   # observed by the disk topics' log writers
         self.sessions: dict[int, Session] = {}
         self._conn_ids = itertools.count(1)
         self._timer_seq = itertools.count()

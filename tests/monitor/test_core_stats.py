@@ -50,7 +50,7 @@ def test_each_subscription_counts_its_own_redeliveries() -> None:
 
 
 def test_latency_histogram_counts_a_bound_in_its_own_bucket_and_clamps_negatives() -> None:
-    from flux.shard.latency import BOUNDS, LatencyHistogram
+    from flux.histogram import BOUNDS, LatencyHistogram
 
     histogram = LatencyHistogram()
     for seconds in (0.0001, 0.00011, 7.0, -1.0):

@@ -201,3 +201,24 @@ def test_healthz_is_503_naming_a_shard_that_died_until_its_replacement_registers
     found = wait_for(restarted, "the restart in /metrics")
     [(labels, _)] = [s for s in found["flux_shard_generation_info"] if s[0]["shard"] == "1"]
     assert labels["generation"] != f"{old.generation:#018x}"  # G7: a new generation
+
+
+def test_fsyncs_of_disk_topics_show_in_the_fsync_histogram(
+        broker_factory: BrokerFactory, tmp_path: Any) -> None:
+    from flux.client import sync
+
+    monitored = start(broker_factory, f"storage.dir={tmp_path / 'data'}", "storage.kind=disk")
+    with sync.connect(monitored.broker.url, retry_deadline=20.0) as client:
+        for i in range(5):
+            client.publish("ledger.eu", f"entry {i}".encode(), id=f"entry-{i}")
+
+    def fsynced() -> dict[str, Any] | None:
+        found = samples(get(monitored.url + "metrics")[2].decode())
+        return found if total(found, "flux_fsync_seconds_count") >= 5 else None
+
+    found = wait_for(fsynced, "the fsyncs in /metrics")
+    # storage.fsync: always: each acked publish was durable first (one fsync may cover more)
+    assert total(found, "flux_fsync_seconds_sum") > 0
+    assert total(found, "flux_publish_ack_seconds_count") == 5
+    inf = sum(v for labels, v in found["flux_fsync_seconds_bucket"] if labels["le"] == "+Inf")
+    assert inf == total(found, "flux_fsync_seconds_count")

@@ -1,9 +1,10 @@
 """A fixed-bucket histogram of durations, kept by a shard and reported in STATS.
 
-The shard's shell observes each PUBLISH frame's time from arrival to its
-PUBLISHED reply (``publish_ack_seconds``); STATS carries the bucket counts, and
-the router's ``/metrics`` shows them as a Prometheus histogram. One observation
-per frame, never per message.
+A shard keeps two: each PUBLISH frame's time from arrival to its PUBLISHED reply
+(``publish_ack_seconds``, observed by the shell) and each fsync of its disk
+topics' logs (``fsync_seconds``, observed by the log writers). STATS carries the
+bucket counts, and the router's ``/metrics`` shows them as Prometheus histograms.
+One observation per frame or per fsync, never per message.
 """
 
 from __future__ import annotations
