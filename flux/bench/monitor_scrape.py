@@ -32,7 +32,8 @@ def synthetic(series: int, shards: int = 2) -> Snapshot:
     for t in range(topics):
         replies[t % shards]["topics"][f"orders.region-{t}"] = {
             "oldest": 10, "next_offset": 1000 + t, "held": 990, "held_bytes": 99000,
-            "dedup_ids": 990, "subscriptions": {"billing": {
+            "dedup_ids": 990, "storage": {"log_bytes": 4096} if t == 0 else None,
+            "subscriptions": {"billing": {
                 "mode": "push", "cursor": 500, "active": True, "in_flight": 20,
                 "ephemeral": False, "lag": 500 + t, "redelivered": 3}}}
     return Snapshot(0.0, 0.0, tuple(ShardView(ShardEntry(i, True, 100 + i, 0x1234 + i, "x:1"), r)

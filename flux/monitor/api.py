@@ -76,6 +76,8 @@ def topics(snap: Snapshot, history: RateHistory) -> list[dict[str, Any]]:
              "next_offset": topic["next_offset"], "held": topic["held"],
              "held_bytes": topic["held_bytes"], "dedup_ids": topic["dedup_ids"],
              "subscriptions": len(topic["subscriptions"]),
+             "storage": "disk" if topic.get("storage") else "memory",
+             "log_bytes": (topic.get("storage") or {}).get("log_bytes"),
              "rate_in": history.topic_rate(name), "policy": topic.get("policy")}
             for index, name, topic in snap.topics()]
 

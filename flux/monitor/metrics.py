@@ -135,6 +135,8 @@ def _topic_metrics(snap: Snapshot) -> Iterator[Metric]:
                                     "The offset the next publish gets.", labels=TOPIC)
     dedup = GaugeMetricFamily("flux_topic_dedup_ids", "Message ids remembered for dedup.",
                               labels=TOPIC)
+    log_bytes = GaugeMetricFamily("flux_topic_log_bytes", "Bytes of a disk topic's log on disk.",
+                                  labels=TOPIC)
     lags = GaugeMetricFamily("flux_subscription_lag_messages",
                              "Messages at or above the cursor not yet acked.",
                              labels=SUBSCRIPTION)
@@ -155,6 +157,9 @@ def _topic_metrics(snap: Snapshot) -> Iterator[Metric]:
         oldest.add_metric(labels, float(topic["oldest"]))
         next_offset.add_metric(labels, float(topic["next_offset"]))
         dedup.add_metric(labels, float(topic["dedup_ids"]))
+        storage = topic.get("storage")
+        if storage:
+            log_bytes.add_metric(labels, float(storage.get("log_bytes", 0)))
         for sub_name in sorted(topic["subscriptions"]):
             sub = topic["subscriptions"][sub_name]
             sub_labels = [name, sub_name]
@@ -163,8 +168,8 @@ def _topic_metrics(snap: Snapshot) -> Iterator[Metric]:
             cursor.add_metric(sub_labels, float(sub["cursor"]))
             active.add_metric(sub_labels, 1.0 if sub["active"] else 0.0)
             redelivered.add_metric(sub_labels, float(sub.get("redelivered", 0)))
-    yield from (held, held_bytes, oldest, next_offset, dedup, lags, in_flight, cursor, active,
-                redelivered)
+    yield from (held, held_bytes, oldest, next_offset, dedup, log_bytes, lags, in_flight, cursor,
+                active, redelivered)
 
 
 class MetricsPage:

@@ -68,6 +68,7 @@ def test_dashboard_shows_topics_subscriptions_and_the_expected_lag(
     expect(page.locator(f'#topics tr[data-topic="{ORDERS}"] td.held')).to_have_text(
         str(ORDERS_COUNT))
     expect(page.locator(f'#topics tr[data-topic="{AUDIT}"] td.held')).to_have_text("3")
+    expect(page.locator(f'#topics tr[data-topic="{AUDIT}"] td.storage')).to_have_text("memory")
     expect(page.locator("#shards tbody tr")).to_have_count(2)
     page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
     shot = os.environ.get("FLUX_DASHBOARD_SCREENSHOT")  # README's picture: make it on purpose

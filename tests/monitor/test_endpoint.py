@@ -222,3 +222,7 @@ def test_fsyncs_of_disk_topics_show_in_the_fsync_histogram(
     assert total(found, "flux_publish_ack_seconds_count") == 5
     inf = sum(v for labels, v in found["flux_fsync_seconds_bucket"] if labels["le"] == "+Inf")
     assert inf == total(found, "flux_fsync_seconds_count")
+    assert value(found, "flux_topic_log_bytes", topic="ledger.eu") > 0
+    [ledger] = [t for t in get_json(monitored.url + "api/topics")["topics"]
+                if t["topic"] == "ledger.eu"]
+    assert ledger["storage"] == "disk" and ledger["log_bytes"] > 0

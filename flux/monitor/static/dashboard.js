@@ -117,6 +117,7 @@ function renderTopics(topics) {
     el("td", { class: "num" }, fmt.int(t.next_offset)),
     el("td", { class: "num held" }, fmt.int(t.held)),
     el("td", { class: "num" }, fmt.bytes(t.held_bytes)),
+    el("td", { class: "storage" }, t.storage === "disk" ? `disk (${fmt.bytes(t.log_bytes)} log)` : "memory"),
     el("td", { class: "num" }, fmt.rate(t.rate_in)),
     el("td", { class: "num" }, t.subscriptions))));
 }
