@@ -1,8 +1,9 @@
 """Make the README's dashboard picture: ``python -m tests.monitor.screenshot OUT.png``.
 
-Starts ``flux serve`` on free ports, runs a minute of traffic (a steady producer, a
-consumer that keeps up, one that falls behind, a pull reader), then photographs the
-dashboard in headless Chromium. Every process it starts is stopped at the end.
+Starts ``flux serve`` on free ports (``payments.*`` on disk), runs a minute of traffic
+(a steady producer, a consumer that keeps up, one that falls behind, a pull reader),
+then photographs the dashboard in headless Chromium. Every process it starts is
+stopped at the end.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def consume(url: str, name: str, delay: float, stop: threading.Event) -> None:
 
 def main(out: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        broker = Broker(Path(tmp), 2, ("http.stats_interval=1",))
+        broker = Broker(Path(tmp), 2, ("http.stats_interval=1", f"storage.dir={tmp}/data",
+                                       "topics=[{match: 'payments.*', storage: {kind: disk}}]"))
         try:
             line = broker.router.next_line(time.monotonic() + 30)
             match = HTTP_LINE.match(line)
