@@ -166,6 +166,8 @@ class ShardStorage:
             why = "its log held no record"
         elif report.damage is not None and report.damage.kind == "corrupt":
             why = f"damage in its log lost records ({report.damage.reason})"
+        elif generation in report.damaged_generations:
+            why = "an earlier recovery set damage aside and stopped before a new generation"
         elif self._boot_changed(report):
             why = (f"the machine restarted since its log was written, and with"
                    f" storage.fsync={self.config.storage.fsync} the unsynced tail may be lost")

@@ -12,6 +12,7 @@ is not this owner's Flux log raises :class:`ForeignLog` and is left untouched.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 from collections.abc import Callable
 
@@ -61,6 +62,9 @@ class RecoveryReport:
     generation: int | None = None   # of the last segment (None: empty log)
     boot_id: str | None = None      # of the last segment
     damage: Damage | None = None
+    # generations of the segments earlier recoveries set aside as damaged: if the log's
+    # is among them, a recovery found damage and stopped before a new generation began
+    damaged_generations: set[int] = dataclasses.field(default_factory=set)
     removed: list[str] = dataclasses.field(default_factory=list)   # empty, half-made segments
     ignored: list[str] = dataclasses.field(default_factory=list)   # files that are not segments
 
@@ -87,7 +91,11 @@ async def recover(disk: Disk, directory: str, *, owner: str,
         first = parse_name(name)
         if first is not None:
             names.append((first, name))
-        elif DAMAGED not in name:
+        elif DAMAGED in name:
+            generation = _generation_of(disk, posixpath.join(directory, name))
+            if generation is not None:
+                report.damaged_generations.add(generation)
+        else:
             report.ignored.append(name)
     names.sort()
     table = SegmentTable(directory, start=names[0][0] if names else 0)
@@ -155,6 +163,21 @@ async def recover(disk: Disk, directory: str, *, owner: str,
         report.boot_id = table.last.header.boot_id
     report.seconds = now() - started
     return table, report
+
+
+def _generation_of(disk: Disk, path: str) -> int | None:
+    """The generation in the header of a segment set aside (None: unreadable)."""
+    try:
+        file = disk.open(path)
+    except OSError:
+        return None
+    try:
+        header, _ = decode_header(file.read_at(0, MAX_HEADER))
+    except (OSError, record.Torn, record.Bad):
+        return None
+    finally:
+        file.close()
+    return header.generation
 
 
 def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] | None,
