@@ -60,6 +60,8 @@ async def answer(router: Router, frame: list[Any],
         return [protocol.PONG, rid], False
     if kind == protocol.STATS:
         return [protocol.STATS_OK, rid, stats(router)], False
+    if kind in protocol.CONTROL_KINDS:
+        return protocol.error_frame(rid, protocol.control_refused(kind)), False
     if kind != protocol.HELLO:
         return protocol.error_frame(rid, errors.InvalidRequest(
             f"the router answers HELLO, PING and STATS, not frame kind {kind}; send other"

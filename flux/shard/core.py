@@ -116,6 +116,10 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
     def _ping(self, session: Session, frame: list[Any], now: float) -> None:
         session.out.append([P.PONG, frame[1]])
 
+    def _control(self, session: Session, frame: list[Any], now: float) -> None:
+        # the broker's own frames come only on control listeners (flux.control_proof)
+        raise P.control_refused(frame[0])
+
     def _stats(self, session: Session, frame: list[Any], now: float) -> None:
         session.out.append([P.STATS_OK, frame[1], self.stats(now)])
 
@@ -144,6 +148,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         P.SUBSCRIBE: Subscribing._subscribe, P.UNSUBSCRIBE: Subscribing._unsubscribe,
         P.CREDIT: Subscribing._credit, P.ACK: Subscribing._ack, P.FETCH: Pull._fetch,
         P.COMMIT: Pull._commit, P.STATS: _stats,
+        **dict.fromkeys(P.CONTROL_KINDS, _control),
     }
 
     def next_deadline(self) -> float:

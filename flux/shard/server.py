@@ -1,7 +1,8 @@
 """The shard's trio shell around ShardCore: sockets, timers and the link to the router.
 
 Lives here: per-connection reader and writer tasks (writes coalesced into one
-``send_all``), the tick loop, the control link (REGISTER, heartbeats, DRAIN, ADOPT)
+``send_all``), the tick loop, the control link (REGISTER, heartbeats, DRAIN), the
+control listener (ADOPT; both proven with the broker secret, flux.control_proof)
 and the drain on stop. Broker rules live in :mod:`flux.shard.core`; process
 concerns (signals, CPU pinning) in :mod:`flux.shard.__main__`. Only the host seams
 are used here, so the simulator runs this exact code.
@@ -18,7 +19,7 @@ from typing import Any
 import trio
 
 from flux import config as config_mod
-from flux import errors, protocol
+from flux import control_proof, errors, protocol
 from flux.host import Host, ShardSpec
 from flux.shard.core import ShardCore
 
@@ -31,6 +32,9 @@ DRAIN_GRACE = 5.0         # seconds a draining shard waits for its connections t
 CONNECT_TIMEOUT = 5.0
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
 BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+CONTROL_HOST = "127.0.0.1"  # control listeners stay private to this machine
+CONTROL_TIMEOUT = 5.0       # seconds one ADOPT exchange may take
+CONTROL_MAX_FRAME = 65536   # control frames are small: a larger one is corruption
 
 
 def draw_generation(host: Host) -> int:
@@ -52,9 +56,11 @@ async def run_shard(host: Host, spec: ShardSpec, *, pid: int, generation: int | 
     simulator. ``on_start`` sees the server once it is built, before it serves (the
     simulator attaches its observer there). Reports the bound port through
     ``task_status.started(port)``. Raises OSError if the port cannot be bound and
-    ConfigError if ``spec.config`` is invalid.
+    ConfigError if ``spec.config`` is invalid or ``spec.secret`` missing.
     """
     config = config_mod.from_dict(spec.config)
+    if not control_proof.valid_secret(spec.secret):
+        raise errors.ConfigError("secret", "a shard needs its broker's secret from the launcher")
     shard = ShardServer(host, spec, config, pid=pid,
                         generation=generation or draw_generation(host))
     if on_start is not None:
@@ -147,7 +153,8 @@ class ShardServer:
                               generation=generation, now=now, epoch=host.wall_time() - now)
         self.conns: dict[int, Connection] = {}
         self.address = ""
-        self.control = spec.control
+        self.control = spec.control   # the router's control listener
+        self.control_address = ""     # ours (ADOPT)
         self.registered = False
         self.draining = False
         self._stop = trio.Event()
@@ -162,6 +169,9 @@ class ShardServer:
             port = await nursery.start(self.host.serve, self.config.host, self.spec.port,
                                        self._serve_connection)
             self.address = format_address(self.config.host, port)
+            control_port = await nursery.start(self.host.serve, CONTROL_HOST, 0,
+                                               self._serve_control)
+            self.control_address = format_address(CONTROL_HOST, control_port)
             if stop is not None:
                 nursery.start_soon(self._stop_on, stop)
             nursery.start_soon(self._ticker)
@@ -251,19 +261,8 @@ class ShardServer:
         self._begin_close(c)  # the peer half-closed: answer what it sent, then close
 
     def _receive(self, c: Connection, frames: list[list[Any]]) -> None:
-        core, now = self.core, self.host.now()
-        run: list[list[Any]] = []  # frames for the core, handled together (one push pass)
-        for frame in frames:
-            if frame[0] == protocol.ADOPT:
-                if run:
-                    core.receive_many(c.conn, run, now)
-                    run = []
-                self._dispatch()
-                self._adopt(c, frame)
-            else:
-                run.append(frame)
-        if run:
-            core.receive_many(c.conn, run, now)
+        core = self.core
+        core.receive_many(c.conn, frames, self.host.now())
         self._dispatch()
         if self._tick_scope is not None and core.next_deadline() < self._tick_at:
             self._tick_scope.cancel()
@@ -315,18 +314,58 @@ class ShardServer:
             if close:
                 self._begin_close(c)
 
-    def _adopt(self, c: Connection, frame: list[Any]) -> None:
-        """A restarted router asks this shard to register at its control address."""
-        rid = frame[1] if len(frame) > 1 and type(frame[1]) is int else 0
-        body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
-        control = body.get("control")
+    async def _serve_control(self, stream: trio.abc.Stream) -> None:
+        """One connection to this shard's control listener: a router's ADOPT.
+
+        We CHALLENGE first; an ADOPT counts only with the router's proof of the broker
+        secret (flux.control_proof), and ADOPTED proves ours back. One exchange per
+        connection, bounded by ``CONTROL_TIMEOUT``.
+        """
+        secret = self.spec.secret
+        ours = control_proof.new_nonce(self.host)
+        decoder = protocol.FrameDecoder(CONTROL_MAX_FRAME)
         try:
-            if not isinstance(control, str):
-                raise ValueError("ADOPT needs {'control': 'host:port'}")
-            protocol.parse_address(control)
-        except ValueError as exc:
-            c.send(protocol.encode(protocol.error_frame(rid, errors.InvalidRequest(str(exc)))))
-            return
+            async with move_on_at(self.host, self.host.now() + CONTROL_TIMEOUT):
+                await stream.send_all(protocol.encode([protocol.CHALLENGE, 0, {"nonce": ours}]))
+                frames: list[list[Any]] = []
+                while not frames:
+                    data = await stream.receive_some(RECV_BYTES)
+                    if not data:
+                        return
+                    frames = decoder.feed(data)
+                frame = frames[0]
+                rid = frame[1] if len(frame) > 1 and type(frame[1]) is int else 0
+                body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
+                control, theirs = body.get("control"), control_proof.nonce_of(body)
+                if frame[0] != protocol.ADOPT:
+                    error: errors.FluxError = errors.InvalidRequest(
+                        "a shard's control listener takes only ADOPT")
+                elif (not isinstance(control, str) or theirs is None
+                      or not control_proof.check(secret, body.get("proof"), control_proof.ADOPT,
+                                                 ours, theirs, control.encode())):
+                    log.warning("shard %d: refused an ADOPT that did not prove the broker"
+                                " secret", self.spec.index)
+                    error = errors.NotAuthorized(
+                        "ADOPT must prove the broker's secret (only the broker's router adopts)")
+                else:
+                    try:
+                        protocol.parse_address(control)
+                    except ValueError as exc:
+                        error = errors.InvalidRequest(f"ADOPT needs a control 'host:port': {exc}")
+                    else:
+                        self._adopt(control)
+                        proof = control_proof.prove(secret, control_proof.ADOPTED, theirs, ours)
+                        await stream.send_all(protocol.encode(
+                            [protocol.ADOPTED, rid, {"proof": proof}]))
+                        return
+                await stream.send_all(protocol.encode(protocol.error_frame(rid, error)))
+        except (*BROKEN, errors.ProtocolError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    def _adopt(self, control: str) -> None:
+        """A restarted router (proven) asks this shard to register at ``control``."""
         if control != self.control:
             log.info("shard %d: adopted; control address %s -> %s", self.spec.index,
                      self.control, control)
@@ -397,9 +436,13 @@ class ShardServer:
         return None
 
     async def _control_session(self, stream: trio.abc.Stream) -> None:
+        """One connection to the router's control listener: answer its CHALLENGE with a
+        REGISTER that proves the broker secret, believe it only once its answer proves
+        the secret back, then heartbeat until it ends."""
         heartbeat = self.config.subscriber.heartbeat
         decoder = protocol.FrameDecoder(self.config.max_frame_bytes)
         last_heard = [self.host.now()]
+        link = _RouterLink(control_proof.new_nonce(self.host))
 
         async def pinger(scope: trio.CancelScope) -> None:
             rid = 1
@@ -409,18 +452,15 @@ class ShardServer:
                     log.warning("shard %d: the router is silent; reconnecting", self.spec.index)
                     scope.cancel()
                     return
-                rid += 1
-                await stream.send_all(protocol.encode([protocol.PING, rid]))
+                if link.proven:
+                    rid += 1
+                    await stream.send_all(protocol.encode([protocol.PING, rid]))
 
         async def switch(scope: trio.CancelScope) -> None:
             await self._control_switch.wait()
             scope.cancel()
 
         try:
-            await stream.send_all(protocol.encode([protocol.REGISTER, 1, {
-                "index": self.spec.index, "pid": self.pid, "generation": self.core.generation,
-                "address": self.address, "advertise": self.spec.advertise or self.address,
-                "shard_count": self.spec.shard_count}]))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(pinger, nursery.cancel_scope)
                 nursery.start_soon(switch, nursery.cancel_scope)
@@ -430,16 +470,44 @@ class ShardServer:
                         break
                     last_heard[0] = self.host.now()
                     for frame in decoder.feed(data):
-                        if not self._control_frame(frame):
+                        if frame[0] == protocol.CHALLENGE and link.challenge is None:
+                            await stream.send_all(protocol.encode(self._register(link, frame)))
+                        elif not self._control_frame(frame, link):
                             nursery.cancel_scope.cancel()
                             return
                 nursery.cancel_scope.cancel()
         except* (*BROKEN, errors.ProtocolError):  # also when raised by the pinger or reader
             pass
 
-    def _control_frame(self, frame: list[Any]) -> bool:
+    def _register(self, link: _RouterLink, challenge: list[Any]) -> list[Any]:
+        """The REGISTER answering the router's CHALLENGE, with our proof."""
+        body = challenge[2] if len(challenge) > 2 and isinstance(challenge[2], dict) else {}
+        link.challenge = control_proof.nonce_of(body) or b""
+        fields: dict[str, Any] = {
+            "index": self.spec.index, "pid": self.pid, "generation": self.core.generation,
+            "address": self.address, "advertise": self.spec.advertise or self.address,
+            "shard_count": self.spec.shard_count, "control": self.control_address}
+        proof = control_proof.prove(self.spec.secret, control_proof.REGISTER, link.challenge,
+                                    link.nonce, control_proof.register_fields(fields))
+        return [protocol.REGISTER, 1, {**fields, "nonce": link.nonce, "proof": proof}]
+
+    def _control_frame(self, frame: list[Any], link: _RouterLink) -> bool:
         """Handle one frame from the router; False ends the control session."""
         kind = frame[0]
+        if kind == protocol.ERROR:
+            exc = protocol.error_from_frame(frame)
+            log.error("shard %d: the router refused it: %s", self.spec.index, exc)
+            return False
+        if not link.proven:
+            body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
+            if (kind not in (protocol.REGISTERED, protocol.DRAIN) or link.challenge is None
+                    or not control_proof.check(self.spec.secret, body.get("proof"),
+                                               control_proof.REGISTERED, link.nonce,
+                                               link.challenge)):
+                log.error("shard %d: the router at %s did not prove the broker secret;"
+                          " dropping it", self.spec.index, self.control)
+                return False
+            link.proven = True
         if kind == protocol.REGISTERED:
             if not self.registered:
                 log.info("shard %d: registered with the router at %s", self.spec.index,
@@ -448,8 +516,15 @@ class ShardServer:
         elif kind == protocol.DRAIN:
             log.info("shard %d: the router asked it to drain", self.spec.index)
             self.stop()
-        elif kind == protocol.ERROR:
-            exc = protocol.error_from_frame(frame)
-            log.error("shard %d: the router refused it: %s", self.spec.index, exc)
-            return False
         return True
+
+
+class _RouterLink:
+    """The shard's side of one control connection's handshake."""
+
+    __slots__ = ("challenge", "nonce", "proven")
+
+    def __init__(self, nonce: bytes) -> None:
+        self.nonce = nonce                    # ours, sent in REGISTER
+        self.challenge: bytes | None = None   # the router's, from CHALLENGE
+        self.proven = False                   # the router proved the secret
