@@ -7,28 +7,51 @@ topic; the router refuses it with a typed error.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from flux import errors, protocol
-from flux.host import Host
-from flux.shard.server import BROKEN, RECV_BYTES, format_address, move_on_at
+from flux.shard.server import (
+    BROKEN,
+    RECV_BYTES,
+    close_with_error,
+    format_address,
+    linger,
+    move_on_at,
+)
 
 if TYPE_CHECKING:
     from flux.router.router import Router
 
 HELLO_WAIT = 5.0              # seconds a HELLO waits for every shard to be registered
-LINGER = 2.0                  # seconds to wait for the peer to close after our last frame
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
 async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
-    """Answer one client connection until it closes (or sends framing garbage)."""
+    """Answer one client connection until it closes (or sends framing garbage, sends
+    no HELLO within ``limits.hello_timeout``, or is one over ``limits.max_connections``)."""
+    limits = router.config.limits
+    if router.clients >= limits.max_connections:
+        await close_with_error(router.host, stream, errors.TooManyConnections(
+            f"the router holds {limits.max_connections} connections (limits.max_connections);"
+            " retry later"))
+        return
+    router.clients += 1
     decoder = protocol.FrameDecoder(router.config.max_frame_bytes)
+    hello_by: float | None = router.host.now() + limits.hello_timeout  # None: HELLO came
     try:
         while True:
-            data = await stream.receive_some(RECV_BYTES)
+            data: bytes | bytearray | None = None
+            async with move_on_at(router.host, math.inf if hello_by is None else hello_by):
+                data = await stream.receive_some(RECV_BYTES)
+            if data is None:  # the HELLO deadline passed
+                await stream.send_all(protocol.encode(protocol.error_frame(0, errors.HelloTimeout(
+                    f"no HELLO within {limits.hello_timeout:g}s (limits.hello_timeout);"
+                    " closing"))))
+                await linger(router.host, stream)
+                break
             if not data:
                 break
             close = False
@@ -38,6 +61,8 @@ async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
                 frames, close = [], True
                 await stream.send_all(protocol.encode(protocol.error_frame(0, exc)))
             for frame in frames:
+                if frame[0] == protocol.HELLO:
+                    hello_by = None
                 reply, close = await answer(router, frame, stream)
                 await stream.send_all(protocol.encode(reply))
                 if close:
@@ -48,6 +73,7 @@ async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
     except BROKEN:
         pass
     finally:
+        router.clients -= 1
         await trio.aclose_forcefully(stream)
 
 
@@ -109,19 +135,6 @@ def stats(router: Router) -> dict[str, Any]:
                         "generation": s.info.generation if s.info else None,
                         "advertise": s.info.advertise if s.info else None,
                         "restarts": s.restarts} for s in router.slots]}
-
-
-async def linger(host: Host, stream: trio.abc.Stream) -> None:
-    """Half-close, then read until the peer closes (bounded), so our last frame arrives."""
-    if not isinstance(stream, trio.abc.HalfCloseableStream):
-        return
-    async with move_on_at(host, host.now() + LINGER):
-        try:
-            await stream.send_eof()
-            while await stream.receive_some(RECV_BYTES):
-                pass
-        except BROKEN:
-            pass
 
 
 def _local_host(stream: trio.abc.Stream) -> str | None:

@@ -99,6 +99,7 @@ class Router:
         self.slots = [Slot(i, 0 if isinstance(ports, str) else ports[i])
                       for i in range(self.shard_count)]
         self.port = 0
+        self.clients = 0  # open client connections on the public port
         self.control = ""
         self.secret = ""  # the broker's (flux.control_proof); set before any shard starts
         self.stopping = False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import trio
@@ -26,7 +26,11 @@ from flux.shard.core import ShardCore
 log = logging.getLogger("flux.shard")
 
 RECV_BYTES = 65536
-HIGH_WATER = 4 << 20      # queued output bytes above which a connection is not read
+# frames of one read handled before the output is looked at again (a read is up to
+# RECV_BYTES; a burst of small requests must not make unbounded output at once)
+RUN_FRAMES = 256
+# requests whose replies may be large: each ends a run
+HEAVY_KINDS = frozenset({protocol.STATS, protocol.FETCH})
 CLOSE_GRACE = 2.0         # seconds to flush and linger when closing one connection
 DRAIN_GRACE = 5.0         # seconds a draining shard waits for its connections to close
 CONNECT_TIMEOUT = 5.0
@@ -82,6 +86,29 @@ async def move_on_at(host: Host, deadline: float) -> AsyncIterator[trio.CancelSc
         nursery.cancel_scope.cancel()
 
 
+async def linger(host: Host, stream: trio.abc.Stream) -> None:
+    """Half-close, then read until the peer closes (bounded), so our last frame arrives."""
+    if not isinstance(stream, trio.abc.HalfCloseableStream):
+        return
+    async with move_on_at(host, host.now() + CLOSE_GRACE):
+        try:
+            await stream.send_eof()
+            while await stream.receive_some(RECV_BYTES):
+                pass
+        except BROKEN:
+            pass
+
+
+async def close_with_error(host: Host, stream: trio.abc.Stream, exc: errors.FluxError) -> None:
+    """Refuse a connection before serving it: ``exc`` as an ERROR with rid 0, a bounded
+    linger so that it arrives, then close."""
+    async with move_on_at(host, host.now() + CLOSE_GRACE):
+        with suppress(*BROKEN):
+            await stream.send_all(protocol.encode(protocol.error_frame(0, exc)))
+    await linger(host, stream)
+    await trio.aclose_forcefully(stream)
+
+
 def format_address(host: str, port: int) -> str:
     """``host:port``, with brackets around an IPv6 host."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -96,8 +123,9 @@ class Connection:
     fit waits in ``pending`` for the writer, behind which nothing overtakes it.
     """
 
-    __slots__ = ("_sent", "_try_send", "_wake", "closing", "conn", "done", "nursery", "pending",
-                 "pending_bytes", "sending", "stream")
+    __slots__ = ("_sent", "_try_send", "_wake", "backlog", "closing", "conn", "done", "nursery",
+                 "partial_head", "paused", "pending", "pending_bytes", "sending", "stream",
+                 "writing_bytes")
 
     def __init__(self, conn: int, stream: trio.abc.Stream, nursery: trio.Nursery,
                  try_send: Callable[[trio.abc.Stream, bytes], int]) -> None:
@@ -106,6 +134,10 @@ class Connection:
         self.nursery = nursery    # the reader, writer and close guard of this connection
         self.pending: list[bytes] = []
         self.pending_bytes = 0
+        self.partial_head = False  # pending[0] is the rest of a frame begun on the socket
+        self.writing_bytes = 0    # what the writer's send_all holds now
+        self.backlog: list[list[Any]] = []  # frames read but not handled (output was full)
+        self.paused = False       # not read: its unsent output is over the pause mark
         self.sending = False      # the writer is inside send_all (or send_eof)
         self.closing = False      # no more input is handled; flush, then close
         self.done = trio.Event()  # everything was sent (and EOF, where supported)
@@ -120,9 +152,21 @@ class Connection:
                 if sent == len(data):
                     return
                 data = data[sent:]
+                self.partial_head = sent > 0
             self.pending.append(data)
             self.pending_bytes += len(data)
             self._wake.set()
+
+    def drop_unsent(self) -> None:
+        """Forget the waiting output no byte of which has left (whole frames only): the
+        connection is closing because its peer does not read it."""
+        self.pending = self.pending[:1] if self.partial_head else []
+        self.pending_bytes = sum(map(len, self.pending))
+
+    @property
+    def unsent(self) -> int:
+        """Output bytes made for this connection and not yet taken by the socket."""
+        return self.pending_bytes + self.writing_bytes
 
     def wake(self) -> None:
         self._wake.set()
@@ -152,6 +196,8 @@ class ShardServer:
         self.core = ShardCore(config, index=spec.index, shard_count=spec.shard_count,
                               generation=generation, now=now, epoch=host.wall_time() - now)
         self.conns: dict[int, Connection] = {}
+        # unsent output past which a connection's requests are not read (back-pressure)
+        self._pause_bytes = config.limits.max_output_bytes // 4
         self.address = ""
         self.control = spec.control   # the router's control listener
         self.control_address = ""     # ours (ADOPT)
@@ -211,7 +257,14 @@ class ShardServer:
         if self.draining:
             await trio.aclose_forcefully(stream)
             return
+        limit = self.config.limits.max_connections
+        if len(self.conns) >= limit:
+            await close_with_error(self.host, stream, errors.TooManyConnections(
+                f"shard {self.spec.index} holds {limit} connections (limits.max_connections);"
+                " retry later"))
+            return
         conn = self.core.connect(self.host.now())
+        self._rearm()  # its HELLO deadline may come before the ticker's next wake-up
         try:
             async with trio.open_nursery() as nursery:
                 c = Connection(conn, stream, nursery, self.host.try_send)
@@ -232,8 +285,18 @@ class ShardServer:
         decoder = protocol.FrameDecoder(self.config.max_frame_bytes)
         try:
             while True:
-                if c.pending_bytes > HIGH_WATER and not c.closing:
+                if c.unsent > self._pause_bytes and not c.closing:
+                    if not c.paused:
+                        c.paused = True
+                        self.core.pause(c.conn, True, self.host.now())
                     await c.wait_sent()  # back-pressure: the peer is not reading its replies
+                    continue
+                if c.paused:
+                    c.paused = False
+                    self.core.pause(c.conn, False, self.host.now())
+                if c.backlog and not c.closing:
+                    frames, c.backlog = c.backlog, []
+                    self._receive(c, frames)
                     continue
                 data = await c.stream.receive_some(RECV_BYTES)
                 if not data:
@@ -261,10 +324,28 @@ class ShardServer:
         self._begin_close(c)  # the peer half-closed: answer what it sent, then close
 
     def _receive(self, c: Connection, frames: list[list[Any]]) -> None:
-        core = self.core
-        core.receive_many(c.conn, frames, self.host.now())
-        self._dispatch()
-        if self._tick_scope is not None and core.next_deadline() < self._tick_at:
+        """Handle ``frames`` in runs (RUN_FRAMES, or up to a HEAVY_KINDS request); once
+        the connection's output passes the pause mark, the rest waits in its backlog."""
+        core, pause, count = self.core, self._pause_bytes, len(frames)
+        start = 0
+        while start < count:
+            end = min(count, start + RUN_FRAMES)
+            for i in range(start, end):
+                if frames[i][0] in HEAVY_KINDS:
+                    end = i + 1
+                    break
+            core.receive_many(c.conn, frames[start:end] if start or end < count else frames,
+                              self.host.now())
+            self._dispatch()
+            start = end
+            if start < count and c.unsent > pause:
+                c.backlog = frames[start:]
+                break
+        self._rearm()
+
+    def _rearm(self) -> None:
+        """Wake the ticker early when the core's next deadline moved before its wake-up."""
+        if self._tick_scope is not None and self.core.next_deadline() < self._tick_at:
             self._tick_scope.cancel()
 
     async def _writer(self, c: Connection) -> None:
@@ -274,8 +355,11 @@ class ShardServer:
                     data = c.pending[0] if len(c.pending) == 1 else b"".join(c.pending)
                     c.pending = []
                     c.pending_bytes = 0
+                    c.partial_head = False
                     c.sending = True
+                    c.writing_bytes = len(data)
                     await c.stream.send_all(data)
+                    c.writing_bytes = 0
                     c.sending = False
                     c.mark_sent()
                 elif c.closing:
@@ -304,15 +388,29 @@ class ShardServer:
         c.nursery.cancel_scope.cancel()
 
     def _dispatch(self) -> None:
-        """Hand the core's output to each connection's writer."""
+        """Hand the core's output to each connection's writer; close a connection whose
+        unsent output passes ``limits.max_output_bytes`` (SlowConsumer)."""
+        limit = self.config.limits.max_output_bytes
+        overflowing: list[Connection] = []
         for conn, frames, close in self.core.take_output():
             c = self.conns.get(conn)
             if c is None:
                 continue
             if frames:
                 c.send(protocol.encode_many(frames))
+                if c.unsent > limit and not close and not c.closing:
+                    overflowing.append(c)
             if close:
                 self._begin_close(c)
+        for c in overflowing:
+            log.warning("shard %d: connection %d does not read its output (%d bytes waiting);"
+                        " closing it", self.spec.index, c.conn, c.unsent)
+            c.drop_unsent()  # lost with the connection anyway; the ERROR goes next
+            self.core.fail(c.conn, errors.SlowConsumer(
+                f"more than {limit} bytes of replies and deliveries waited unread"
+                " (limits.max_output_bytes); closing"), self.host.now())
+        if overflowing:
+            self._dispatch()
 
     async def _serve_control(self, stream: trio.abc.Stream) -> None:
         """One connection to this shard's control listener: a router's ADOPT.

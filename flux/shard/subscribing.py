@@ -59,6 +59,8 @@ class Subscribing(ShardState):
         if mode == "push" and sid in session.subs and not session.subs[sid].deleted \
                 and session.subs[sid].session == (session.conn, sid):
             raise errors.InvalidRequest(f"sid {sid} is already in use on this connection")
+        if mode == "push" and sid not in session.subs:
+            self._check_subscription_room(session)
 
         reset = known_generation is not None and known_generation != self.generation
         if reset and on_reset == "raise":
@@ -120,6 +122,20 @@ class Subscribing(ShardState):
             "generation": self.generation, "clamped": clamped, "reset": reset,
             "next_offset": log.next_offset, "max_in_flight": sub.max_in_flight,
         }])
+
+    def _check_subscription_room(self, session: Session) -> None:
+        """Refuse a new push subscription past ``limits.max_subscriptions`` per session
+        (sids whose subscription was taken over or deleted do not count)."""
+        limit = self.config.limits.max_subscriptions
+        if len(session.subs) < limit:
+            return
+        conn = session.conn
+        live = sum(1 for sid, sub in session.subs.items()
+                   if not sub.deleted and sub.session == (conn, sid))
+        if live >= limit:
+            raise errors.TooManySubscriptions(
+                f"this connection holds {limit} push subscriptions (limits.max_subscriptions);"
+                " unsubscribe one first, or subscribe on another connection")
 
     def _unsubscribe(self, session: Session, frame: list[Any], now: float) -> None:
         rid, sid = frame[1], frame[2]
