@@ -189,8 +189,10 @@ async def test_restarted_router_replaces_a_running_shard_that_does_not_register(
 async def test_stale_state_without_running_shards_does_not_delay_the_start() -> None:
     async with trio.open_nursery() as nursery:
         broker = Broker(nursery, make_config(**{"router.adopt_window": 60.0}))
-        broker.store.save({"version": 1, "port": 1, "control": "127.0.0.1:1", "shard_count": 2,
-                           "shards": [{"index": 0, "pid": 99, "address": "127.0.0.1:1"}]})
+        broker.store.save({"version": 2, "port": 1, "control": "127.0.0.1:1", "shard_count": 2,
+                           "secret": SECRET, "shards": [{"index": 0, "pid": 99,
+                                                         "address": "127.0.0.1:1",
+                                                         "control": "127.0.0.1:1"}]})
         with trio.fail_after(TIMEOUT):  # far less than adopt_window
             info = await broker.start()
             assert all(info.shards)
