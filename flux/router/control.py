@@ -11,6 +11,7 @@ to drain, so two shards never serve one index. Supervision lives in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
@@ -93,15 +94,25 @@ async def serve_control(router: Router, stream: trio.abc.Stream) -> None:
             if not data:
                 break
             frames = decoder.feed(data)
-    except errors.ProtocolError as exc:
+    except* errors.ProtocolError as group:  # grouped when raised inside move_on_at
         async with move_on_at(router.host, router.host.now() + SEND_TIMEOUT):
-            await link.send(protocol.error_frame(0, exc))
-    except BROKEN:
+            with contextlib.suppress(*BROKEN):
+                await link.send(protocol.error_frame(0, _first(group)))
+    except* BROKEN:
         pass
     finally:
         if slot is not None and slot.link is link:
             slot.link = None
         await trio.aclose_forcefully(stream)
+
+
+def _first(group: BaseExceptionGroup[errors.ProtocolError]) -> errors.ProtocolError:
+    """The first ProtocolError of ``group`` (possibly nested)."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    assert isinstance(exc, errors.ProtocolError)
+    return exc
 
 
 def _rid(frame: list[Any]) -> int:

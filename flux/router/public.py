@@ -70,7 +70,7 @@ async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
             if close:
                 await linger(router.host, stream)
                 break
-    except BROKEN:
+    except* BROKEN:  # grouped when raised inside move_on_at
         pass
     finally:
         router.clients -= 1

@@ -457,7 +457,7 @@ class ShardServer:
                             [protocol.ADOPTED, rid, {"proof": proof}]))
                         return
                 await stream.send_all(protocol.encode(protocol.error_frame(rid, error)))
-        except (*BROKEN, errors.ProtocolError):
+        except* (*BROKEN, errors.ProtocolError):  # move_on_at's nursery groups them
             pass
         finally:
             await trio.aclose_forcefully(stream)

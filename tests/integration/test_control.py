@@ -9,6 +9,8 @@ nothing about the broker changed.
 from __future__ import annotations
 
 import functools
+import socket
+import struct
 from typing import Any
 
 import pytest
@@ -210,3 +212,15 @@ async def test_a_restarted_router_keeps_the_secret_and_a_fresh_start_draws_a_new
             broker.stop.set()
             while broker.launcher.shards:
                 await trio.sleep(0.01)
+
+
+async def test_a_client_reset_before_hello_does_not_take_the_router_down() -> None:
+    async with running() as broker:
+        host, port = P.parse_address(broker.address)
+        for _ in range(3):
+            sock = socket.socket()
+            sock.connect((host, port))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()  # a reset while the router waits for HELLO
+        await trio.sleep(0.2)
+        assert [s[0] for s in await shard_map(broker.address)] == [0, 1]
