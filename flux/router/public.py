@@ -7,7 +7,6 @@ topic; the router refuses it with a typed error.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -44,8 +43,11 @@ async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
     try:
         while True:
             data: bytes | bytearray | None = None
-            async with move_on_at(router.host, math.inf if hello_by is None else hello_by):
+            if hello_by is None:
                 data = await stream.receive_some(RECV_BYTES)
+            else:
+                async with move_on_at(router.host, hello_by):
+                    data = await stream.receive_some(RECV_BYTES)
             if data is None:  # the HELLO deadline passed
                 await stream.send_all(protocol.encode(protocol.error_frame(0, errors.HelloTimeout(
                     f"no HELLO within {limits.hello_timeout:g}s (limits.hello_timeout);"
