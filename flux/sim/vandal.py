@@ -26,7 +26,7 @@ from flux.sim.tap import TappedHost
 P = protocol
 ANSWER_WAIT = 2.0   # seconds the vandal waits for an answer before it gives up
 WHAT = ("publish-mixed", "publish-bad-topic", "unknown-kind", "bad-subscribe", "ack-unknown-sid",
-        "fetch-bad-offset", "commit-unknown", "control-frame")
+        "fetch-bad-offset", "commit-unknown")
 
 
 def bad_request(what: str, rid: int, topic: str, tag: str) -> tuple[list[Any], tuple[int, ...]]:
@@ -93,12 +93,14 @@ class Vandal:
                 return
             for _ in range(self.rng.randint(1, 4)):
                 await self._one(link, index, topic)
+            if self.serial % 8 == 0:  # now and then a hijack too (no draw: seeds keep their runs)
+                await self._one(link, index, topic, "control-frame")
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _one(self, link: _Link, shard: int, topic: str) -> None:
+    async def _one(self, link: _Link, shard: int, topic: str, what: str | None = None) -> None:
         self.serial += 1
-        what = self.rng.choice(WHAT)
+        what = what or self.rng.choice(WHAT)
         rid = 10 + self.serial
         frame, valid = bad_request(what, rid, topic, f"{self.host.name}.{self.serial}")
         sent = trio.current_time()
