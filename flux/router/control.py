@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from flux import control_proof, errors, protocol
-from flux.shard.server import BROKEN, RECV_BYTES, move_on_at
+from flux.shard.server import BROKEN, CONTROL_MAX_FRAME, RECV_BYTES, move_on_at
 
 if TYPE_CHECKING:
     from flux.router.router import Router, Slot
@@ -61,7 +61,7 @@ async def serve_control(router: Router, stream: trio.abc.Stream) -> None:
     (:mod:`flux.control_proof`) must follow within ``HANDSHAKE_TIMEOUT``.
     """
     link = ControlLink(stream)
-    decoder = protocol.FrameDecoder(router.config.max_frame_bytes)
+    decoder = protocol.FrameDecoder(CONTROL_MAX_FRAME)  # whoever dialled, it buffers little
     nonce = control_proof.new_nonce(router.host)
     slot: Slot | None = None
     try:
