@@ -52,8 +52,8 @@ class ChaosSettings:
     producers: int = 3
     subscribers: int = 3
     pullers: int = 1                 # pull readers (FETCH, COMMIT after each page)
-    topics: int = 4
-    rate: float = 16.0               # messages per second per producer and topic
+    topics: int = 6                  # mixed: every shard holds a disk and a memory topic
+    rate: float = 11.0               # messages per second per producer and topic
     flavours: tuple[str, ...] = ("trio", "asyncio")
     request_timeout: float = 1.0
     retry_deadline: float = 8.0
