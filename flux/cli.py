@@ -92,7 +92,7 @@ def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines
         data = sys.stdin.buffer.read()
         bodies = data.splitlines() if lines else [data]
     else:
-        bodies = [payload.encode()]
+        bodies = [os.fsencode(payload)]  # the bytes given, even if they are not UTF-8
         if lines:
             raise click.UsageError("--lines reads stdin; pass '-' or no PAYLOAD")
     if message_id is not None and len(bodies) != 1:

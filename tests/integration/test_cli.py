@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
@@ -79,6 +80,22 @@ def test_commands_report_a_broker_they_cannot_reach_in_one_line() -> None:
         assert done.returncode == 1
         assert "Traceback" not in done.stderr
         assert done.stderr.startswith("Error: "), done.stderr
+
+
+def test_pub_sends_a_payload_argument_that_is_not_utf8_as_its_bytes(broker: Broker) -> None:
+    raw = b"caf\xe9"  # Latin-1, not UTF-8: the shell hands these bytes over as they are
+    out = subprocess.run([sys.executable, "-m", "flux", "pub", "--url", broker.url, "cli.raw",
+                          os.fsdecode(raw)], capture_output=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    fetched = subprocess.run([sys.executable, "-c", (
+        "import trio, sys\n"
+        "from flux.client.trio import connect\n"
+        "async def main():\n"
+        f"    async with connect({broker.url!r}) as c:\n"
+        "        page = await c.fetch('cli.raw', 0)\n"
+        "        sys.stdout.buffer.write(page.messages[0].payload)\n"
+        "trio.run(main)\n")], capture_output=True, timeout=TIMEOUT)
+    assert fetched.stdout == raw, fetched.stderr.decode(errors="replace")
 
 
 def test_pub_refuses_a_bad_topic_with_a_typed_error(broker: Broker) -> None:
