@@ -64,6 +64,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         """Handle one decoded frame from ``conn``."""
         self._handle(conn, frame, now)
         self._pump(now)
+        if self.cache.changed or self.cache.over:
+            self._settle_cache()
 
     def receive_many(self, conn: int, frames: list[list[Any]], now: float) -> None:
         """Handle frames that arrived together from ``conn``, in order, then push once:
@@ -71,6 +73,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         for frame in frames:
             self._handle(conn, frame, now)
         self._pump(now)
+        if self.cache.changed or self.cache.over:
+            self._settle_cache()
 
     def _handle(self, conn: int, frame: list[Any], now: float) -> None:
         session = self.sessions.get(conn)
@@ -141,6 +145,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                 "shard_count": self.shard_count, "uptime": now - self._started,
                 "sessions": len(self.sessions), "counters": dict(self.counters),
                 "memory": self.memory, "max_memory": self.max_memory,
+                "payload_cache": self.cache.stats(),
                 "retired_topics": len(self.retired), "topics": topics}
 
     def _storage_stats(self, topic: Topic) -> dict[str, Any] | None:
@@ -192,6 +197,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
             self._next_subscriber_cleanup = _next_pass(self._next_subscriber_cleanup,
                                                        self.config.subscriber.cleanup_time, now)
         self._pump(now)
+        if self.cache.changed or self.cache.over:
+            self._settle_cache()
 
     def take_output(self) -> list[tuple[int, list[list[Any]], bool]]:
         """Frames to send per connection, and whether to close it after sending."""
@@ -226,6 +233,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         journal = topic.journal
         if journal is not None:
             journal.writer.snapshot = lambda: self._snapshot(topic)
+            self._back(topic)
         self._recount(topic)
 
     def storage_progress(self, journal: TopicJournal, now: float) -> None:
@@ -240,6 +248,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                     if sub.session is not None:
                         self._dirty[id(sub)] = sub
         self._pump(now)
+        if self.cache.changed or self.cache.over:
+            self._settle_cache()
 
     def drain(self) -> None:
         """Refuse new publishes from now on (the shard is stopping)."""
