@@ -66,7 +66,6 @@ class ChunkStore(Protocol):
         ...
 
 
-UNPLACED = (-1, -1)  # a chunk whose record position is not known (yet): never evicted
 
 
 class Entry(NamedTuple):
@@ -108,8 +107,9 @@ class TopicLog:
         self._packed: list[bytes | tuple[bytes, ...] | None] = []  # None: evicted
         self._lens: list[bytes | array[int]] = []    # ... of these lengths ...
         self._at: list[float] = []                   # ... stored at this time ...
-        # ... in the record at (position, end) of the topic's log on disk (placed logs)
-        self._where: list[tuple[int, int]] | None = [] if placed else None
+        # ... in the record at (position, end) of the topic's log on disk, its payloads
+        # taking this many bytes (placed logs; position -1: not known yet, never evicted)
+        self._where: list[tuple[int, int, int]] | None = [] if placed else None
         self.store: ChunkStore | None = None  # set once the topic's log can be read back
         self._head = 0       # index of the oldest chunk still held
         self._skip = 0       # messages of the head chunk already trimmed
@@ -159,9 +159,10 @@ class TopicLog:
                 size = len("".join(ids)) + sum(lens)
             self.held_bytes += size
             if self._where is not None:
-                self._where.append(UNPLACED)
+                payload_size = sum(lens)
+                self._where.append((-1, -1, payload_size))
                 if self.store is not None:
-                    self.store.add(offset, sum(lens))
+                    self.store.add(offset, payload_size)
         return offset
 
     def extend_placed(self, ids: tuple[str, ...], lens: bytes | array[int], now: float,
@@ -177,7 +178,7 @@ class TopicLog:
             self._packed.append(None)
             self._lens.append(lens)
             self._at.append(now)
-            self._where.append((position, end))
+            self._where.append((position, end, sum(lens)))
             self._next = offset + len(ids)
             self.held_bytes += len("".join(ids))
         return offset
@@ -185,7 +186,7 @@ class TopicLog:
     def place(self, position: int, end: int) -> None:
         """The newest chunk's record is at ``position`` .. ``end`` of the topic's log."""
         if self._where is not None and self._where:
-            self._where[-1] = (position, end)
+            self._where[-1] = (position, end, self._where[-1][2])
 
     @property
     def placed(self) -> bool:
@@ -206,11 +207,10 @@ class TopicLog:
         k = self._chunk(first)
         if k < self._head or self._first[k] != first or self._packed[k] is None:
             return 0
-        position, end = where[k]
+        position, end, size = where[k]
         if position < 0 or end > store.durable():
             return 0
-        lens = self._lens[k]
-        freed = sum(lens[self._skip:]) if k == self._head else sum(lens)
+        freed = sum(self._lens[k][self._skip:]) if k == self._head and self._skip else size
         self._packed[k] = None
         self.held_bytes -= freed
         store.drop(first)
@@ -226,11 +226,10 @@ class TopicLog:
         store, where = self.store, self._where
         if store is None or where is None:
             raise errors.StorageUnavailable("payloads not in memory, and no log to read them from")
-        position, end = where[k]
+        position, end, size = where[k]
         first, lens = self._first[k], self._lens[k]
         data = store.read(position, end, first)
         count = len(lens)
-        size = sum(lens)
         base = 1 if count <= 15 else 3 if count <= 0xFFFF else 5
         headers = 2 * count if type(lens) is bytes else sum(map(P.bin_header_size, lens))
         if len(data) != base + size + headers:
@@ -239,7 +238,7 @@ class TopicLog:
         large = type(lens) is not bytes and size >= PACK_BELOW * count
         loaded: bytes | tuple[bytes, ...] = tuple(msgpack.unpackb(data)) if large else data
         self._packed[k] = loaded
-        held = sum(lens[self._skip:]) if k == self._head else size
+        held = sum(lens[self._skip:]) if k == self._head and self._skip else size
         self.held_bytes += held
         store.add(first, held)
         return loaded
