@@ -139,7 +139,7 @@ class TopicJournal:
                 f"the log of topic {self.topic!r} cannot be read back")
         try:
             rec = self.reader.read(position, end - position - HEADER_SIZE)
-        except StorageError as exc:
+        except (StorageError, OSError, ValueError) as exc:  # damage, or an I/O error
             raise self._damage(f"reading position {position} back failed: {exc}") from None
         if rec.type != PUBLISH or rec.end != end:
             raise self._damage(f"the record at position {position} is not the PUBLISH record"
