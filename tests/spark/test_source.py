@@ -106,13 +106,13 @@ def test_generation_change_fails_the_query_or_skips_ahead(
 
 def test_a_disk_topic_bigger_than_shard_memory_replays_through_the_source(
         spark: Any, broker_factory: BrokerFactory, tmp_path: Path) -> None:
-    """G9 "Space": a disk topic holding three times ``shard.max_memory`` of payloads
+    """G9 "Space": a disk topic holding about four times ``shard.max_memory`` of payloads
     (most of them evicted to the log) replays whole and intact through the source."""
     broker = broker_factory("shard.max_memory=2097152", "storage.cache_bytes=262144",
                             "message.ttl=600", shards=1,
                             args=("--data-dir", str(tmp_path / "data")))
     topic = "replay.big"
-    count = 6000
+    count = 8000
 
     def payload(i: int) -> bytes:
         return (b"%08d" % i) * 125  # 1000 bytes
