@@ -66,8 +66,6 @@ class ChunkStore(Protocol):
         ...
 
 
-
-
 class Entry(NamedTuple):
     """A held message. ``stored_at`` is on the shard's monotonic clock."""
 
@@ -233,8 +231,9 @@ class TopicLog:
         base = 1 if count <= 15 else 3 if count <= 0xFFFF else 5
         headers = 2 * count if type(lens) is bytes else sum(map(P.bin_header_size, lens))
         if len(data) != base + size + headers:
-            raise errors.StorageUnavailable(f"the record at log position {position} does not hold"
-                                     f" the payloads of offsets {first}..{first + count - 1}")
+            raise errors.StorageUnavailable(
+                f"the record at log position {position} does not hold the payloads of"
+                f" offsets {first}..{first + count - 1}")
         large = type(lens) is not bytes and size >= PACK_BELOW * count
         loaded: bytes | tuple[bytes, ...] = tuple(msgpack.unpackb(data)) if large else data
         self._packed[k] = loaded
