@@ -20,7 +20,7 @@ from chaos import accounting, report, runner, timeline
 from chaos.planted import PLANTED
 from chaos.recording import MonotonicClock
 from chaos.schedule import parse_mix
-from chaos.settings import ChaosSettings, from_env
+from chaos.settings import FSYNC_MODES, STORAGE_MODES, ChaosSettings, from_env
 
 
 def parse_args(argv: list[str] | None, base: ChaosSettings) -> ChaosSettings:
@@ -28,7 +28,8 @@ def parse_args(argv: list[str] | None, base: ChaosSettings) -> ChaosSettings:
         prog="python -m chaos",
         description="Real flux processes under injected faults, checked by the shared checker."
                     " Environment: CHAOS_SEED, CHAOS_DURATION, CHAOS_FAULTS, CHAOS_MIX,"
-                    " CHAOS_RATE, CHAOS_LIVENESS, CHAOS_OUT (flags win).")
+                    " CHAOS_RATE, CHAOS_LIVENESS, CHAOS_OUT, CHAOS_STORAGE, CHAOS_FSYNC"
+                    " (flags win).")
     p.add_argument("--seed", type=int, default=base.seed)
     p.add_argument("--duration", type=float, default=base.duration,
                    help="seconds of the fault phase (default %(default)s)")
@@ -48,6 +49,16 @@ def parse_args(argv: list[str] | None, base: ChaosSettings) -> ChaosSettings:
                    help="client flavours to cycle through (trio,asyncio)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra broker setting (flux serve --set), repeatable")
+    p.add_argument("--topics", type=int, default=base.topics,
+                   help="topics every client uses (default %(default)s)")
+    p.add_argument("--storage", choices=STORAGE_MODES, default=base.storage,
+                   help="where topics keep their messages: every topic in memory, every"
+                        " topic on disk (flux serve --data-dir), or mixed: about half on disk"
+                        " by a topic policy (default %(default)s)")
+    p.add_argument("--fsync", choices=FSYNC_MODES, default=base.fsync,
+                   help="storage.fsync of the disk topics (default %(default)s)")
+    p.add_argument("--keep-data", action="store_true",
+                   help="keep the broker's data directory (RESULTS/data) after the run")
     p.add_argument("--out", type=Path, default=base.out, help="results directory root")
     p.add_argument("--plant", choices=sorted(PLANTED),
                    help="run with a broker bug planted on purpose (the run should fail)")
@@ -57,13 +68,14 @@ def parse_args(argv: list[str] | None, base: ChaosSettings) -> ChaosSettings:
     if not flavours or any(f not in ("trio", "asyncio") for f in flavours):
         p.error("--flavours takes trio and/or asyncio")
     if a.faults < 0 or a.duration <= 0 or a.rate <= 0 or a.producers < 1 or a.subscribers < 1 \
-            or a.pullers < 0:
-        p.error("--faults >= 0, --duration > 0, --rate > 0, at least one producer and"
-                " subscriber, --pullers >= 0")
+            or a.pullers < 0 or a.topics < 1:
+        p.error("--faults >= 0, --duration > 0, --rate > 0, at least one producer,"
+                " subscriber and topic, --pullers >= 0")
     return base.replace(seed=a.seed, duration=a.duration, faults=a.faults,
                         mix=a.mix if a.mix is not None else base.mix, rate=a.rate,
                         liveness=a.liveness, producers=a.producers, subscribers=a.subscribers,
-                        pullers=a.pullers,
+                        pullers=a.pullers, topics=a.topics, storage=a.storage, fsync=a.fsync,
+                        keep_data=a.keep_data or base.keep_data,
                         flavours=flavours, extra_settings=tuple(a.set), out=a.out,
                         plant=a.plant, png=not a.no_png)
 
@@ -84,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     workdir = settings.out / f"{stamp}-seed{settings.seed}"
     workdir.mkdir(parents=True, exist_ok=True)
-    console.print(f"chaos: seed {settings.seed}, results in {workdir}", markup=False)
+    console.print(f"chaos: seed {settings.seed}, storage {settings.storage}"
+                  + (f" (fsync {settings.fsync})" if settings.storage != "memory" else "")
+                  + f", results in {workdir}", markup=False)
     if settings.plant:
         console.print(f"chaos: planted bug {settings.plant!r}: {PLANTED[settings.plant]}",
                       markup=False)
@@ -116,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = accounting.check(history)
     tally = accounting.tally(out, history, verdict)
     out.crashes += accounting.broker_crashes(workdir / "broker.log")
-    ok = not accounting.failed(verdict, out.crashes)
+    ok = not accounting.failed(verdict, out.crashes, tally)
     data = report.as_json(out, tally, verdict, time.monotonic() - started, ok, str(history_path))
     runner.write_json(workdir / "report.json", data)
     report.show(console, data)

@@ -4,7 +4,9 @@
 events and every worker's file, in time order, with the metadata the checker
 reads. :func:`check` runs :func:`flux.sim.checker.check` on it (the one checker;
 nothing here judges G1-G7). :func:`tally` counts messages, duplicates, recovery
-times and throughput for the report.
+times and throughput for the report, and per storage kind (:func:`by_storage`) what
+G9 promises across process kills: no acked message of a disk topic lost in any
+generation, and no disk topic changing its generation.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ def merge(out: RunOutput) -> h.History:
     """One history of the whole run, in time order, with the checker's metadata."""
     s = out.settings
     end = out.phases.get("end", float("inf"))
-    config = config_mod.load(overrides=s.settings, shards=3, port=0)
     events = list(out.history.events)
     unreadable = 0
     for spec in out.workers:
@@ -65,13 +66,17 @@ def merge(out: RunOutput) -> h.History:
     events.sort(key=lambda e: e.t)   # stable: each process's own order is kept
     producers = [w for w in out.workers if w.role == "producer"]
     subscribers = [w for w in out.workers if w.role in ("subscriber", "puller")]
+    overrides = list(s.settings)
+    if out.data_dir is not None:
+        overrides += s.storage_overrides(out.data_dir)
+    config = config_mod.load(overrides=overrides, shards=3, port=0)
     meta: dict[str, Any] = {
         "source": "chaos", "seed": s.seed, "config": config.to_dict(), "oracle": False,
         "latency_bound": s.latency_bound, "plan": " ".join(f.describe() for f in out.plan),
         "liveness": [{"subscriber": w.subscriber_id(t), "topic": t,
                       "pull": w.role == "puller"} for w in subscribers for t in w.topics],
         "canaries": [[t, w.canary_id(t)] for w in producers for t in w.topics],
-        "topics": out.topics, "unreadable_lines": unreadable,
+        "topics": out.topics, "storage": out.storage, "unreadable_lines": unreadable,
     }
     return h.History(meta=meta, events=events)
 
@@ -80,10 +85,12 @@ def check(history: h.History) -> checker.Report:
     return checker.check(history)
 
 
-def failed(report: checker.Report, crashes: list[str]) -> bool:
-    """The run fails on any violation the checker reports, and on any process (broker or
-    client) that died of its own accord."""
-    return not report.ok or bool(crashes)
+def failed(report: checker.Report, crashes: list[str], t: Tally | None = None) -> bool:
+    """The run fails on any violation the checker reports, on any process (broker or
+    client) that died of its own accord, and on any broken disk promise (G9) the
+    storage tally found (:meth:`StorageTally.broken`)."""
+    disk = t.storage.get("disk") if t is not None else None
+    return not report.ok or bool(crashes) or bool(disk is not None and disk.broken())
 
 
 _EXITED = re.compile(r"shard (\d+) \(pid (\d+)\) exited with status (-?\d+)")
@@ -136,6 +143,40 @@ class Tally:
     recovery_of: list[float | None] = field(default_factory=list)   # per fault, in order
     throughput: dict[str, list[int]] = field(default_factory=dict)
     adoption: dict[str, int] = field(default_factory=dict)
+    storage: dict[str, StorageTally] = field(default_factory=dict)   # "memory", "disk"
+
+
+@dataclass
+class StorageTally:
+    """The messages of one storage kind's topics, and what process kills did to them.
+
+    Losses are (live subscriber, acked message id) pairs the subscriber never received
+    in any generation (pushed, or in a page it fetched). For a memory topic a loss is
+    explained when every generation the message was acked in ended by a shard crash
+    (G7); for a disk topic nothing explains one (G9: a SIGKILL loses nothing acked).
+    """
+
+    topics: list[str] = field(default_factory=list)
+    acked: int = 0                 # distinct (topic, id) acked
+    delivered: int = 0             # ... received by at least one subscriber
+    deliveries: int = 0            # pushed messages handed to subscribers' code, repeats
+                                   # included (pages fetched not counted)
+    lost_explained: int = 0        # pairs: a crash ended every generation it was acked in
+    lost_unexplained: int = 0      # pairs: no crash explains it
+    lost_by_all: int = 0           # acked messages no subscriber received at all
+    generations: int = 0           # distinct generations seen, summed over the topics
+    generation_changes: int = 0    # generations beyond each topic's first
+    resets_seen: int = 0           # resets (G7) the history records clients seeing
+    shard_generation: int = 0      # disk topics: replies carrying a shard incarnation's
+                                   # generation (the topic was not on disk)
+    kills: int = 0                 # process kills of a shard holding topics of this kind
+    lost_ids: list[str] = field(default_factory=list)        # a few, for the report
+    changed: list[str] = field(default_factory=list)         # "topic: gen -> gen", a few
+
+    def broken(self) -> bool:
+        """A disk promise broken: an acked message lost, a generation changed, or the
+        topic served from memory."""
+        return bool(self.lost_unexplained or self.generation_changes or self.shard_generation)
 
 
 def tally(out: RunOutput, history: h.History, report: checker.Report) -> Tally:
@@ -168,7 +209,100 @@ def tally(out: RunOutput, history: h.History, report: checker.Report) -> Tally:
     t.recovery_of, t.recovery = recovery_times(out, history)
     t.throughput = throughput(out, history)
     t.adoption = adoption(out)
+    t.storage = by_storage(out, history)
     return t
+
+
+SHOWN = 10   # lost ids and generation changes listed per kind
+
+
+def by_storage(out: RunOutput, history: h.History) -> dict[str, StorageTally]:
+    """Per storage kind (only the kinds the run has): see :class:`StorageTally`."""
+    kinds = {topic: out.storage.get(topic, "memory") for topic in out.topics}
+    result = {kind: StorageTally(topics=[t for t in out.topics if kinds[t] == kind])
+              for kind in ("memory", "disk") if kind in kinds.values()}
+    shard_generations: set[int] = set()
+    latest: dict[int, int] = {}          # shard index -> its latest incarnation's generation
+    shard_of: dict[int, int] = {}        # incarnation generation -> shard index
+    acked: dict[tuple[str, str], set[int]] = {}   # (topic, id) -> generations acked in
+    received: dict[tuple[str, str], set[str]] = {}   # (subscriber, topic) -> ids
+    seen: dict[str, list[int]] = {topic: [] for topic in out.topics}  # generations, in order
+    deliveries: dict[str, int] = {}
+    for e in history:
+        if isinstance(e, h.ShardHello):
+            shard_generations.add(e.generation)
+            latest[e.shard] = e.generation
+            shard_of[e.generation] = e.shard
+            continue
+        topic = getattr(e, "topic", None)
+        if topic not in kinds:
+            continue
+        generation: int | None = None
+        if isinstance(e, h.PublishAcked):
+            acked.setdefault((e.topic, e.id), set()).add(e.generation)
+            generation = e.generation
+        elif isinstance(e, h.Consumed):
+            received.setdefault((e.subscriber, e.topic), set()).add(e.id)
+            deliveries[e.topic] = deliveries.get(e.topic, 0) + 1
+            generation = e.generation
+        elif isinstance(e, h.Fetched):
+            if e.name is not None:
+                received.setdefault((e.subscriber, e.topic), set()).update(e.ids)
+            generation = e.generation
+        elif isinstance(e, h.Subscribed):
+            generation = e.generation
+        elif isinstance(e, h.TopicWasReset):
+            result[kinds[e.topic]].resets_seen += 1
+        if generation is not None and generation not in seen[topic]:
+            seen[topic].append(generation)
+    live = [(spec["subscriber"], spec["topic"]) for spec in history.meta.get("liveness", [])]
+    anyone: set[tuple[str, str]] = {(topic, i) for (_, topic), ids in received.items()
+                                    for i in ids}
+    for (topic, message_id), generations in acked.items():
+        st = result[kinds[topic]]
+        st.acked += 1
+        got = (topic, message_id) in anyone
+        st.delivered += got
+        st.lost_by_all += not got
+        ended = all(g in shard_of and latest[shard_of[g]] != g for g in generations)
+        for subscriber, live_topic in live:
+            if live_topic != topic or message_id in received.get((subscriber, topic), ()):
+                continue
+            if kinds[topic] == "memory" and ended:
+                st.lost_explained += 1
+            else:
+                st.lost_unexplained += 1
+                if len(st.lost_ids) < SHOWN:
+                    st.lost_ids.append(f"{subscriber} never got {topic} id={message_id}")
+    owners = {topic: shard_for(topic, 3) for topic in out.topics}
+    for topic, order in seen.items():
+        st = result[kinds[topic]]
+        st.deliveries += deliveries.get(topic, 0)
+        st.generations += len(order)
+        st.generation_changes += max(0, len(order) - 1)
+        if kinds[topic] == "disk":
+            st.shard_generation += sum(1 for g in order if g in shard_generations)
+            if len(order) > 1 and len(st.changed) < SHOWN:
+                st.changed.append(f"{topic}: " + " -> ".join(f"{g:#x}" for g in order))
+    for record in out.faults:
+        for index in killed_shards(record):
+            for st in result.values():
+                st.kills += any(owners[topic] == index for topic in st.topics)
+    return result
+
+
+def killed_shards(record: FaultRecord) -> list[int]:
+    """The shard indexes whose process a fault ended by SIGKILL: a shard kill, a pause
+    so long that the router killed and replaced the shard, and the shards a restarted
+    router replaced instead of adopting."""
+    if record.began is None:
+        return []
+    if record.kind == "shard-kill" or (record.kind == "shard-pause"
+                                       and "replaced" in record.detail):
+        return [record.planned.target]
+    if record.kind == "router-kill":
+        return list(record.replaced)
+    return []
 
 
 def adoption(out: RunOutput) -> dict[str, int]:
@@ -192,26 +326,42 @@ def adoption(out: RunOutput) -> dict[str, int]:
     return counts
 
 
-def _acks_by_shard(out: RunOutput, history: h.History) -> dict[int, list[tuple[float, int]]]:
+Timed = dict[int, list[tuple[float, int]]]   # shard index -> [(time, generation)], in order
+
+
+def _acks_by_shard(out: RunOutput, history: h.History) -> tuple[Timed, Timed]:
+    """Publish acks and HELLO replies per shard index, with their generations."""
     owner = {topic: shard_for(topic, 3) for topic in out.topics}
-    acks: dict[int, list[tuple[float, int]]] = {}
-    for e in history.of(h.PublishAcked):
-        acks.setdefault(owner.get(e.topic, -1), []).append((e.t, e.generation))
-    return acks
+    acks: Timed = {}
+    hellos: Timed = {}
+    for e in history:
+        if isinstance(e, h.PublishAcked):
+            acks.setdefault(owner.get(e.topic, -1), []).append((e.t, e.generation))
+        elif isinstance(e, h.ShardHello):
+            hellos.setdefault(e.shard, []).append((e.t, e.generation))
+    return acks, hellos
 
 
-def recovery_time(record: FaultRecord, acks: dict[int, list[tuple[float, int]]]) -> float | None:
+def recovery_time(record: FaultRecord, acks: Timed, hellos: Timed | None = None) -> float | None:
     """Seconds until the broker served again after a fault. Router: from the restart until
-    the new router printed its banner. Shard kill: from the kill until the new generation
-    acked a publish. Reset: from the reset, and other faults from their end, until the
-    shard acked a publish."""
+    the new router printed its banner. Shard kill: from the kill until the new process
+    acked a publish (one a client sent it after hearing its HELLO: a disk topic keeps its
+    generation, so the ack's generation alone cannot tell the processes apart). Reset:
+    from the reset, and other faults from their end, until the shard acked a publish."""
     if record.began is None or record.ended is None:
         return None
     if record.kind == "router-kill":
         return record.ready_after
     shard_acks = acks.get(record.planned.target, [])
     since = record.began if record.kind in ("shard-kill", "reset") else record.ended
-    i = bisect.bisect_left(shard_acks, (since, -1))
+    after = since
+    if record.kind == "shard-kill" and hellos is not None:
+        up = next((t for t, g in hellos.get(record.planned.target, [])
+                   if t >= since and g != record.old_generation), None)
+        if up is None:
+            return None
+        after = up
+    i = bisect.bisect_left(shard_acks, (after, -1))
     for t, generation in shard_acks[i:]:
         if record.kind != "shard-kill" or generation != record.old_generation:
             return t - since
@@ -221,8 +371,8 @@ def recovery_time(record: FaultRecord, acks: dict[int, list[tuple[float, int]]])
 def recovery_times(out: RunOutput, history: h.History
                    ) -> tuple[list[float | None], dict[str, dict[str, float]]]:
     """Each fault's recovery time, and their median, p90 and max by kind."""
-    acks = _acks_by_shard(out, history)
-    each = [recovery_time(record, acks) for record in out.faults]
+    acks, hellos = _acks_by_shard(out, history)
+    each = [recovery_time(record, acks, hellos) for record in out.faults]
     by_kind: dict[str, list[float]] = {}
     for record, value in zip(out.faults, each, strict=True):
         if value is not None:
@@ -237,17 +387,23 @@ def recovery_times(out: RunOutput, history: h.History
 
 
 def throughput(out: RunOutput, history: h.History) -> dict[str, list[int]]:
-    """Publish acks and deliveries per second since the start phase."""
+    """Publish acks and deliveries per second since the start phase, in all and (as
+    ``acked_per_s_<kind>``) publish acks per storage kind."""
     start = out.phases.get("start", 0.0)
-    acked: list[int] = []
-    delivered: list[int] = []
+    series: dict[str, list[int]] = {"acked_per_s": [], "delivered_per_s": []}
+    for kind in sorted(set(out.storage.values())):
+        series[f"acked_per_s_{kind}"] = []
     for e in history:
         if isinstance(e, (h.PublishAcked, h.Consumed)):
-            series = acked if isinstance(e, h.PublishAcked) else delivered
             second = int(e.t - start)
             if second < 0:
                 continue
-            while len(series) <= second:
-                series.append(0)
-            series[second] += 1
-    return {"acked_per_s": acked, "delivered_per_s": delivered}
+            names = ["delivered_per_s"]
+            if isinstance(e, h.PublishAcked):
+                names = ["acked_per_s", f"acked_per_s_{out.storage.get(e.topic, 'memory')}"]
+            for name in names:
+                counts = series.setdefault(name, [])
+                while len(counts) <= second:
+                    counts.append(0)
+                counts[second] += 1
+    return series

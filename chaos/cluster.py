@@ -108,16 +108,19 @@ class RouterRun:
 
 class Cluster:
     """``flux serve --shards N`` on 127.0.0.1:``port``, its shards on ``shard_ports``,
-    advertised as ``proxy_ports`` (the fault proxy)."""
+    advertised as ``proxy_ports`` (the fault proxy); ``extra_args`` go last (storage).
+    A restarted router gets the same arguments, so its shards reuse the data directory."""
 
     def __init__(self, group: ProcessGroup, workdir: Path, *, port: int, shard_ports: list[int],
-                 proxy_ports: list[int], settings: list[str], plant: str | None) -> None:
+                 proxy_ports: list[int], settings: list[str], plant: str | None,
+                 extra_args: list[str] | None = None) -> None:
         self.group = group
         self.workdir = workdir
         self.port = port
         self.shard_ports = shard_ports
         self.proxy_ports = proxy_ports
         self.settings = settings
+        self.extra_args = list(extra_args or [])   # e.g. the run's storage (--data-dir)
         self.runtime = workdir / "run"
         self.runtime.mkdir(parents=True, exist_ok=True)
         self.env = dict(os.environ, FLUX_RUNTIME_DIR=str(self.runtime), PYTHONUNBUFFERED="1")
@@ -145,7 +148,7 @@ class Cluster:
                 + json.dumps([f"127.0.0.1:{p}" for p in self.proxy_ports])]
         for item in self.settings:
             args += ["--set", item]
-        return args
+        return args + self.extra_args
 
     @property
     def router_alive(self) -> bool:

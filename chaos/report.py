@@ -5,6 +5,7 @@ Numbers come from :mod:`chaos.accounting`; violations from the shared checker.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rich.console import Console
@@ -45,6 +46,12 @@ def as_json(out: RunOutput, t: Tally, report: checker.Report, wall: float, ok: b
                      "lost_explained_by_crash": t.lost_explained,
                      "lost_by_every_subscriber": t.lost_by_all,
                      "lost_unexplained": t.lost_unexplained},
+        "storage": {"mode": s.storage, "fsync": None if s.storage == "memory" else s.fsync,
+                    "data_dir": None if out.data_dir is None else str(out.data_dir),
+                    "data_kept": out.data_dir is not None and s.keep_data,
+                    "topics": out.storage,
+                    "by_kind": {kind: dataclasses.asdict(st) for kind, st in t.storage.items()},
+                    "disk_broken": bool(t.storage.get("disk") and t.storage["disk"].broken())},
         "recovery_seconds": t.recovery,
         "adoption": t.adoption,
         "checker": {"ok": report.ok, "counts": report.counts, "rules": report.rules(),
@@ -94,6 +101,8 @@ def show(console: Console, data: dict[str, Any]) -> None:
     console.print("* (subscriber, message) pairs: an acked message a live subscriber never got",
                   markup=False)
 
+    _show_storage(console, data)
+
     violations = data["checker"]["violations"]
     if violations:
         console.print(f"[bold red]checker: {len(violations)} violation(s);"
@@ -114,6 +123,56 @@ def show(console: Console, data: dict[str, Any]) -> None:
     for note in data["notes"]:
         console.print(f"note: {note}", markup=False)
     verdict = "[bold green]PASS" if data["ok"] else "[bold red]FAIL"
+    per_kind = "".join(f" {kind}: acked={st['acked']} lost={st['lost_unexplained']}"
+                       f" gen-changes={st['generation_changes']}"
+                       for kind, st in data["storage"]["by_kind"].items())
     console.print(f"{verdict}[/] seed={data['seed']} faults={data['faults']['injected']}"
                   f" published={m['published']} acked={m['acked']}"
-                  f" lost(unexplained)={m['lost_unexplained']} wall={data['wall_seconds']}s")
+                  f" lost(unexplained)={m['lost_unexplained']}{per_kind}"
+                  f" wall={data['wall_seconds']}s", highlight=False)
+
+
+STORAGE_ROWS = (
+    ("topics", "topics"),
+    ("acked", "acked"),
+    ("delivered (to at least one subscriber)", "delivered"),
+    ("deliveries (repeats included)", "deliveries"),
+    ("lost, explained by a shard crash (G7)†", "lost_explained"),
+    ("lost, unexplained†", "lost_unexplained"),
+    ("  acked, no subscriber got (messages)", "lost_by_all"),
+    ("generations seen", "generations"),
+    ("generation changes", "generation_changes"),
+    ("replies with a shard's generation", "shard_generation"),
+    ("process kills of a shard holding them", "kills"),
+)
+# rows that must be 0 for disk topics (G9), shown red otherwise
+DISK_ZERO = ("lost_unexplained", "lost_by_all", "generation_changes", "shard_generation")
+
+
+def _show_storage(console: Console, data: dict[str, Any]) -> None:
+    storage = data["storage"]
+    kinds = storage["by_kind"]
+    title = f"By storage ({storage['mode']}" + (
+        f", fsync {storage['fsync']})" if storage["fsync"] else ")")
+    table = Table(title=title, title_justify="left")
+    table.add_column("what")
+    for kind in kinds:
+        table.add_column(kind, justify="right")
+    for label, key in STORAGE_ROWS:
+        cells = []
+        for kind, st in kinds.items():
+            value = st[key]
+            if key == "topics":
+                cells.append(str(len(value)))
+                continue
+            bad = kind == "disk" and key in DISK_ZERO and value
+            cells.append(f"[bold red]{value}" if bad else str(value))
+        table.add_row(label, *cells)
+    console.print(table)
+    console.print("† (live subscriber, acked message id) pairs never received in any"
+                  " generation; nothing explains a disk topic's (G9)", markup=False)
+    disk = kinds.get("disk")
+    if disk and (disk["lost_ids"] or disk["changed"]):
+        console.print("[bold red]disk topics broke G9 across process kills:")
+        for line in disk["lost_ids"] + [f"generation changed: {c}" for c in disk["changed"]]:
+            console.print(f"  {line}", markup=False, highlight=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +26,7 @@ from chaos.faults import FaultExecutor, FaultRecord
 from chaos.proxy import ShardProxy
 from chaos.recording import monotonic
 from chaos.schedule import PlannedFault, draw_schedule
-from chaos.settings import SHARDS, ChaosSettings
+from chaos.settings import DISK_PREFIX, MEMORY_PREFIX, SHARDS, ChaosSettings
 from chaos.worker import WorkerSpec, asyncio_available
 from flux.hashing import shard_for
 from flux.sim import history as h
@@ -53,6 +54,8 @@ class RunOutput:
     notes: list[str] = field(default_factory=list)
     crashes: list[str] = field(default_factory=list)   # processes that died on their own
     proxy_stats: list[dict[str, int]] = field(default_factory=list)
+    storage: dict[str, str] = field(default_factory=dict)   # topic -> "memory" or "disk"
+    data_dir: Path | None = None             # the broker's storage.dir (None: no disk topic)
 
 
 def free_ports(n: int) -> list[int]:
@@ -69,19 +72,28 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def pick_topics(count: int, shards: int) -> list[str]:
-    """``count`` topic names, every shard owning at least one (when count >= shards)."""
-    chosen: list[str] = []
-    owners: set[int] = set()
+def topic_kinds(count: int, storage: str) -> list[str]:
+    """The storage kind of each of ``count`` topics: all one kind, or (``mixed``) disk
+    and memory alternating, disk first (about half on disk)."""
+    if storage in ("memory", "disk"):
+        return [storage] * count
+    return ["disk" if i % 2 == 0 else "memory" for i in range(count)]
+
+
+def pick_topics(count: int, shards: int, storage: str = "memory") -> dict[str, str]:
+    """``count`` topic names and their storage kinds (see :func:`topic_kinds`); the
+    k-th topic lives on shard ``k % shards``, so every shard owns a topic (when count
+    >= shards) and, mixed, shards hold topics of both kinds wherever the count allows."""
+    chosen: dict[str, str] = {}
     k = 0
-    while len(chosen) < count:
-        name = f"chaos.orders-{k}"
-        k += 1
-        owner = shard_for(name, shards)
-        if owner in owners and len(owners) < min(count, shards):
-            continue
-        owners.add(owner)
-        chosen.append(name)
+    for i, kind in enumerate(topic_kinds(count, storage)):
+        prefix = DISK_PREFIX if kind == "disk" else MEMORY_PREFIX
+        while True:
+            name = f"{prefix}.orders-{k}"
+            k += 1
+            if shard_for(name, shards) == i % shards:
+                break
+        chosen[name] = kind
     return chosen
 
 
@@ -174,16 +186,20 @@ async def run(s: ChaosSettings, workdir: Path, say: Any = print) -> RunOutput:
     plan = draw_schedule(rng, s.mix, s.faults, s.duration, SHARDS)
     ports = free_ports(1 + 2 * SHARDS)
     router_port, shard_ports, proxy_ports = ports[0], ports[1:1 + SHARDS], ports[1 + SHARDS:]
-    topics = pick_topics(s.topics, SHARDS)
+    storage = pick_topics(s.topics, SHARDS, s.storage)
+    topics = list(storage)
     url = f"flux://127.0.0.1:{router_port}"
     specs = worker_specs(s, url, topics, workdir)
     history = h.History()
-    out = RunOutput(s, workdir, topics, specs, plan, [], history)
+    data_dir = None if s.storage == "memory" else (workdir / "data").resolve()
+    out = RunOutput(s, workdir, topics, specs, plan, [], history, storage=storage,
+                    data_dir=data_dir)
     if "asyncio" in s.flavours and not asyncio_available():
         out.notes.append("flux.client.asyncio is not available: every worker ran the trio client")
     group = ProcessGroup(budget=s.warmup + s.duration + s.liveness + RUN_SLACK)
     cluster = Cluster(group, workdir, port=router_port, shard_ports=shard_ports,
-                      proxy_ports=proxy_ports, settings=s.settings, plant=s.plant)
+                      proxy_ports=proxy_ports, settings=s.settings, plant=s.plant,
+                      extra_args=[] if data_dir is None else s.serve_args(data_dir))
     proxies = [ShardProxy(i, proxy_ports[i], shard_ports[i]) for i in range(SHARDS)]
     executor: FaultExecutor | None = None
     worker_crashes: list[str] = []
@@ -229,6 +245,8 @@ async def run(s: ChaosSettings, workdir: Path, say: Any = print) -> RunOutput:
         group.kill_all()
         with trio.CancelScope(shield=True):
             await group.reap()
+        if data_dir is not None and not s.keep_data:
+            remove_data_dir(data_dir, workdir)
     out.routers_started = cluster.routers_started
     out.crashes = cluster.crashes + worker_crashes
     out.proxy_stats = [vars(p.stats) for p in proxies]
@@ -241,6 +259,14 @@ async def _wait_registered(cluster: Cluster) -> None:
             await trio.sleep(0.2)
         return
     raise RuntimeError("the broker did not recover after the heal: shards not registered")
+
+
+def remove_data_dir(data_dir: Path, workdir: Path) -> None:
+    """Remove the run's data directory once every broker process is gone; only ever a
+    directory inside the run's own results directory."""
+    if data_dir.resolve().parent != workdir.resolve():
+        raise RuntimeError(f"refusing to remove {data_dir}: not inside {workdir}")
+    shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def write_json(path: Path, data: Any) -> None:

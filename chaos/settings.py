@@ -8,7 +8,9 @@ applies its flags over those.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,12 @@ BROKER_SETTINGS: tuple[str, ...] = (
     "shard.orphan_timeout=20",
 )
 SHARDS = 3
+STORAGE_MODES = ("memory", "disk", "mixed")
+FSYNC_MODES = ("always", "interval", "never")
+# topic names by storage kind: a policy matching DISK_PREFIX puts a mixed run's disk
+# topics on disk (the names say the kind, so a report line needs no lookup)
+DISK_PREFIX = "chaos.disk"
+MEMORY_PREFIX = "chaos.mem"
 
 
 @dataclass
@@ -44,8 +52,8 @@ class ChaosSettings:
     producers: int = 3
     subscribers: int = 3
     pullers: int = 1                 # pull readers (FETCH, COMMIT after each page)
-    topics: int = 4
-    rate: float = 16.0               # messages per second per producer and topic
+    topics: int = 6                  # mixed: every shard holds a disk and a memory topic
+    rate: float = 11.0               # messages per second per producer and topic
     flavours: tuple[str, ...] = ("trio", "asyncio")
     request_timeout: float = 1.0
     retry_deadline: float = 8.0
@@ -53,6 +61,9 @@ class ChaosSettings:
     withhold: float = 0.001          # share the second one leaves unacked until inactive (G4)
     latency_bound: float = 0.3       # one-way delay (and jitter) the checker tolerates
     out: Path = Path("chaos-results")
+    storage: str = "mixed"           # memory, disk (every topic), mixed (about half on disk)
+    fsync: str = "always"            # storage.fsync of the disk topics
+    keep_data: bool = False          # keep the run's data directory (removed by default)
     plant: str | None = None         # a planted broker bug (chaos/planted), to prove the checker
     png: bool = True
     broker_settings: tuple[str, ...] = BROKER_SETTINGS
@@ -63,13 +74,32 @@ class ChaosSettings:
         """``--set`` items for ``flux serve`` (defaults, then the user's)."""
         return [*self.broker_settings, *self.extra_settings]
 
+    def storage_overrides(self, data_dir: Path) -> list[str]:
+        """``--set`` items that give the broker this run's storage, in ``data_dir``
+        (``flux serve --data-dir DIR`` is ``storage.dir=DIR`` plus ``storage.kind=disk``)."""
+        if self.storage == "memory":
+            return []
+        items = [f"storage.dir={data_dir}", f"storage.fsync={self.fsync}"]
+        if self.storage == "disk":
+            return [*items, "storage.kind=disk"]
+        policy = [{"match": f"{DISK_PREFIX}.>", "storage": "disk"}]
+        return [*items, f"topics={json.dumps(policy)}"]
+
+    def serve_args(self, data_dir: Path) -> list[str]:
+        """Arguments of ``flux serve`` for this run's storage: ``--data-dir`` when every
+        topic is on disk (as a user would start it), else the overrides."""
+        if self.storage == "disk":
+            return ["--data-dir", str(data_dir), "--set", f"storage.fsync={self.fsync}"]
+        return [arg for item in self.storage_overrides(data_dir) for arg in ("--set", item)]
+
     def replace(self, **changes: object) -> ChaosSettings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 def from_env(env: dict[str, str] | None = None) -> ChaosSettings:
     """Defaults, with ``CHAOS_SEED``, ``CHAOS_DURATION``, ``CHAOS_FAULTS``, ``CHAOS_MIX``
-    (``kind=weight,...``), ``CHAOS_RATE``, ``CHAOS_LIVENESS`` and ``CHAOS_OUT`` applied.
+    (``kind=weight,...``), ``CHAOS_RATE``, ``CHAOS_LIVENESS``, ``CHAOS_OUT``,
+    ``CHAOS_STORAGE`` and ``CHAOS_FSYNC`` applied.
     Raises ValueError for a bad value (naming the variable)."""
     env = dict(os.environ) if env is None else env
     s = ChaosSettings()
@@ -77,7 +107,8 @@ def from_env(env: dict[str, str] | None = None) -> ChaosSettings:
         "CHAOS_SEED": ("seed", int), "CHAOS_DURATION": ("duration", float),
         "CHAOS_FAULTS": ("faults", int), "CHAOS_MIX": ("mix", parse_mix),
         "CHAOS_RATE": ("rate", float), "CHAOS_LIVENESS": ("liveness", float),
-        "CHAOS_OUT": ("out", Path),
+        "CHAOS_OUT": ("out", Path), "CHAOS_STORAGE": ("storage", _choice(STORAGE_MODES)),
+        "CHAOS_FSYNC": ("fsync", _choice(FSYNC_MODES)),
     }
     for var, (attr, parse) in readers.items():
         raw = env.get(var)
@@ -88,3 +119,11 @@ def from_env(env: dict[str, str] | None = None) -> ChaosSettings:
         except ValueError as exc:
             raise ValueError(f"{var}={raw!r}: {exc}") from None
     return s
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return raw
+    return parse

@@ -31,10 +31,19 @@ def draw(data: dict[str, Any], path: Path) -> bool:
     delivered = data["throughput"]["delivered_per_s"]
     top.plot(range(len(acked)), acked, label="publishes acked / s", linewidth=0.9)
     top.plot(range(len(delivered)), delivered, label="deliveries / s", linewidth=0.9, alpha=0.8)
+    kinds = data.get("storage", {}).get("by_kind", {})
+    if len(kinds) > 1:   # a mixed run: publish acks of memory and of disk topics apart
+        for kind, style in (("memory", ":"), ("disk", "--")):
+            series = data["throughput"].get(f"acked_per_s_{kind}", [])
+            top.plot(range(len(series)), series, label=f"acked / s, {kind} topics",
+                     linewidth=0.8, linestyle=style)
     top.set_ylabel("messages / s")
     top.legend(loc="lower left")
+    lost = ", ".join(f"{kind} lost {st['lost_unexplained']}" for kind, st in kinds.items())
     top.set_title(f"chaos seed {data['seed']}: {data['faults']['injected']} faults, "
-                  f"{data['messages']['published']} messages, "
+                  f"{data['messages']['published']} messages"
+                  f" (storage {data.get('storage', {}).get('mode', 'memory')}"
+                  f"{': ' + lost if lost else ''}), "
                   f"{'PASS' if data['ok'] else 'FAIL'}")
     rows = ["router", "shard-0", "shard-1", "shard-2"]
     for fault in data["faults"]["list"]:

@@ -30,7 +30,8 @@ from flux.sim.tap import Recorder
 
 # A publish is retried (same ids) after these; anything else is a bug in the workload.
 RETRYABLE = (errors.TopicFull, errors.Busy, errors.RetryDeadlineExceeded, errors.ConnectionLost,
-             errors.RequestTimeout, errors.ShuttingDown, errors.WrongShard)
+             errors.RequestTimeout, errors.ShuttingDown, errors.WrongShard,
+             errors.StorageUnavailable)
 # After these a subscriber subscribes again.
 ENDED = (errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.TopicReset,
          errors.NotDelivered, errors.UnknownSubscription, errors.OffsetOutOfRange,

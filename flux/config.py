@@ -33,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
     "shards": "auto",
     "max_frame_bytes": 8388608,
+    "limits": {"max_connections": 10000, "hello_timeout": 5.0, "max_subscriptions": 10000,
+               "max_output_bytes": 16777216},
     "topic": {"buffer": 1024, "max_bytes": 268435456},
     "message": {"ttl": 60.0, "cleanup_time": 5.0, "dedup_window": 120.0},
     "subscriber": {
@@ -52,6 +54,17 @@ DEFAULTS: dict[str, Any] = {
 }
 
 FSYNC_MODES = ("always", "interval", "never")
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitsConfig:
+    """What one client may cost a router or shard (DESIGN.md G8, "Why a connection may
+    close")."""
+
+    max_connections: int = 10000      # client connections per router and per shard
+    hello_timeout: float = 5.0        # seconds a connection has to send HELLO
+    max_subscriptions: int = 10000    # push subscriptions attached to one session
+    max_output_bytes: int = 16777216  # unsent bytes one connection may hold (see README)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +126,7 @@ class Config:
     host: str = "127.0.0.1"
     shards: int | str = "auto"
     max_frame_bytes: int = 8388608
+    limits: LimitsConfig = LimitsConfig()
     topic: TopicConfig = TopicConfig()
     message: MessageConfig = MessageConfig()
     subscriber: SubscriberConfig = SubscriberConfig()
@@ -332,6 +346,21 @@ def _topic_policies(raw: Any) -> tuple[TopicPolicy, ...]:
     return tuple(policies)
 
 
+def _limits(raw: dict[str, Any], max_frame_bytes: int) -> LimitsConfig:
+    """Validate the ``limits`` section (its output cap must hold two whole frames)."""
+    output = _int("limits.max_output_bytes", raw["max_output_bytes"], minimum=1)
+    if output < 2 * max_frame_bytes:
+        raise ConfigError("limits.max_output_bytes",
+                          f"must hold two whole frames: at least 2 x max_frame_bytes ="
+                          f" {2 * max_frame_bytes}, got {output}")
+    return LimitsConfig(
+        max_connections=_int("limits.max_connections", raw["max_connections"], minimum=1),
+        hello_timeout=_positive_number("limits.hello_timeout", raw["hello_timeout"]),
+        max_subscriptions=_int("limits.max_subscriptions", raw["max_subscriptions"], minimum=1),
+        max_output_bytes=output,
+    )
+
+
 def from_dict(raw: dict[str, Any]) -> Config:
     """Validate plain data (missing keys take defaults) and build a :class:`Config`."""
     data = _check_keys("", raw, DEFAULTS)
@@ -381,11 +410,13 @@ def from_dict(raw: dict[str, Any]) -> Config:
         if advertise and len(advertise) != shards:
             raise ConfigError("shard.advertise", f"has {len(advertise)} addresses for {shards} shards")
 
+    max_frame_bytes = _int("max_frame_bytes", merged["max_frame_bytes"], minimum=1024)
     config = Config(
         port=_port("port", merged["port"]),
         host=host,
         shards=shards,
-        max_frame_bytes=_int("max_frame_bytes", merged["max_frame_bytes"], minimum=1024),
+        max_frame_bytes=max_frame_bytes,
+        limits=_limits(merged["limits"], max_frame_bytes),
         topic=TopicConfig(
             buffer=_int("topic.buffer", t["buffer"], minimum=1),
             max_bytes=_bytes("topic.max_bytes", t["max_bytes"]),

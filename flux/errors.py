@@ -54,6 +54,12 @@ class UnsupportedVersion(ProtocolError):
     code = 12
 
 
+class HelloTimeout(ProtocolError):
+    """No HELLO arrived within ``limits.hello_timeout``; the connection is closed."""
+
+    code = 13
+
+
 class InvalidRequest(RemoteError):
     """A request had a wrong type, a missing field or an out-of-range value."""
 
@@ -153,6 +159,36 @@ class ShuttingDown(RemoteError):
     """The server is draining; reconnect and retry."""
 
     code = 70
+    retryable = True
+
+
+class NotAuthorized(RemoteError):
+    """The request is not allowed on this connection (a control frame on a client
+    port: only the broker's own processes send those, on their control listeners)."""
+
+    code = 80
+
+
+class TooManyConnections(RemoteError):
+    """The router or shard holds ``limits.max_connections``; the connection is closed.
+    Retry later."""
+
+    code = 81
+    retryable = True
+
+
+class TooManySubscriptions(RemoteError):
+    """The session holds ``limits.max_subscriptions`` push subscriptions; unsubscribe
+    one, or subscribe on another connection."""
+
+    code = 82
+
+
+class SlowConsumer(RemoteError):
+    """The client did not read its replies and deliveries: more than
+    ``limits.max_output_bytes`` waited for it, so the connection is closed."""
+
+    code = 83
     retryable = True
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import errno
 import os
 import random
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -40,6 +41,11 @@ class Host(Protocol):
 
     def wall_time(self) -> float:
         """Seconds since the Unix epoch, for message timestamps only."""
+        ...
+
+    def token_bytes(self, n: int) -> bytes:
+        """``n`` unpredictable bytes for secrets and nonces (from the OS in production;
+        from the run's seed in the simulator, so a run replays)."""
         ...
 
     async def sleep_until(self, deadline: float) -> None:
@@ -83,6 +89,9 @@ class RealHost:
 
     def wall_time(self) -> float:
         return wall_clock()
+
+    def token_bytes(self, n: int) -> bytes:
+        return secrets.token_bytes(n)
 
     async def sleep_until(self, deadline: float) -> None:
         await trio.sleep_until(deadline)
@@ -166,6 +175,8 @@ class ShardSpec:
     advertise: str | None     # the address clients should use, if not host:port
     config: dict[str, Any]    # Config.to_dict() of the broker
     cpu: int | None = None    # CPU to pin the shard to, if the OS allows
+    # the broker's secret (flux.control_proof): never on a command line
+    secret: str = dataclasses.field(default="", repr=False)
 
 
 class DiskFile(Protocol):

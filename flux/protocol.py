@@ -49,11 +49,16 @@ COMMIT: Final = 52        # [COMMIT, rid, {topic, name, generation, offset}]
 COMMITTED: Final = 53     # [COMMITTED, rid, {cursor}]
 STATS: Final = 60         # [STATS, rid]
 STATS_OK: Final = 61      # [STATS_OK, rid, {...}]
-# router control (shard <-> router)
-REGISTER: Final = 80      # [REGISTER, rid, {index, pid, generation, address, advertise, shard_count}]
-REGISTERED: Final = 81    # [REGISTERED, rid, {}]
-DRAIN: Final = 82         # [DRAIN, rid]
-ADOPT: Final = 83         # [ADOPT, rid, {control}]
+# router control (shard <-> router, on control listeners only; refused on client ports)
+REGISTER: Final = 80      # [REGISTER, rid, {index, pid, generation, address, advertise,
+                          #                  shard_count, control, nonce, proof}]
+REGISTERED: Final = 81    # [REGISTERED, rid, {proof}]
+DRAIN: Final = 82         # [DRAIN, rid] or, refusing a REGISTER, [DRAIN, rid, {proof}]
+ADOPT: Final = 83         # [ADOPT, rid, {control, nonce, proof}]
+CHALLENGE: Final = 84     # [CHALLENGE, 0, {nonce}]: a control listener's first frame
+ADOPTED: Final = 85       # [ADOPTED, rid, {proof}]
+# the kinds a client-facing port refuses (NotAuthorized) whatever their body
+CONTROL_KINDS: Final = frozenset({REGISTER, REGISTERED, DRAIN, ADOPT, CHALLENGE, ADOPTED})
 
 KIND_NAMES: Final = {
     v: k for k, v in list(globals().items()) if k.isupper() and isinstance(v, int)
@@ -68,6 +73,13 @@ MAX_ID_BYTES: Final = 128
 _TOPIC_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\Z")
 
 _packer = msgpack.Packer(use_bin_type=True)
+
+
+def control_refused(kind: int) -> errors.NotAuthorized:
+    """The refusal of a control frame (CONTROL_KINDS) that reached a client-facing port."""
+    return errors.NotAuthorized(
+        f"{KIND_NAMES.get(kind, str(kind))} is a control frame: only the broker's own"
+        " processes send it, on their control listeners, never on a client port")
 
 
 def encode(frame: list[Any] | tuple[Any, ...]) -> bytes:

@@ -75,6 +75,23 @@ def _policy_row(name: str, policy: dict[str, Any]) -> tuple[str, ...]:
             _redelivery(policy), _seconds(policy["subscriber.inactive_time"]))
 
 
+def _disk_row(name: str, topic: dict[str, Any], storage: dict[str, Any]) -> tuple[str, ...]:
+    recovered = "-"
+    if storage.get("recovered_bytes") is not None:
+        recovered = (f"{_bytes(storage['recovered_bytes'])} in"
+                     f" {_seconds(storage.get('recovery_seconds', 0.0))}")
+    notes = []
+    if storage.get("failed"):
+        notes.append(f"FAILED: {storage['failed']}")
+    if storage.get("new_generation"):
+        notes.append(f"new generation: {storage['new_generation']}")
+    damage = storage.get("damage")
+    if damage:
+        notes.append(f"{damage['kind']} at {damage['position']}: {damage['reason']}")
+    return (name, f"{topic.get('generation', 0):#018x}", _bytes(storage.get("log_bytes", 0)),
+            f"{storage.get('durable', 0):,}", recovered, "; ".join(notes) or "-")
+
+
 def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
     """Shards, their counters, topics, the topics' policies and subscriptions, one table
     each (empty ones left out); each fits 80 columns for short topic names."""
@@ -89,6 +106,12 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                       left=("topic", "policy"),
                       caption="policy: the topics: pattern that matched, if any;"
                               " redelivery: retry_count x (timeout+retry_interval)")
+    disk = _table("Disk topics", ("topic", "generation", "log", "durable", "recovered",
+                                  "note"), left=("topic", "generation", "note"),
+                  caption="log: bytes its log holds; durable: the position acks and reads"
+                          " may reach; recovered: what its last recovery read")
+    disk.columns[-1].no_wrap = False  # the note wraps: the other columns stay whole
+    disk.columns[-1].overflow = "fold"
     subs = _table("Subscriptions", ("topic", "name", "mode", "state", "cursor", "lag",
                                     "in flight"), left=("topic", "name", "mode", "state"),
                   caption="lag: offsets from the cursor to the topic's next offset")
@@ -107,6 +130,9 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
             policy = topic.get("policy")
             if policy is not None:
                 policies.add_row(*_policy_row(name, policy))
+            storage = topic.get("storage")
+            if storage is not None:
+                disk.add_row(*_disk_row(name, topic, storage))
             for sub_name in sorted(topic["subscriptions"]):
                 sub = topic["subscriptions"][sub_name]
                 shown = "(ephemeral)" if sub["ephemeral"] else sub_name
@@ -117,7 +143,7 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
     retired = sum(reply.get("retired_topics", 0) for reply in stats.values())
     if retired:
         topics.title = f"Topics ({retired:,} more retired: empty, only their next offset kept)"
-    return [t for t in (shards, counters, topics, policies, subs) if t.row_count]
+    return [t for t in (shards, counters, topics, policies, disk, subs) if t.row_count]
 
 
 def show(stats: dict[int, dict[str, Any]], pattern: str = "*",

@@ -51,6 +51,9 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "shard": {"max_memory": "auto"}, "topics": [],
     "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
                 "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864},
+    # DESIGN.md G13, "Why a connection may close"
+    "limits": {"max_connections": 10000, "hello_timeout": 5.0, "max_subscriptions": 10000,
+               "max_output_bytes": 16777216},
 }
 
 
@@ -372,3 +375,24 @@ def test_readme_configuration_table_lists_every_key_with_its_default() -> None:
         return out
 
     assert rows == flat(Config().to_dict())
+
+
+@pytest.mark.parametrize(("item", "path"), [
+    ("limits.max_connections=0", "limits.max_connections"),
+    ("limits.hello_timeout=0", "limits.hello_timeout"),
+    ("limits.hello_timeout=soon", "limits.hello_timeout"),
+    ("limits.max_subscriptions=-1", "limits.max_subscriptions"),
+    ("limits.max_output_bytes=1000", "limits.max_output_bytes"),
+    ("limits.bogus=1", "limits.bogus"),
+])
+def test_limits_are_refused_at_start_with_their_path(item: str, path: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.load(overrides=[item])
+    assert info.value.path == path
+
+
+def test_max_output_bytes_must_hold_two_frames() -> None:
+    ok = config.load(overrides=["max_frame_bytes=65536", "limits.max_output_bytes=131072"])
+    assert ok.limits.max_output_bytes == 131072
+    with pytest.raises(ConfigError, match="2 x max_frame_bytes"):
+        config.load(overrides=["max_frame_bytes=65536", "limits.max_output_bytes=131071"])

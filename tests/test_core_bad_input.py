@@ -19,7 +19,8 @@ KNOWN_CODES = {cls.code for cls in [
     errors.InvalidTopic, errors.InvalidMessageId, errors.MessageTooLarge, errors.WrongShard,
     errors.TopicFull, errors.Busy, errors.TopicReset, errors.UnknownSubscription,
     errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.NotDelivered,
-    errors.OffsetOutOfRange, errors.ShuttingDown]}
+    errors.OffsetOutOfRange, errors.ShuttingDown, errors.NotAuthorized,
+    errors.TooManySubscriptions]}
 
 
 def _topic_of_shard(index: int, count: int) -> str:
@@ -118,7 +119,8 @@ BAD_FRAMES: list[tuple[list[Any], type[errors.FluxError]]] = [
     ([P.PONG, 40], errors.InvalidRequest),                    # a server->client kind
     ([P.DELIVER, 40, GEN, 1, [], [], [], []], errors.InvalidRequest),
     ([P.HELLO_OK, 40, {}], errors.InvalidRequest),
-    ([P.REGISTER, 40, {}], errors.InvalidRequest),            # router control, not for clients
+    ([P.REGISTER, 40, {}], errors.NotAuthorized),             # router control, not for clients
+    ([P.ADOPT, 41, {"control": "127.0.0.1:1"}], errors.NotAuthorized),
     ([P.PING], errors.InvalidRequest),
     ([P.PUBLISH, 40], errors.InvalidRequest),
     ([P.PUBLISH, 40, {"topic": TOPIC}], errors.InvalidRequest),

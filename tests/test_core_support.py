@@ -31,6 +31,7 @@ BASE: dict[str, Any] = {
     "subscriber.cleanup_time": 10.0,
     "subscriber.inactive_time": 40.0,
     "subscriber.heartbeat": 1000.0,
+    "limits.hello_timeout": 1000.0,  # most tests skip HELLO; test_core_limits does not
     "subscriber.max_in_flight": 100,
 }
 

@@ -15,6 +15,7 @@ REMOTE_CODES: dict[int, tuple[type[errors.RemoteError], bool]] = {
     10: (errors.ProtocolError, False),
     11: (errors.FrameTooLarge, False),
     12: (errors.UnsupportedVersion, False),
+    13: (errors.HelloTimeout, False),
     20: (errors.InvalidRequest, False),
     21: (errors.InvalidTopic, False),
     22: (errors.InvalidMessageId, False),
@@ -30,6 +31,10 @@ REMOTE_CODES: dict[int, tuple[type[errors.RemoteError], bool]] = {
     63: (errors.NotDelivered, False),
     64: (errors.OffsetOutOfRange, False),
     70: (errors.ShuttingDown, True),
+    80: (errors.NotAuthorized, False),
+    81: (errors.TooManyConnections, True),
+    82: (errors.TooManySubscriptions, False),
+    83: (errors.SlowConsumer, True),
 }
 LOCAL_CODES: dict[int, tuple[type[errors.LocalError], bool]] = {
     100: (errors.ConnectionLost, True),

@@ -82,9 +82,12 @@ fetch_options = body(
     topic=topic, name=maybe() | token, generation=maybe() | generation, offset=offset,
     max_messages=st.integers(0, 10_000), max_bytes=u32)
 fetched_reply = body(generation=generation, oldest=offset, next=offset)
+nonce = st.binary(min_size=16, max_size=16)
+proof = body(proof=st.binary(min_size=32, max_size=32))
 register_body = body(
     index=st.integers(0, 63), pid=st.integers(1, 2**22), generation=generation,
-    address=k("127.0.0.1:7071"), advertise=maybe() | k("10.0.0.5:7071"), shard_count=st.integers(1, 64))
+    address=k("127.0.0.1:7071"), advertise=maybe() | k("10.0.0.5:7071"), shard_count=st.integers(1, 64),
+    control=k("127.0.0.1:7072"), nonce=nonce, proof=st.binary(min_size=32, max_size=32))
 stats = st.dictionaries(text, plain | st.dictionaries(text, plain), max_size=4)
 
 FRAMES: dict[int, st.SearchStrategy[list[Any]]] = {
@@ -119,9 +122,12 @@ FRAMES: dict[int, st.SearchStrategy[list[Any]]] = {
     P.STATS: fixed(k(P.STATS), rid),
     P.STATS_OK: fixed(k(P.STATS_OK), rid, stats),
     P.REGISTER: fixed(k(P.REGISTER), rid, register_body),
-    P.REGISTERED: fixed(k(P.REGISTERED), rid, k({})),
-    P.DRAIN: fixed(k(P.DRAIN), rid),
-    P.ADOPT: fixed(k(P.ADOPT), rid, body(control=k("127.0.0.1:39001"))),
+    P.REGISTERED: fixed(k(P.REGISTERED), rid, proof),
+    P.DRAIN: fixed(k(P.DRAIN), rid) | fixed(k(P.DRAIN), rid, proof),
+    P.ADOPT: fixed(k(P.ADOPT), rid, body(control=k("127.0.0.1:39001"), nonce=nonce,
+                                         proof=st.binary(min_size=32, max_size=32))),
+    P.CHALLENGE: fixed(k(P.CHALLENGE), k(0), body(nonce=nonce)),
+    P.ADOPTED: fixed(k(P.ADOPTED), rid, proof),
 }
 any_frame = st.one_of(*FRAMES.values())
 
@@ -155,7 +161,7 @@ def test_frame_kind_numbers_are_the_published_ones() -> None:
                  "SUBSCRIBE": 20, "SUBSCRIBED": 21, "UNSUBSCRIBE": 22, "UNSUBSCRIBED": 23, "CREDIT": 24,
                  "DELIVER": 30, "SUB_ENDED": 31, "ACK": 40, "ACKED": 41, "FETCH": 50, "FETCHED": 51,
                  "COMMIT": 52, "COMMITTED": 53, "STATS": 60, "STATS_OK": 61, "REGISTER": 80,
-                 "REGISTERED": 81, "DRAIN": 82, "ADOPT": 83}
+                 "REGISTERED": 81, "DRAIN": 82, "ADOPT": 83, "CHALLENGE": 84, "ADOPTED": 85}
     assert {P.KIND_NAMES[n]: n for n in P.KIND_NAMES} == published
 
 

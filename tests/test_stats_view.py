@@ -79,3 +79,21 @@ def test_a_reply_without_policies_shows_no_policy_table() -> None:
     old = {i: {**r, "topics": {n: {k: v for k, v in t.items() if k != "policy"}
                                for n, t in r["topics"].items()}} for i, r in STATS.items()}
     assert "Topic policies" not in printed(old)
+
+
+def test_disk_topics_table_shows_the_log_and_what_recovery_found() -> None:
+    storage = {"log_bytes": 3 << 20, "appended": 900, "durable": 880, "exposed": 40,
+               "failed": None, "recovered_bytes": 1 << 20, "recovered_records": 12,
+               "recovery_seconds": 0.25, "new_generation": "damage in its log lost records",
+               "damage": {"kind": "corrupt", "path": "/d/x.log", "position": 77,
+                          "reason": "checksum mismatch", "set_aside": []}}
+    stats = {0: reply(0, {"orders.eu": {**TOPIC, "generation": 0xD15C, "storage": storage},
+                          "logs": {**TOPIC, "subscriptions": {}, "storage": None}})}
+    text = printed(stats)
+    disk = text[text.index("Disk topics"):text.index("Subscriptions")]
+    assert "logs" not in disk
+    row = next(line for line in disk.splitlines() if "orders.eu" in line).split("│")
+    assert [c.strip() for c in row[1:5]] == ["orders.eu", "0x000000000000d15c", "3.0 MiB",
+                                             "880"]
+    assert "corrupt at 77" in disk and "new generation" in disk
+    assert "Disk topics" not in printed(STATS)  # memory topics only: no such table

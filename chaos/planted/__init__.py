@@ -15,7 +15,15 @@ PLANTED: dict[str, str] = {
                   " retried publish is stored again",
     "cursor-before-ack": "G1/G2: a subscription's cursor moves past a message when it is"
                          " first pushed, not when it is acked",
+    "disk-ack-before-write": "G9: a disk topic's log counts a record durable when it is"
+                             " queued, and writes it up to half a second later, so a"
+                             " SIGKILL loses records already acked and delivered",
+    "disk-new-generation": "G9: a shard recovering a disk topic always starts a new"
+                           " generation, as if the machine had lost power",
 }
+
+# seconds the disk-ack-before-write plant holds queued records before writing them
+WRITE_LAG = 0.5
 
 
 def plant(name: str) -> None:
@@ -25,7 +33,9 @@ def plant(name: str) -> None:
 
     if name not in PLANTED:
         raise KeyError(f"unknown planted bug {name!r}; known: {', '.join(PLANTED)}")
-    if name == "skip-dedup":
+    if name.startswith("disk-"):
+        _plant_disk(name)
+    elif name == "skip-dedup":
         def forget(self: DedupWindow, message_id: str, *_: Any) -> int | None:
             return None
 
@@ -56,3 +66,38 @@ def plant(name: str) -> None:
                 self.cursor = last + 1
 
         setattr(Subscription, attr, add_deadlines)
+
+
+def _plant_disk(name: str) -> None:
+    """The disk plants: patch the log writer or the shard's recovery."""
+    import trio
+
+    from flux.shard.disk import ShardStorage
+    from flux.storage.writer import LogWriter
+
+    if name == "disk-ack-before-write":
+        if not hasattr(LogWriter, "append") or not hasattr(LogWriter, "_write_queued"):
+            raise RuntimeError("LogWriter has no append/_write_queued: update the plant")
+        append: Any = LogWriter.append
+        write_queued: Any = LogWriter._write_queued
+
+        def early_append(self: LogWriter, rtype: int, body: bytes) -> Any:
+            appended = append(self, rtype, body)
+            self.durable = max(self.durable, self.appended)   # "durable" before any write
+            return appended
+
+        async def late_write(self: LogWriter) -> None:
+            await trio.sleep(WRITE_LAG)
+            await write_queued(self)
+            self.durable = max(self.durable, self.appended)
+
+        setattr(LogWriter, "append", early_append)  # noqa: B010
+        setattr(LogWriter, "_write_queued", late_write)  # noqa: B010
+    elif name == "disk-new-generation":
+        if not hasattr(ShardStorage, "_boot_changed"):
+            raise RuntimeError("ShardStorage has no _boot_changed: update the plant")
+
+        def always_rebooted(self: ShardStorage, report: Any) -> bool:
+            return True
+
+        setattr(ShardStorage, "_boot_changed", always_rebooted)  # noqa: B010

@@ -115,12 +115,25 @@ class ProcessLauncher:
         self.python = python
 
     async def launch(self, spec: ShardSpec) -> ShardProcess:
-        """Start shard ``spec.index``; raises OSError if the process cannot be started."""
-        args = [self.python, "-m", "flux.shard", "--spec", json.dumps(dataclasses.asdict(spec))]
+        """Start shard ``spec.index``; raises OSError if the process cannot be started.
+
+        The spec goes on the command line without the broker secret, which the shard
+        reads from its standard input (a pipe), so ``ps`` never shows it.
+        """
+        fields = dataclasses.asdict(spec)
+        del fields["secret"]
+        args = [self.python, "-m", "flux.shard", "--spec", json.dumps(fields)]
         # stdout is the router's (parsed by scripts); a shard logs to stderr only
         process = await trio.lowlevel.open_process(
-            args, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            args, start_new_session=True, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             env=_child_env())
+        assert process.stdin is not None
+        try:
+            await process.stdin.send_all(spec.secret.encode() + b"\n")
+            await process.stdin.aclose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:  # it died at once
+            log.warning("shard %d (pid %d) did not take its secret: %s", spec.index,
+                        process.pid, exc)
         return ChildShard(spec.index, process)
 
     def adopt(self, index: int, pid: int) -> ShardProcess:

@@ -12,23 +12,48 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from flux import errors, protocol
-from flux.host import Host
-from flux.shard.server import BROKEN, RECV_BYTES, format_address, move_on_at
+from flux.shard.server import (
+    BROKEN,
+    RECV_BYTES,
+    close_with_error,
+    format_address,
+    linger,
+    move_on_at,
+)
 
 if TYPE_CHECKING:
     from flux.router.router import Router
 
 HELLO_WAIT = 5.0              # seconds a HELLO waits for every shard to be registered
-LINGER = 2.0                  # seconds to wait for the peer to close after our last frame
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
 async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
-    """Answer one client connection until it closes (or sends framing garbage)."""
+    """Answer one client connection until it closes (or sends framing garbage, sends
+    no HELLO within ``limits.hello_timeout``, or is one over ``limits.max_connections``)."""
+    limits = router.config.limits
+    if router.clients >= limits.max_connections:
+        await close_with_error(router.host, stream, errors.TooManyConnections(
+            f"the router holds {limits.max_connections} connections (limits.max_connections);"
+            " retry later"))
+        return
+    router.clients += 1
     decoder = protocol.FrameDecoder(router.config.max_frame_bytes)
+    hello_by: float | None = router.host.now() + limits.hello_timeout  # None: HELLO came
     try:
         while True:
-            data = await stream.receive_some(RECV_BYTES)
+            data: bytes | bytearray | None = None
+            if hello_by is None:
+                data = await stream.receive_some(RECV_BYTES)
+            else:
+                async with move_on_at(router.host, hello_by):
+                    data = await stream.receive_some(RECV_BYTES)
+            if data is None:  # the HELLO deadline passed
+                await stream.send_all(protocol.encode(protocol.error_frame(0, errors.HelloTimeout(
+                    f"no HELLO within {limits.hello_timeout:g}s (limits.hello_timeout);"
+                    " closing"))))
+                await linger(router.host, stream)
+                break
             if not data:
                 break
             close = False
@@ -38,6 +63,8 @@ async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
                 frames, close = [], True
                 await stream.send_all(protocol.encode(protocol.error_frame(0, exc)))
             for frame in frames:
+                if frame[0] == protocol.HELLO:
+                    hello_by = None
                 reply, close = await answer(router, frame, stream)
                 await stream.send_all(protocol.encode(reply))
                 if close:
@@ -45,9 +72,10 @@ async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
             if close:
                 await linger(router.host, stream)
                 break
-    except BROKEN:
+    except* BROKEN:  # grouped when raised inside move_on_at
         pass
     finally:
+        router.clients -= 1
         await trio.aclose_forcefully(stream)
 
 
@@ -60,6 +88,8 @@ async def answer(router: Router, frame: list[Any],
         return [protocol.PONG, rid], False
     if kind == protocol.STATS:
         return [protocol.STATS_OK, rid, stats(router)], False
+    if kind in protocol.CONTROL_KINDS:
+        return protocol.error_frame(rid, protocol.control_refused(kind)), False
     if kind != protocol.HELLO:
         return protocol.error_frame(rid, errors.InvalidRequest(
             f"the router answers HELLO, PING and STATS, not frame kind {kind}; send other"
@@ -107,19 +137,6 @@ def stats(router: Router) -> dict[str, Any]:
                         "generation": s.info.generation if s.info else None,
                         "advertise": s.info.advertise if s.info else None,
                         "restarts": s.restarts} for s in router.slots]}
-
-
-async def linger(host: Host, stream: trio.abc.Stream) -> None:
-    """Half-close, then read until the peer closes (bounded), so our last frame arrives."""
-    if not isinstance(stream, trio.abc.HalfCloseableStream):
-        return
-    async with move_on_at(host, host.now() + LINGER):
-        try:
-            await stream.send_eof()
-            while await stream.receive_some(RECV_BYTES):
-                pass
-        except BROKEN:
-            pass
 
 
 def _local_host(stream: trio.abc.Stream) -> str | None:

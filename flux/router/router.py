@@ -18,17 +18,23 @@ from typing import Any
 
 import trio
 
-from flux import protocol
+from flux import control_proof, errors, protocol
 from flux.config import Config
 from flux.host import Host, Launcher, ShardProcess, ShardSpec
 from flux.router.control import ControlLink, ShardInfo, serve_control
 from flux.router.public import serve_client
-from flux.router.state import StateStore
-from flux.shard.server import BROKEN, format_address, move_on_at
+from flux.router.state import STATE_VERSION, StateStore
+from flux.shard.server import (
+    BROKEN,
+    CONTROL_HOST,
+    CONTROL_MAX_FRAME,
+    RECV_BYTES,
+    format_address,
+    move_on_at,
+)
 
 log = logging.getLogger("flux.router")
 
-CONTROL_HOST = "127.0.0.1"  # shards run on this machine; the control port stays private
 STARTUP_WAIT = 30.0         # seconds run_router waits for first registrations before started()
 REGISTER_TIMEOUT = 30.0     # seconds a started shard may take to register before it is killed
 SILENT_HEARTBEATS = 3       # heartbeats without a frame before a registered shard is replaced
@@ -93,7 +99,9 @@ class Router:
         self.slots = [Slot(i, 0 if isinstance(ports, str) else ports[i])
                       for i in range(self.shard_count)]
         self.port = 0
+        self.clients = 0  # open client connections on the public port
         self.control = ""
+        self.secret = ""  # the broker's (flux.control_proof); set before any shard starts
         self.stopping = False
         self.may_launch = False
         self.saving = False
@@ -121,6 +129,12 @@ class Router:
                 log.warning("previous router ran %s shards, not %d: not adopting",
                             previous.get("shard_count"), self.shard_count)
                 previous = None
+            if previous is not None and not control_proof.valid_secret(previous.get("secret")):
+                log.warning("previous router state holds no broker secret: not adopting")
+                previous = None
+            # the previous router's shards know its secret; a fresh start draws a new one
+            self.secret = (previous["secret"] if previous is not None
+                           else control_proof.new_secret(self.host))
             self.control = await self._listen_control(nursery, previous)
             if previous is None:
                 self.saving = True
@@ -173,8 +187,9 @@ class Router:
                 shards.append(dataclasses.asdict(slot.info))
             elif slot.proc is not None:
                 shards.append({"index": slot.index, "pid": slot.proc.pid})
-        self.store.save({"version": 1, "port": self.port, "control": self.control,
-                         "shard_count": self.shard_count, "shards": shards})
+        self.store.save({"version": STATE_VERSION, "port": self.port, "control": self.control,
+                         "shard_count": self.shard_count, "secret": self.secret,
+                         "shards": shards})
 
     # -- adoption ----------------------------------------------------------------------
 
@@ -191,8 +206,8 @@ class Router:
         deadline = self.host.now() + window
         async with trio.open_nursery() as nursery:
             for entry in recorded:
-                if isinstance(entry.get("address"), str):
-                    nursery.start_soon(self._send_adopt, entry["address"])
+                if isinstance(entry.get("control"), str):
+                    nursery.start_soon(self._send_adopt, entry["index"], entry["control"])
             await self.wait_registered(deadline, running)
             nursery.cancel_scope.cancel()
         for entry in recorded:
@@ -220,7 +235,13 @@ class Router:
         except (ProcessLookupError, OSError):
             return False
 
-    async def _send_adopt(self, address: str) -> None:
+    async def _send_adopt(self, index: int, address: str) -> None:
+        """Tell the shard whose control listener is at ``address`` to register with us.
+
+        The shard challenges us first and believes ADOPT only with our proof of the
+        broker secret; its ADOPTED proves it back. Failures are logged: a shard that
+        does not register in ``adopt_window`` is replaced anyway.
+        """
         try:
             host, port = protocol.parse_address(address)
         except ValueError:
@@ -229,11 +250,30 @@ class Router:
             try:
                 stream = await self.host.connect(host, port)
                 try:
+                    decoder = protocol.FrameDecoder(CONTROL_MAX_FRAME)
+                    challenge = await _next_frame(stream, decoder)
+                    theirs = control_proof.nonce_of(_body(challenge))
+                    if challenge[0] != protocol.CHALLENGE or theirs is None:
+                        log.warning("shard %d's control listener at %s sent no CHALLENGE",
+                                    index, address)
+                        return
+                    ours = control_proof.new_nonce(self.host)
+                    proof = control_proof.prove(self.secret, control_proof.ADOPT, theirs, ours,
+                                                self.control.encode())
                     await stream.send_all(protocol.encode(
-                        [protocol.ADOPT, 0, {"control": self.control}]))
+                        [protocol.ADOPT, 1, {"control": self.control, "nonce": ours,
+                                             "proof": proof}]))
+                    reply = await _next_frame(stream, decoder)
+                    if reply[0] == protocol.ADOPTED and control_proof.check(
+                            self.secret, _body(reply).get("proof"), control_proof.ADOPTED,
+                            ours, theirs):
+                        log.info("shard %d at %s took the adoption", index, address)
+                    else:
+                        log.warning("shard %d at %s refused the adoption: %r", index, address,
+                                    reply)
                 finally:
                     await trio.aclose_forcefully(stream)
-            except BROKEN:
+            except (*BROKEN, errors.ProtocolError, EOFError):
                 pass
 
     # -- supervision -------------------------------------------------------------------
@@ -243,7 +283,7 @@ class Router:
         return ShardSpec(index=slot.index, shard_count=self.shard_count, port=slot.port,
                          control=self.control,
                          advertise=advertise[slot.index] if advertise else None,
-                         config=self.config.to_dict(), cpu=slot.index)
+                         config=self.config.to_dict(), cpu=slot.index, secret=self.secret)
 
     async def _supervise(self, slot: Slot) -> None:
         """Keep one process serving ``slot``: launch it, wait for its exit, restart it."""
@@ -372,3 +412,19 @@ class Router:
         return True
 
 
+
+
+async def _next_frame(stream: trio.abc.Stream, decoder: protocol.FrameDecoder) -> list[Any]:
+    """The next frame on ``stream``; EOFError if it closes first (one frame at a time:
+    control exchanges are strictly request and answer)."""
+    while True:
+        data = await stream.receive_some(RECV_BYTES)
+        if not data:
+            raise EOFError("the peer closed the control connection")
+        frames = decoder.feed(data)
+        if frames:
+            return frames[0]
+
+
+def _body(frame: list[Any]) -> dict[str, Any]:
+    return frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}

@@ -1,9 +1,11 @@
 """Where a router keeps what a restarted router needs to adopt its running shards.
 
-The state is small plain data: the control address and, per shard, its pid,
-generation and addresses. :class:`FileStateStore` keeps it in a per-user runtime
-directory, one file per public ``host:port``; :class:`MemoryStateStore` keeps it in
-memory (tests and the simulator, where it outlives a simulated router crash).
+The state is small plain data: the control address, the broker's secret (which
+shards prove themselves with, see :mod:`flux.control_proof`) and, per shard, its
+pid, generation and addresses. :class:`FileStateStore` keeps it in a per-user
+runtime directory, one private file (mode 0600) per public ``host:port``;
+:class:`MemoryStateStore` keeps it in memory (tests and the simulator, where it
+outlives a simulated router crash).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Protocol
 
 log = logging.getLogger("flux.router")
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the broker secret and each shard's control listener
 
 
 class StateStore(Protocol):
@@ -74,6 +76,9 @@ class FileStateStore:
 
     def load(self) -> dict[str, Any] | None:
         try:
+            if self.path.stat().st_uid != os.getuid():  # it would hand us its secret
+                log.warning("ignoring router state %s: another user owns it", self.path)
+                return None
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None
@@ -89,7 +94,10 @@ class FileStateStore:
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(state))
+            tmp.unlink(missing_ok=True)  # a leftover might have looser permissions
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(state))
             os.replace(tmp, self.path)
         except OSError as exc:  # adoption after a restart degrades; serving does not
             log.warning("cannot save router state %s: %s", self.path, exc)

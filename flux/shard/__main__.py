@@ -1,8 +1,10 @@
 """A shard process: ``python -m flux.shard --spec '<ShardSpec as JSON>'``.
 
 The router's process launcher starts this; it pins the process to its CPU and runs
-:func:`flux.shard.server.run_shard` on a RealHost. SIGTERM or SIGINT drains the
-shard and exits 0. Exit status 1: the port could not be bound; 2: a bad spec.
+:func:`flux.shard.server.run_shard` on a RealHost. The broker's secret is not in
+the spec: the shard reads it as one line from its standard input (a pipe from the
+launcher), so no command line shows it. SIGTERM or SIGINT drains the shard and
+exits 0. Exit status 1: the port could not be bound; 2: a bad spec or no secret.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         fields = json.loads(args.spec)
-        spec = ShardSpec(**fields)
+        if not isinstance(fields, dict) or "secret" in fields:
+            raise ValueError("expected a JSON object without the secret (it comes on stdin)")
+        spec = ShardSpec(**fields, secret=sys.stdin.readline().strip())
     except (ValueError, TypeError) as exc:
         print(f"flux shard: bad --spec: {exc}", file=sys.stderr)
         return 2

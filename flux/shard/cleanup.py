@@ -6,7 +6,6 @@ from __future__ import annotations
 from flux import errors
 from flux.shard.journal import TRIM
 from flux.shard.state import (
-    P,
     ShardState,
     Topic,
 )
@@ -26,15 +25,26 @@ class Cleanup(ShardState):
     """Heartbeat checks and the two cleanup passes."""
 
     def _check_sessions(self, now: float) -> None:
+        """Close sessions silent for two heartbeats (a paused one is not silent), and
+        those without a HELLO after ``limits.hello_timeout``."""
         limit = 2 * self.config.subscriber.heartbeat
+        hello_timeout = self.config.limits.hello_timeout
         soonest = now + limit
         for session in list(self.sessions.values()):
+            if not session.hello and not session.close:
+                hello_by = session.opened_at + hello_timeout
+                if hello_by <= now:
+                    self._close_session(session, errors.HelloTimeout(
+                        f"no HELLO within {hello_timeout:g}s (limits.hello_timeout); closing"),
+                        now)
+                    continue
+                soonest = min(soonest, hello_by)
+            if session.paused:
+                continue  # its frames wait unread behind its own unread output
             expires = session.last_seen + limit
             if expires <= now:
-                session.out.append(P.error_frame(0, errors.ProtocolError(
-                    f"no frame for {limit:g}s (two heartbeat periods); closing")))
-                session.close = True
-                self._end_session_attachments(session, now)
+                self._close_session(session, errors.ProtocolError(
+                    f"no frame for {limit:g}s (two heartbeat periods); closing"), now)
             else:
                 soonest = min(soonest, expires)
         self._next_session_check = soonest

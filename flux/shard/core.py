@@ -37,9 +37,12 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
     """All state of one shard incarnation (one generation), and its frame handlers."""
 
     def connect(self, now: float) -> int:
-        """Register a new connection; returns its id for later calls."""
+        """Register a new connection; returns its id for later calls. It must send
+        HELLO within ``limits.hello_timeout`` (see :meth:`next_deadline`)."""
         conn = next(self._conn_ids)
         self.sessions[conn] = Session(conn, now, now)
+        self._next_session_check = min(self._next_session_check,
+                                       now + self.config.limits.hello_timeout)
         return conn
 
     def disconnect(self, conn: int, now: float) -> None:
@@ -51,14 +54,21 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         session.subs.clear()
 
     def fail(self, conn: int, exc: errors.FluxError, now: float) -> None:
-        """Framing corruption on ``conn``: answer with an ERROR frame, then close it."""
+        """Close ``conn`` for a reason the shell saw (framing corruption, output the
+        client does not read): an ERROR frame with rid 0, then close."""
         session = self.sessions.get(conn)
-        if session is None:
+        if session is None or session.close:
             return
-        # ahead of any reply still held for durability: the connection closes now
-        (session.ready if session.holds else session.out).append(P.error_frame(0, exc))
-        session.close = True
-        self._end_session_attachments(session, now)
+        self._close_session(session, exc, now)
+
+    def pause(self, conn: int, paused: bool, now: float) -> None:
+        """The shell stopped (or resumed) reading ``conn`` because the client does not
+        read its output: while paused the session is not silent, whatever the time;
+        on resuming its silence counts from ``now``."""
+        session = self.sessions.get(conn)
+        if session is not None:
+            session.paused = paused
+            session.last_seen = max(session.last_seen, now)
 
     def receive(self, conn: int, frame: list[Any], now: float) -> None:
         """Handle one decoded frame from ``conn``."""
@@ -122,6 +132,10 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
     def _ping(self, session: Session, frame: list[Any], now: float) -> None:
         session.out.append([P.PONG, frame[1]])
 
+    def _control(self, session: Session, frame: list[Any], now: float) -> None:
+        # the broker's own frames come only on control listeners (flux.control_proof)
+        raise P.control_refused(frame[0])
+
     def _stats(self, session: Session, frame: list[Any], now: float) -> None:
         session.out.append([P.STATS_OK, frame[1], self.stats(now)])
 
@@ -165,6 +179,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         P.SUBSCRIBE: Subscribing._subscribe, P.UNSUBSCRIBE: Subscribing._unsubscribe,
         P.CREDIT: Subscribing._credit, P.ACK: Subscribing._ack, P.FETCH: Pull._fetch,
         P.COMMIT: Pull._commit, P.STATS: _stats,
+        **dict.fromkeys(P.CONTROL_KINDS, _control),
     }
 
     def next_deadline(self) -> float:

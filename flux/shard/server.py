@@ -1,7 +1,8 @@
 """The shard's trio shell around ShardCore: sockets, timers and the link to the router.
 
 Lives here: per-connection reader and writer tasks (writes coalesced into one
-``send_all``), the tick loop, the control link (REGISTER, heartbeats, DRAIN, ADOPT)
+``send_all``), the tick loop, the control link (REGISTER, heartbeats, DRAIN), the
+control listener (ADOPT; both proven with the broker secret, flux.control_proof)
 and the drain on stop. Broker rules live in :mod:`flux.shard.core`; process
 concerns (signals, CPU pinning) in :mod:`flux.shard.__main__`. Only the host seams
 are used here, so the simulator runs this exact code.
@@ -12,13 +13,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import trio
 
 from flux import config as config_mod
-from flux import errors, protocol
+from flux import control_proof, errors, protocol
 from flux.host import Host, ShardSpec
 from flux.shard.core import ShardCore
 from flux.shard.disk import ShardStorage
@@ -26,12 +27,19 @@ from flux.shard.disk import ShardStorage
 log = logging.getLogger("flux.shard")
 
 RECV_BYTES = 65536
-HIGH_WATER = 4 << 20      # queued output bytes above which a connection is not read
+# frames of one read handled before the output is looked at again (a read is up to
+# RECV_BYTES; a burst of small requests must not make unbounded output at once)
+RUN_FRAMES = 256
+# requests whose replies may be large: each ends a run
+HEAVY_KINDS = frozenset({protocol.STATS, protocol.FETCH})
 CLOSE_GRACE = 2.0         # seconds to flush and linger when closing one connection
 DRAIN_GRACE = 5.0         # seconds a draining shard waits for its connections to close
 CONNECT_TIMEOUT = 5.0
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
 BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+CONTROL_HOST = "127.0.0.1"  # control listeners stay private to this machine
+CONTROL_TIMEOUT = 5.0       # seconds one ADOPT exchange may take
+CONTROL_MAX_FRAME = 65536   # control frames are small: a larger one is corruption
 
 
 class StorageFailed(Exception):
@@ -57,9 +65,11 @@ async def run_shard(host: Host, spec: ShardSpec, *, pid: int, generation: int | 
     simulator. ``on_start`` sees the server once it is built, before it serves (the
     simulator attaches its observer there). Reports the bound port through
     ``task_status.started(port)``. Raises OSError if the port cannot be bound and
-    ConfigError if ``spec.config`` is invalid.
+    ConfigError if ``spec.config`` is invalid or ``spec.secret`` missing.
     """
     config = config_mod.from_dict(spec.config)
+    if not control_proof.valid_secret(spec.secret):
+        raise errors.ConfigError("secret", "a shard needs its broker's secret from the launcher")
     shard = ShardServer(host, spec, config, pid=pid,
                         generation=generation or draw_generation(host))
     if on_start is not None:
@@ -81,6 +91,29 @@ async def move_on_at(host: Host, deadline: float) -> AsyncIterator[trio.CancelSc
         nursery.cancel_scope.cancel()
 
 
+async def linger(host: Host, stream: trio.abc.Stream) -> None:
+    """Half-close, then read until the peer closes (bounded), so our last frame arrives."""
+    if not isinstance(stream, trio.abc.HalfCloseableStream):
+        return
+    async with move_on_at(host, host.now() + CLOSE_GRACE):
+        try:
+            await stream.send_eof()
+            while await stream.receive_some(RECV_BYTES):
+                pass
+        except BROKEN:
+            pass
+
+
+async def close_with_error(host: Host, stream: trio.abc.Stream, exc: errors.FluxError) -> None:
+    """Refuse a connection before serving it: ``exc`` as an ERROR with rid 0, a bounded
+    linger so that it arrives, then close."""
+    async with move_on_at(host, host.now() + CLOSE_GRACE):
+        with suppress(*BROKEN):
+            await stream.send_all(protocol.encode(protocol.error_frame(0, exc)))
+    await linger(host, stream)
+    await trio.aclose_forcefully(stream)
+
+
 def format_address(host: str, port: int) -> str:
     """``host:port``, with brackets around an IPv6 host."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -95,8 +128,9 @@ class Connection:
     fit waits in ``pending`` for the writer, behind which nothing overtakes it.
     """
 
-    __slots__ = ("_sent", "_try_send", "_wake", "closing", "conn", "done", "nursery", "pending",
-                 "pending_bytes", "sending", "stream")
+    __slots__ = ("_sent", "_try_send", "_wake", "backlog", "closing", "conn", "done", "nursery",
+                 "partial_head", "paused", "pending", "pending_bytes", "sending", "stream",
+                 "writing_bytes")
 
     def __init__(self, conn: int, stream: trio.abc.Stream, nursery: trio.Nursery,
                  try_send: Callable[[trio.abc.Stream, bytes], int]) -> None:
@@ -105,6 +139,10 @@ class Connection:
         self.nursery = nursery    # the reader, writer and close guard of this connection
         self.pending: list[bytes] = []
         self.pending_bytes = 0
+        self.partial_head = False  # pending[0] is the rest of a frame begun on the socket
+        self.writing_bytes = 0    # what the writer's send_all holds now
+        self.backlog: list[list[Any]] = []  # frames read but not handled (output was full)
+        self.paused = False       # not read: its unsent output is over the pause mark
         self.sending = False      # the writer is inside send_all (or send_eof)
         self.closing = False      # no more input is handled; flush, then close
         self.done = trio.Event()  # everything was sent (and EOF, where supported)
@@ -119,9 +157,21 @@ class Connection:
                 if sent == len(data):
                     return
                 data = data[sent:]
+                self.partial_head = sent > 0
             self.pending.append(data)
             self.pending_bytes += len(data)
             self._wake.set()
+
+    def drop_unsent(self) -> None:
+        """Forget the waiting output no byte of which has left (whole frames only): the
+        connection is closing because its peer does not read it."""
+        self.pending = self.pending[:1] if self.partial_head else []
+        self.pending_bytes = sum(map(len, self.pending))
+
+    @property
+    def unsent(self) -> int:
+        """Output bytes made for this connection and not yet taken by the socket."""
+        return self.pending_bytes + self.writing_bytes
 
     def wake(self) -> None:
         self._wake.set()
@@ -155,8 +205,11 @@ class ShardServer:
             self.storage = ShardStorage(host, config, spec.index, spec.shard_count,
                                         lambda: draw_generation(host))
         self.conns: dict[int, Connection] = {}
+        # unsent output past which a connection's requests are not read (back-pressure)
+        self._pause_bytes = config.limits.max_output_bytes // 4
         self.address = ""
-        self.control = spec.control
+        self.control = spec.control   # the router's control listener
+        self.control_address = ""     # ours (ADOPT)
         self.registered = False
         self.draining = False
         self._stop = trio.Event()
@@ -177,6 +230,9 @@ class ShardServer:
             port = await nursery.start(self.host.serve, self.config.host, self.spec.port,
                                        self._serve_connection)
             self.address = format_address(self.config.host, port)
+            control_port = await nursery.start(self.host.serve, CONTROL_HOST, 0,
+                                               self._serve_control)
+            self.control_address = format_address(CONTROL_HOST, control_port)
             if stop is not None:
                 nursery.start_soon(self._stop_on, stop)
             nursery.start_soon(self._ticker)
@@ -225,7 +281,14 @@ class ShardServer:
         if self.draining:
             await trio.aclose_forcefully(stream)
             return
+        limit = self.config.limits.max_connections
+        if len(self.conns) >= limit:
+            await close_with_error(self.host, stream, errors.TooManyConnections(
+                f"shard {self.spec.index} holds {limit} connections (limits.max_connections);"
+                " retry later"))
+            return
         conn = self.core.connect(self.host.now())
+        self._rearm()  # its HELLO deadline may come before the ticker's next wake-up
         try:
             async with trio.open_nursery() as nursery:
                 c = Connection(conn, stream, nursery, self.host.try_send)
@@ -246,8 +309,18 @@ class ShardServer:
         decoder = protocol.FrameDecoder(self.config.max_frame_bytes)
         try:
             while True:
-                if c.pending_bytes > HIGH_WATER and not c.closing:
+                if c.unsent > self._pause_bytes and not c.closing:
+                    if not c.paused:
+                        c.paused = True
+                        self.core.pause(c.conn, True, self.host.now())
                     await c.wait_sent()  # back-pressure: the peer is not reading its replies
+                    continue
+                if c.paused:
+                    c.paused = False
+                    self.core.pause(c.conn, False, self.host.now())
+                if c.backlog and not c.closing:
+                    frames, c.backlog = c.backlog, []
+                    self._receive(c, frames)
                     continue
                 data = await c.stream.receive_some(RECV_BYTES)
                 if not data:
@@ -275,21 +348,28 @@ class ShardServer:
         self._begin_close(c)  # the peer half-closed: answer what it sent, then close
 
     def _receive(self, c: Connection, frames: list[list[Any]]) -> None:
-        core, now = self.core, self.host.now()
-        run: list[list[Any]] = []  # frames for the core, handled together (one push pass)
-        for frame in frames:
-            if frame[0] == protocol.ADOPT:
-                if run:
-                    core.receive_many(c.conn, run, now)
-                    run = []
-                self._dispatch()
-                self._adopt(c, frame)
-            else:
-                run.append(frame)
-        if run:
-            core.receive_many(c.conn, run, now)
-        self._dispatch()
-        if self._tick_scope is not None and core.next_deadline() < self._tick_at:
+        """Handle ``frames`` in runs (RUN_FRAMES, or up to a HEAVY_KINDS request); once
+        the connection's output passes the pause mark, the rest waits in its backlog."""
+        core, pause, count = self.core, self._pause_bytes, len(frames)
+        start = 0
+        while start < count:
+            end = min(count, start + RUN_FRAMES)
+            for i in range(start, end):
+                if frames[i][0] in HEAVY_KINDS:
+                    end = i + 1
+                    break
+            core.receive_many(c.conn, frames[start:end] if start or end < count else frames,
+                              self.host.now())
+            self._dispatch()
+            start = end
+            if start < count and c.unsent > pause:
+                c.backlog = frames[start:]
+                break
+        self._rearm()
+
+    def _rearm(self) -> None:
+        """Wake the ticker early when the core's next deadline moved before its wake-up."""
+        if self._tick_scope is not None and self.core.next_deadline() < self._tick_at:
             self._tick_scope.cancel()
 
     async def _writer(self, c: Connection) -> None:
@@ -299,8 +379,11 @@ class ShardServer:
                     data = c.pending[0] if len(c.pending) == 1 else b"".join(c.pending)
                     c.pending = []
                     c.pending_bytes = 0
+                    c.partial_head = False
                     c.sending = True
+                    c.writing_bytes = len(data)
                     await c.stream.send_all(data)
+                    c.writing_bytes = 0
                     c.sending = False
                     c.mark_sent()
                 elif c.closing:
@@ -329,28 +412,82 @@ class ShardServer:
         c.nursery.cancel_scope.cancel()
 
     def _dispatch(self) -> None:
-        """Hand the core's output to each connection's writer."""
+        """Hand the core's output to each connection's writer; close a connection whose
+        unsent output passes ``limits.max_output_bytes`` (SlowConsumer)."""
+        limit = self.config.limits.max_output_bytes
+        overflowing: list[Connection] = []
         for conn, frames, close in self.core.take_output():
             c = self.conns.get(conn)
             if c is None:
                 continue
             if frames:
                 c.send(protocol.encode_many(frames))
+                if c.unsent > limit and not close and not c.closing:
+                    overflowing.append(c)
             if close:
                 self._begin_close(c)
+        for c in overflowing:
+            log.warning("shard %d: connection %d does not read its output (%d bytes waiting);"
+                        " closing it", self.spec.index, c.conn, c.unsent)
+            c.drop_unsent()  # lost with the connection anyway; the ERROR goes next
+            self.core.fail(c.conn, errors.SlowConsumer(
+                f"more than {limit} bytes of replies and deliveries waited unread"
+                " (limits.max_output_bytes); closing"), self.host.now())
+        if overflowing:
+            self._dispatch()
 
-    def _adopt(self, c: Connection, frame: list[Any]) -> None:
-        """A restarted router asks this shard to register at its control address."""
-        rid = frame[1] if len(frame) > 1 and type(frame[1]) is int else 0
-        body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
-        control = body.get("control")
+    async def _serve_control(self, stream: trio.abc.Stream) -> None:
+        """One connection to this shard's control listener: a router's ADOPT.
+
+        We CHALLENGE first; an ADOPT counts only with the router's proof of the broker
+        secret (flux.control_proof), and ADOPTED proves ours back. One exchange per
+        connection, bounded by ``CONTROL_TIMEOUT``.
+        """
+        secret = self.spec.secret
+        ours = control_proof.new_nonce(self.host)
+        decoder = protocol.FrameDecoder(CONTROL_MAX_FRAME)
         try:
-            if not isinstance(control, str):
-                raise ValueError("ADOPT needs {'control': 'host:port'}")
-            protocol.parse_address(control)
-        except ValueError as exc:
-            c.send(protocol.encode(protocol.error_frame(rid, errors.InvalidRequest(str(exc)))))
-            return
+            async with move_on_at(self.host, self.host.now() + CONTROL_TIMEOUT):
+                await stream.send_all(protocol.encode([protocol.CHALLENGE, 0, {"nonce": ours}]))
+                frames: list[list[Any]] = []
+                while not frames:
+                    data = await stream.receive_some(RECV_BYTES)
+                    if not data:
+                        return
+                    frames = decoder.feed(data)
+                frame = frames[0]
+                rid = frame[1] if len(frame) > 1 and type(frame[1]) is int else 0
+                body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
+                control, theirs = body.get("control"), control_proof.nonce_of(body)
+                if frame[0] != protocol.ADOPT:
+                    error: errors.FluxError = errors.InvalidRequest(
+                        "a shard's control listener takes only ADOPT")
+                elif (not isinstance(control, str) or theirs is None
+                      or not control_proof.check(secret, body.get("proof"), control_proof.ADOPT,
+                                                 ours, theirs, control.encode())):
+                    log.warning("shard %d: refused an ADOPT that did not prove the broker"
+                                " secret", self.spec.index)
+                    error = errors.NotAuthorized(
+                        "ADOPT must prove the broker's secret (only the broker's router adopts)")
+                else:
+                    try:
+                        protocol.parse_address(control)
+                    except ValueError as exc:
+                        error = errors.InvalidRequest(f"ADOPT needs a control 'host:port': {exc}")
+                    else:
+                        self._adopt(control)
+                        proof = control_proof.prove(secret, control_proof.ADOPTED, theirs, ours)
+                        await stream.send_all(protocol.encode(
+                            [protocol.ADOPTED, rid, {"proof": proof}]))
+                        return
+                await stream.send_all(protocol.encode(protocol.error_frame(rid, error)))
+        except* (*BROKEN, errors.ProtocolError):  # move_on_at's nursery groups them
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    def _adopt(self, control: str) -> None:
+        """A restarted router (proven) asks this shard to register at ``control``."""
         if control != self.control:
             log.info("shard %d: adopted; control address %s -> %s", self.spec.index,
                      self.control, control)
@@ -421,9 +558,13 @@ class ShardServer:
         return None
 
     async def _control_session(self, stream: trio.abc.Stream) -> None:
+        """One connection to the router's control listener: answer its CHALLENGE with a
+        REGISTER that proves the broker secret, believe it only once its answer proves
+        the secret back, then heartbeat until it ends."""
         heartbeat = self.config.subscriber.heartbeat
         decoder = protocol.FrameDecoder(self.config.max_frame_bytes)
         last_heard = [self.host.now()]
+        link = _RouterLink(control_proof.new_nonce(self.host))
 
         async def pinger(scope: trio.CancelScope) -> None:
             rid = 1
@@ -433,18 +574,15 @@ class ShardServer:
                     log.warning("shard %d: the router is silent; reconnecting", self.spec.index)
                     scope.cancel()
                     return
-                rid += 1
-                await stream.send_all(protocol.encode([protocol.PING, rid]))
+                if link.proven:
+                    rid += 1
+                    await stream.send_all(protocol.encode([protocol.PING, rid]))
 
         async def switch(scope: trio.CancelScope) -> None:
             await self._control_switch.wait()
             scope.cancel()
 
         try:
-            await stream.send_all(protocol.encode([protocol.REGISTER, 1, {
-                "index": self.spec.index, "pid": self.pid, "generation": self.core.generation,
-                "address": self.address, "advertise": self.spec.advertise or self.address,
-                "shard_count": self.spec.shard_count}]))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(pinger, nursery.cancel_scope)
                 nursery.start_soon(switch, nursery.cancel_scope)
@@ -454,16 +592,44 @@ class ShardServer:
                         break
                     last_heard[0] = self.host.now()
                     for frame in decoder.feed(data):
-                        if not self._control_frame(frame):
+                        if frame[0] == protocol.CHALLENGE and link.challenge is None:
+                            await stream.send_all(protocol.encode(self._register(link, frame)))
+                        elif not self._control_frame(frame, link):
                             nursery.cancel_scope.cancel()
                             return
                 nursery.cancel_scope.cancel()
         except* (*BROKEN, errors.ProtocolError):  # also when raised by the pinger or reader
             pass
 
-    def _control_frame(self, frame: list[Any]) -> bool:
+    def _register(self, link: _RouterLink, challenge: list[Any]) -> list[Any]:
+        """The REGISTER answering the router's CHALLENGE, with our proof."""
+        body = challenge[2] if len(challenge) > 2 and isinstance(challenge[2], dict) else {}
+        link.challenge = control_proof.nonce_of(body) or b""
+        fields: dict[str, Any] = {
+            "index": self.spec.index, "pid": self.pid, "generation": self.core.generation,
+            "address": self.address, "advertise": self.spec.advertise or self.address,
+            "shard_count": self.spec.shard_count, "control": self.control_address}
+        proof = control_proof.prove(self.spec.secret, control_proof.REGISTER, link.challenge,
+                                    link.nonce, control_proof.register_fields(fields))
+        return [protocol.REGISTER, 1, {**fields, "nonce": link.nonce, "proof": proof}]
+
+    def _control_frame(self, frame: list[Any], link: _RouterLink) -> bool:
         """Handle one frame from the router; False ends the control session."""
         kind = frame[0]
+        if kind == protocol.ERROR:
+            exc = protocol.error_from_frame(frame)
+            log.error("shard %d: the router refused it: %s", self.spec.index, exc)
+            return False
+        if not link.proven:
+            body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
+            if (kind not in (protocol.REGISTERED, protocol.DRAIN) or link.challenge is None
+                    or not control_proof.check(self.spec.secret, body.get("proof"),
+                                               control_proof.REGISTERED, link.nonce,
+                                               link.challenge)):
+                log.error("shard %d: the router at %s did not prove the broker secret;"
+                          " dropping it", self.spec.index, self.control)
+                return False
+            link.proven = True
         if kind == protocol.REGISTERED:
             if not self.registered:
                 log.info("shard %d: registered with the router at %s", self.spec.index,
@@ -472,8 +638,15 @@ class ShardServer:
         elif kind == protocol.DRAIN:
             log.info("shard %d: the router asked it to drain", self.spec.index)
             self.stop()
-        elif kind == protocol.ERROR:
-            exc = protocol.error_from_frame(frame)
-            log.error("shard %d: the router refused it: %s", self.spec.index, exc)
-            return False
         return True
+
+
+class _RouterLink:
+    """The shard's side of one control connection's handshake."""
+
+    __slots__ = ("challenge", "nonce", "proven")
+
+    def __init__(self, nonce: bytes) -> None:
+        self.nonce = nonce                    # ours, sent in REGISTER
+        self.challenge: bytes | None = None   # the router's, from CHALLENGE
+        self.proven = False                   # the router proved the secret

@@ -86,6 +86,7 @@ class Session:
     opened_at: float
     last_seen: float
     hello: bool = False
+    paused: bool = False  # the shell does not read it: its output is not being read
     subs: dict[int, Subscription] = field(default_factory=dict)  # client sid -> subscription
     out: list[list[Any]] = field(default_factory=list)  # frames to send (behind any hold)
     close: bool = False
@@ -137,6 +138,14 @@ class ShardState:
         self.on_event: Callable[[tuple[Any, ...]], None] | None = None
         self.counters = {"published": 0, "duplicates": 0, "delivered": 0, "redelivered": 0,
                          "acked": 0, "trimmed": 0}
+
+    def _close_session(self, session: Session, exc: errors.FluxError, now: float) -> None:
+        """Tell ``session`` why with an ERROR (rid 0), detach its subscriptions and close
+        it once that is sent (one of the reasons DESIGN.md lets a connection close). The
+        ERROR goes ahead of any reply still held for durability: the connection closes now."""
+        (session.ready if session.holds else session.out).append(P.error_frame(0, exc))
+        session.close = True
+        self._end_session_attachments(session, now)
 
     def _end_session_attachments(self, session: Session, now: float) -> None:
         for sub in list(session.subs.values()):

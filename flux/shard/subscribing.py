@@ -60,6 +60,8 @@ class Subscribing(ShardState):
         if mode == "push" and sid in session.subs and not session.subs[sid].deleted \
                 and session.subs[sid].session == (session.conn, sid):
             raise errors.InvalidRequest(f"sid {sid} is already in use on this connection")
+        if mode == "push" and sid not in session.subs:
+            self._check_subscription_room(session)
 
         # a refused SUBSCRIBE must not leave a new, empty topic behind (G8): register the
         # topic only once the subscription is made
@@ -128,6 +130,20 @@ class Subscribing(ShardState):
             self._journal_hold(session, reply, [topic.journal])  # its record first (G9)
         else:
             session.out.append(reply)
+
+    def _check_subscription_room(self, session: Session) -> None:
+        """Refuse a new push subscription past ``limits.max_subscriptions`` per session
+        (sids whose subscription was taken over or deleted do not count)."""
+        limit = self.config.limits.max_subscriptions
+        if len(session.subs) < limit:
+            return
+        conn = session.conn
+        live = sum(1 for sid, sub in session.subs.items()
+                   if not sub.deleted and sub.session == (conn, sid))
+        if live >= limit:
+            raise errors.TooManySubscriptions(
+                f"this connection holds {limit} push subscriptions (limits.max_subscriptions);"
+                " unsubscribe one first, or subscribe on another connection")
 
     def _unsubscribe(self, session: Session, frame: list[Any], now: float) -> None:
         rid, sid = frame[1], frame[2]

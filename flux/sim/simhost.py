@@ -69,6 +69,9 @@ class SimHost:
     def wall_time(self) -> float:
         return EPOCH + trio.current_time()
 
+    def token_bytes(self, n: int) -> bytes:
+        return self.random.randbytes(n)
+
     async def sleep_until(self, deadline: float) -> None:
         await self.gate.passage()
         await trio.sleep_until(deadline)

@@ -4,7 +4,8 @@ The client library refuses bad input before it leaves, so the vandal speaks the
 protocol itself: it asks the router for the shard map, connects to a shard,
 says HELLO, and sends one wrong request at a time (a PUBLISH whose items are
 partly invalid, an unknown frame kind, bad options, an ACK for a subscription
-it never made, a FETCH of a bad offset, a COMMIT of an unknown subscription),
+it never made, a FETCH of a bad offset, a COMMIT of an unknown subscription, an
+ADOPT that would send the shard to another router),
 recording each request and its answer for the checker's G8 rules. Its valid
 PUBLISH items are real messages (ids of its own), so the other rules judge them
 too.
@@ -46,6 +47,8 @@ def bad_request(what: str, rid: int, topic: str, tag: str) -> tuple[list[Any], t
                                                  "max_in_flight": -5}], ()
     if what == "ack-unknown-sid":
         return [P.ACK, rid, 100000 + serial, 1, [0, 1], -1], ()
+    if what == "control-frame":  # a hijack: send the shard to a "router" of ours (G13)
+        return [P.ADOPT, rid, {"control": "127.0.0.1:1"}], ()
     if what == "fetch-bad-offset":
         return [P.FETCH, rid, {"topic": topic, "offset": "soon", "max_messages": 3}], ()
     return [P.COMMIT, rid, {"topic": topic, "name": f"never-made-{serial}", "offset": 1}], ()
@@ -90,12 +93,14 @@ class Vandal:
                 return
             for _ in range(self.rng.randint(1, 4)):
                 await self._one(link, index, topic)
+            if self.serial % 8 == 0:  # now and then a hijack too (no draw: seeds keep their runs)
+                await self._one(link, index, topic, "control-frame")
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _one(self, link: _Link, shard: int, topic: str) -> None:
+    async def _one(self, link: _Link, shard: int, topic: str, what: str | None = None) -> None:
         self.serial += 1
-        what = self.rng.choice(WHAT)
+        what = what or self.rng.choice(WHAT)
         rid = 10 + self.serial
         frame, valid = bad_request(what, rid, topic, f"{self.host.name}.{self.serial}")
         sent = trio.current_time()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
+import stat
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -81,6 +85,42 @@ async def test_restarted_router_adopts_running_shards(broker: Broker) -> None:
         assert after == before
         assert sorted(e[2] for e in await shard_map(broker.address)) == sorted(
             g for _, g, _ in before.values())
+
+
+def state_of(broker: Broker) -> tuple[Path, dict[str, Any]]:
+    """The router's adoption state file and what it holds."""
+    path = broker.tmp / "run" / f"router-127.0.0.1-{broker.router.port}.json"
+    return path, json.loads(path.read_text())
+
+
+def test_the_broker_secret_is_private_and_on_no_command_line(broker: Broker) -> None:
+    path, state = state_of(broker)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(state["secret"]) == 64
+    for pid in [broker.router.proc.pid, *(s.pid for s in broker.shards.values())]:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert state["secret"].encode() not in cmdline, pid
+
+
+async def test_restarted_router_adopts_through_shard_control_listeners(broker: Broker) -> None:
+    before = {i: (s.pid, s.generation, s.address) for i, s in broker.shards.items()}
+    _, state = state_of(broker)
+    broker.kill_router()
+    # take the old control port, so the shards cannot find the new router by themselves:
+    # only an ADOPT proven with the secret (kept in the state) brings them over
+    blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    blocker.bind(P.parse_address(state["control"]))
+    blocker.listen()
+    try:
+        with trio.fail_after(TIMEOUT):
+            router = await trio.to_thread.run_sync(broker.restart_router)
+    finally:
+        blocker.close()
+    after = {i: (s.pid, s.generation, s.address) for i, s in router.shards.items()}
+    assert after == before
+    assert state_of(broker)[1]["control"] != state["control"]
+    assert state_of(broker)[1]["secret"] == state["secret"]
 
 
 async def test_restarted_router_replaces_a_shard_that_died_meanwhile(broker: Broker) -> None:
