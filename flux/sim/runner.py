@@ -151,6 +151,8 @@ async def _drive(world: World, workload: Workload, plan: FaultPlan, seed: int) -
             clients.start_soon(actors.subscriber, s, name=f"subscriber {s.name}")
         for name in workload.vandals:
             clients.start_soon(actors.vandal, name, name=f"vandal {name}")
+        for name in workload.auditors:
+            clients.start_soon(actors.auditor, name, name=f"auditor {name}")
         async with trio.open_nursery() as faults:
             faults.start_soon(world.run_plan, list(plan))
             world.record(h.Phase(trio.current_time(), "faults"))

@@ -316,7 +316,7 @@ def storage_faults(rng: random.Random) -> Workload:
     config = dict(w.config)
     config["storage"] = {**w.config["storage"], "kind": "disk"}  # type: ignore[dict-item]
     config.pop("topics", None)  # every topic on disk: every fault hits some log
-    return replace(w, scenario="storage-faults", config=config,
+    return replace(w, scenario="storage-faults", config=config, auditors=("a0",),
                    mix=FaultMix((("crash", 1.0), ("power", 1.5), ("flip", 1.5)),
                                 count=(4, 12)))
 

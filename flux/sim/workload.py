@@ -96,6 +96,7 @@ class Workload:
     retry_deadline: float = 10.0
     give_up_after: float = 20.0  # a producer's own retries of one id (with retry_deadline < dedup)
     vandals: tuple[str, ...] = ()  # clients that send bad input on purpose (G8)
+    auditors: tuple[str, ...] = ()  # clients that read every topic back from its oldest
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -189,6 +190,23 @@ class Actors:
         host = self.world.client_host(name)
         await Vandal(host, self.w.topics, self.rng(name), ROUTER_PORT,
                      self.world.record).run(self.healed)
+
+    async def auditor(self, name: str) -> None:
+        """Until the heal, read every topic back from its oldest held offset without a
+        subscription (a replay tool), so whatever a recovery gave back is read again."""
+        rng = self.rng(name)
+        host = self.world.client_host(name)
+        while not self.healed.is_set():
+            with contextlib.suppress(errors.FluxError):
+                async with self._client(host) as client:
+                    while not self.healed.is_set():
+                        for topic in self.w.topics:
+                            head = await client.fetch(topic, 0, 0)
+                            await client.fetch(topic, head.oldest, 1000)
+                        with trio.move_on_after(rng.uniform(0.2, 1.0)):
+                            await self.healed.wait()
+            with trio.move_on_after(0.5):
+                await self.healed.wait()
 
     async def canary(self, topics: tuple[str, ...]) -> None:
         """After the heal: one publish per topic that must be acked (liveness)."""

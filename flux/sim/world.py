@@ -222,7 +222,7 @@ def _directions(target: str) -> list[tuple[str, str]]:
 
 def _flip_in_a_record(disk: SimDisk) -> tuple[str, int] | None:
     """Flip a bit in a record of a log segment (past its header), where the checksums
-    must find it; half the time in the most recently written block.
+    must find it; two times in three in the most recently written block.
 
     Never in a segment's last record: after a reboot a damaged last record cannot be
     told from a torn write, and recovery cuts it as one (PROTOCOL.md §14.3 says so; with
@@ -242,7 +242,7 @@ def _flip_in_a_record(disk: SimDisk) -> tuple[str, int] | None:
     if len(records) < 2:
         return None
     last = records[-1].position  # (positions here are file offsets)
-    return disk.flip_bit(path, skip=header_size, recent=disk.random.choice((0, 4096)),
+    return disk.flip_bit(path, skip=header_size, recent=disk.random.choice((0, 4096, 4096)),
                          limit=last)
 
 
