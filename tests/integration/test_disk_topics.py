@@ -170,3 +170,52 @@ async def test_a_disk_topic_bigger_than_shard_memory_is_read_back_by_fetch(
             shard = (await client.stats())[0]
             assert shard["memory"] <= max_memory
             assert shard["topics"][topic]["storage"]["recovered_records"] > 0
+
+
+async def test_a_record_damaged_on_disk_is_never_delivered_and_the_shard_recovers(
+        broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    """G9 "Corruption": with no payload cache every read goes to the log; a bit flipped
+    in a record on disk is refused (StorageUnavailable, which the client retries), the
+    shard exits, and its restart sets the damage aside and starts a new generation.
+    Nothing FETCH returns, before or after, differs from what was published."""
+    data = tmp_path / "data"
+    broker = broker_factory("storage.cache_bytes=0", "message.ttl=600", shards=1,
+                            args=("--data-dir", str(data)))
+    topic = "damaged.log"
+    sent: dict[str, bytes] = {}
+    with trio.fail_after(90):
+        async with connect(broker.url, retry_deadline=30) as client:
+            for group in range(10):
+                ids = [f"g{group}m{i}" for i in range(100)]
+                payloads = [(b"%s|" % i.encode()) * 50 for i in ids]
+                acks = await client.publish_many(topic, payloads, ids=ids)
+                sent.update(zip(ids, payloads, strict=True))
+            generation = acks[0].generation
+            [segment] = sorted((data / "shard-0" / topic).glob("*.log"))
+            raw = bytearray(segment.read_bytes())
+            raw[len(raw) // 2] ^= 0x04  # a payload byte of a group in the middle
+            with open(segment, "r+b") as f:
+                f.seek(len(raw) // 2)
+                f.write(raw[len(raw) // 2:len(raw) // 2 + 1])
+            old_pid = broker.shards[0].pid
+            got: dict[str, bytes] = {}
+            offset, page_generation = 0, generation
+            while True:
+                page = await client.fetch(topic, offset, max_messages=100)
+                if page.generation != page_generation:  # the recovered topic: read it anew
+                    page_generation, offset, got = page.generation, page.oldest, {}
+                    continue
+                if not page.messages:
+                    break
+                for m in page.messages:
+                    got[m.id] = m.payload
+                offset = page.messages[-1].offset + 1
+            assert page_generation != generation  # damage lost acked messages: new generation
+            assert got and all(sent[i] == p for i, p in got.items())  # nothing wrong delivered
+            assert len(got) < len(sent)  # what followed the damage was set aside
+            broker.note_pids()
+            assert not pid_alive(old_pid)
+            shard = (await client.stats())[0]
+            reason = shard["topics"][topic]["storage"]["new_generation"]
+            assert "damage" in reason, reason
+    assert "not delivered" in broker.router.log_text()  # the damage read back, logged
