@@ -30,7 +30,7 @@ class Store:
     def durable(self) -> int:
         return self.durable_mark
 
-    def add(self, first: int, size: int) -> None:
+    def add(self, first: int, size: int, read: bool = False) -> None:
         self.resident[first] = size
 
     def touch(self, first: int) -> None:

@@ -41,12 +41,13 @@ class TopicPayloads:
     def durable(self) -> int:
         return self.journal.writer.durable
 
-    def add(self, first: int, size: int) -> None:
+    def add(self, first: int, size: int, read: bool = False) -> None:
         cache = self.cache
         key = (self, first)
         cache.used += size - cache.lru.pop(key, 0)
         cache.lru[key] = size
-        cache.changed[id(self)] = self
+        if read:  # the publish that stored a chunk counted it; a read-back is counted later
+            cache.changed[id(self)] = self
 
     def touch(self, first: int) -> None:
         lru, key = self.cache.lru, (self, first)
@@ -68,7 +69,8 @@ class PayloadCache:
         self.budget = budget
         self.used = 0      # payload bytes of the chunks in ``lru``
         self.lru: OrderedDict[tuple[TopicPayloads, int], int] = OrderedDict()
-        # the topics whose resident bytes changed since the core last recounted them
+        # the topics whose resident bytes changed (read back, evicted, trimmed) since the
+        # core last recounted them
         self.changed: dict[int, TopicPayloads] = {}
         self.reads = 0          # records read back from disk
         self.read_bytes = 0
@@ -81,8 +83,10 @@ class PayloadCache:
 
     def shrink(self, free: int, owner: TopicPayloads | None = None) -> int:
         """Evict least recently used chunks (only ``owner``'s, if given) until ``free``
-        bytes are freed or nothing more can go (chunks whose record is not durable stay).
-        Returns the bytes freed."""
+        bytes are freed or nothing more can go now. Chunks whose record is not durable
+        stay; without ``owner`` the first of them ends the pass (it is durable within an
+        fsync, and the durable mark's move shrinks the cache again), so a pass costs
+        what it evicts, not what is in flight. Returns the bytes freed."""
         lru = self.lru
         freed = 0
         passed = 0  # entries moved to the back: not evictable now, or not ``owner``'s
@@ -98,7 +102,9 @@ class PayloadCache:
                 freed += size
             elif not store.topic.log.resident(first):  # gone from the log: forget it
                 store.drop(first)
-            else:  # its record is not durable yet
+            elif owner is None:  # its record is not durable yet: wait for the mark
+                break
+            else:
                 lru.move_to_end(key)
                 passed += 1
         return freed

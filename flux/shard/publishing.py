@@ -78,7 +78,7 @@ class Publishing(ShardState):
                     results.append(_refuse_all(n, refusal))
                     continue
                 before = topic.log.next_offset
-                if self.cache.used:
+                if self.cache.used and self._short_of_room(topic, n):
                     self._make_room(topic, _need(ids, payloads), now)
             if topic.dedup.expire(now, EXPIRE_SLICE):  # a slice: the cleanup passes do the rest
                 self._recount(topic)
@@ -111,6 +111,14 @@ class Publishing(ShardState):
             for sub in topic.subs.values():
                 if sub.session is not None:
                     dirty[id(sub)] = sub
+
+    def _short_of_room(self, topic: Topic, n: int) -> bool:
+        """Whether a group of ``n`` items might not fit under ``shard.max_memory`` or the
+        topic's ``topic.max_bytes`` (cheap: no item is looked at; a frame is at most
+        ``max_frame_bytes``)."""
+        most = 2 * self.config.max_frame_bytes + n * (MESSAGE_COST + REMEMBERED_ID_COST)
+        return (self.memory + most > self.max_memory
+                or topic.log.held_bytes + topic.dedup.held_bytes + most > topic.settings.max_bytes)
 
     def _journal_refusal(self, topic: Topic, journal: TopicJournal) -> errors.FluxError | None:
         """Why a disk topic takes no publishes now, if it does not."""

@@ -53,8 +53,9 @@ class ChunkStore(Protocol):
         """The log position below which every record is durable."""
         ...
 
-    def add(self, first: int, size: int) -> None:
-        """The chunk at ``first`` holds ``size`` payload bytes in memory now."""
+    def add(self, first: int, size: int, read: bool = False) -> None:
+        """The chunk at ``first`` holds ``size`` payload bytes in memory now: just stored
+        (the publish counted them), or ``read`` back from the log (not counted yet)."""
         ...
 
     def touch(self, first: int) -> None:
@@ -239,13 +240,15 @@ class TopicLog:
         self._packed[k] = loaded
         held = sum(lens[self._skip:]) if k == self._head and self._skip else size
         self.held_bytes += held
-        store.add(first, held)
+        store.add(first, held, read=True)
         return loaded
 
     def last_chunk(self) -> tuple[int, tuple[str, ...], bytes]:
         """The newest chunk (the last run stored): its first offset, its ids and its
         payloads packed as one MessagePack array (a disk topic's PUBLISH record)."""
-        packed = self._load(len(self._packed) - 1)
+        packed = self._packed[-1]  # just stored: in memory
+        if packed is None:
+            packed = self._load(len(self._packed) - 1)
         if isinstance(packed, tuple):
             packed = _packer.pack(list(packed))
         return self._first[-1], self._ids[-1], packed
