@@ -22,12 +22,13 @@ PYTEST_ARGS ?=
 VS          ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv serve test lint sim chaos bench mutate clean distclean
+.PHONY: help venv browser serve test lint sim chaos bench mutate clean distclean
 
 help:
 	@echo "make serve  [ARGS=...]        run a broker (.venv/bin/flux serve ARGS)"
 	@echo "make test   [PYTEST_ARGS=...] run the test suite"
 	@echo "make lint                     ruff and mypy"
+	@echo "make browser                  install Chromium for the dashboard's browser tests"
 	@echo "make sim    [ARGS=...]        simulate seeds 0:500"
 	@echo "make chaos  [ARGS=...]        real processes under injected faults"
 	@echo "make bench  [VS=nats|all]     benchmarks, optionally beside peer brokers"
@@ -53,7 +54,20 @@ $(STAMP): pyproject.toml | $(BIN)/python
 serve: $(STAMP)
 	$(BIN)/flux serve $(ARGS)
 
-test: $(STAMP)
+# The dashboard's browser tests drive the distribution's Chromium through Playwright
+# (Playwright's own browser download is not used): install it when it is missing,
+# with apt-get as root or through sudo. FLUX_CHROMIUM names another executable.
+browser:
+	@if [ -n "$$FLUX_CHROMIUM" ] || command -v chromium >/dev/null 2>&1 \
+		|| command -v chromium-browser >/dev/null 2>&1; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "the browser tests need Chromium: install it, or set FLUX_CHROMIUM" >&2; exit 1; fi; \
+	SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	echo "installing chromium for the browser tests (apt-get)"; \
+	$$SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+		$$SUDO apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core >/dev/null
+
+test: $(STAMP) browser
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -29,6 +29,7 @@ def main() -> None:
       flux pub orders.eu 'hello'          # prints the offset it was stored at
       flux sub orders.eu --read-old       # prints messages as they arrive
       flux stats                          # topics, subscriptions and their lag
+      flux top                            # the same, live: rates and lag (q quits)
     """
 
 
@@ -160,6 +161,17 @@ def stats(pattern: str, url: str, as_json: bool) -> None:
             stats_view.show(replies, pattern)
 
     _run(run)
+
+
+@main.command()
+@click.option("--url", default=DEFAULT_URL, show_default=True, help="The router's address.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="Seconds between refreshes.")
+def top(url: str, interval: float) -> None:
+    """A live view: rates per shard and topic, lag per subscription (q quits)."""
+    from flux.monitor.top import run_top
+
+    _run(lambda: run_top(url, interval))
 
 
 def _run(fn: Any) -> None:

@@ -50,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "shard": {"ports": "auto", "advertise": [], "orphan_timeout": 60.0, "max_memory": "auto"},
     "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
                 "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864},
+    "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
     "topics": [],
 }
 
@@ -119,6 +120,19 @@ class StorageConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class HttpConfig:
+    """The router's monitoring endpoint (``/metrics``, ``/healthz``, ``/api/``, the dashboard)."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int | str = "auto"      # "auto": port + HTTP_PORT_OFFSET, or any free port
+    stats_interval: float = 2.0   # seconds between two gatherings of every shard's STATS
+
+
+HTTP_PORT_OFFSET = 1000  # http.port "auto" with the default port 7070 is 8070
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """The whole validated configuration (immutable)."""
 
@@ -133,6 +147,7 @@ class Config:
     router: RouterConfig = RouterConfig()
     shard: ShardConfig = ShardConfig()
     storage: StorageConfig = StorageConfig()
+    http: HttpConfig = HttpConfig()
     topics: tuple[TopicPolicy, ...] = ()  # per-pattern settings; the first match wins
 
     @functools.cached_property
@@ -163,6 +178,16 @@ class Config:
         if isinstance(self.shards, int):
             return self.shards
         return usable_cpus()
+
+    @property
+    def http_port(self) -> int:
+        """The port of the HTTP endpoint: ``http.port``, or for ``auto`` ``port`` + 1000
+        (any free port when ``port`` is 0 or that sum is no port)."""
+        if isinstance(self.http.port, int):
+            return self.http.port
+        if self.port == 0 or self.port + HTTP_PORT_OFFSET > 65535:
+            return 0
+        return self.port + HTTP_PORT_OFFSET
 
     def shard_max_memory(self, shard_count: int) -> int:
         """``shard.max_memory`` in bytes: as set, or for ``auto`` half the machine's
@@ -455,6 +480,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             max_bytes=_int("storage.max_bytes", st["max_bytes"], minimum=0),
             cache_bytes=_int("storage.cache_bytes", st["cache_bytes"], minimum=0),
         ),
+        http=_http(merged["http"]),
         topics=_topic_policies(merged["topics"]),
     )
     if data_dir is None and (config.storage.kind == "disk" or any(
@@ -462,6 +488,23 @@ def from_dict(raw: dict[str, Any]) -> Config:
         raise ConfigError("storage.dir", "disk topics need a data directory: set storage.dir"
                                          " or start with --data-dir DIR")
     return config
+
+
+def _http(raw: dict[str, Any]) -> HttpConfig:
+    enabled = raw["enabled"]
+    if not isinstance(enabled, bool):
+        raise ConfigError("http.enabled", f"expected true or false, got {enabled!r}")
+    host = raw["host"]
+    if not isinstance(host, str) or not host:
+        raise ConfigError("http.host", f"expected a host name or address, got {host!r}")
+    port = raw["port"]
+    if port != "auto":
+        if isinstance(port, str):
+            raise ConfigError("http.port", f"expected 'auto' or a port number, got {port!r}")
+        port = _port("http.port", port)
+    return HttpConfig(enabled=enabled, host=host, port=port,
+                      stats_interval=_positive_number("http.stats_interval",
+                                                      raw["stats_interval"]))
 
 
 def _set_path(data: dict[str, Any], path: str, value: Any) -> None:

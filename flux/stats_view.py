@@ -114,7 +114,7 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
     disk.columns[-1].overflow = "fold"
     subs = _table("Subscriptions", ("topic", "name", "mode", "state", "cursor", "lag",
                                     "in flight"), left=("topic", "name", "mode", "state"),
-                  caption="lag: offsets from the cursor to the topic's next offset")
+                  caption="lag: messages from the cursor to the topic's next offset not acked")
     for index in sorted(stats):
         reply = stats[index]
         shards.add_row(str(index), f"{reply['generation']:#018x}", _duration(reply["uptime"]),
@@ -138,7 +138,7 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                 shown = "(ephemeral)" if sub["ephemeral"] else sub_name
                 state = "active" if sub["active"] else "inactive"
                 subs.add_row(name, shown, sub["mode"], state, f"{sub['cursor']:,}",
-                             f"{max(0, topic['next_offset'] - sub['cursor']):,}",
+                             f"{sub.get('lag', max(0, topic['next_offset'] - sub['cursor'])):,}",
                              f"{sub['in_flight']:,}")
     retired = sum(reply.get("retired_topics", 0) for reply in stats.values())
     if retired:

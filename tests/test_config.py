@@ -54,6 +54,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     # DESIGN.md G13, "Why a connection may close"
     "limits": {"max_connections": 10000, "hello_timeout": 5.0, "max_subscriptions": 10000,
                "max_output_bytes": 16777216},
+    "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
 }
 
 
@@ -371,7 +372,7 @@ def test_readme_configuration_table_lists_every_key_with_its_default() -> None:
                 out.update(flat(value, f"{prefix}{key}."))
             else:
                 text = f"{value:g}" if isinstance(value, float) else str(value)
-                out[f"{prefix}{key}"] = text
+                out[f"{prefix}{key}"] = text.lower() if isinstance(value, bool) else text
         return out
 
     assert rows == flat(Config().to_dict())

@@ -285,4 +285,5 @@ def test_stats_report_what_the_shard_holds() -> None:
     assert (body["generation"], body["sessions"]) == (GEN, 1)
     assert body["topics"][TOPIC]["next_offset"] == 2
     assert body["topics"][TOPIC]["subscriptions"]["s"] == {
-        "mode": "push", "cursor": 1, "active": True, "in_flight": 1, "ephemeral": False}
+        "mode": "push", "cursor": 1, "active": True, "in_flight": 1, "ephemeral": False,
+        "lag": 1, "redelivered": 0}

@@ -7,10 +7,12 @@ is flushed as soon as it is printed::
     flux: control listening on 127.0.0.1:40123
     flux: shard 0 listening on 127.0.0.1:40124 (pid 4242, generation 0x9f3a...)
     flux: shard 1 listening on 127.0.0.1:40125 (pid 4243, generation 0x11c0...)
+    flux: http listening on http://127.0.0.1:8070/
     flux: stopped
 
 A shard line may end with ``advertised as HOST:PORT`` when ``shard.advertise`` is
-set, or read ``flux: shard 1 not registered yet``. Logs go to stderr.
+set, or read ``flux: shard 1 not registered yet``. The http line (the monitoring
+endpoint, :mod:`flux.monitor`) is left out with ``http.enabled: false``. Logs go to stderr.
 Exit status: 0 after a clean stop, 1 if a listener could not be bound.
 """
 
@@ -28,7 +30,7 @@ from flux.config import Config
 from flux.errors import ConfigError
 from flux.host import RealHost
 from flux.router.launcher import ProcessLauncher
-from flux.router.router import RouterInfo, run_router
+from flux.router.router import Router, RouterInfo
 from flux.router.state import FileStateStore, StateStore
 
 
@@ -86,15 +88,23 @@ async def _serve(config: Config) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
+            broker = Router(host, config, ProcessLauncher(host), state)
+
             async def router(task_status: trio.TaskStatus[RouterInfo]) -> None:
-                await run_router(host, config, ProcessLauncher(host), state=state, stop=stop,
-                                 task_status=task_status)
+                await broker.run(stop, task_status)
                 nursery.cancel_scope.cancel()  # drained: stop watching signals
 
             nursery.start_soon(on_signal, signals)
+            url = None
+            if config.http.enabled:  # bound first: a taken port fails before any shard starts
+                from flux.monitor.server import serve_monitor
+
+                url = await nursery.start(serve_monitor, host, config, broker)
             info = await nursery.start(router)
             for line in describe(info, config.shard_count):
                 _say(line)
+            if url is not None:
+                _say(f"flux: http listening on {url}")
     _say("flux: stopped")
 
 

@@ -152,7 +152,10 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                 "policy": topic.settings.as_dict(),
                 "subscriptions": {
                     s.name: {"mode": s.mode, "cursor": s.cursor, "active": s.active,
-                             "in_flight": len(s.in_flight), "ephemeral": s.ephemeral}
+                             "in_flight": len(s.in_flight), "ephemeral": s.ephemeral,
+                             # exact: offsets above the cursor acked already are not lag
+                             "lag": max(0, topic.log.next_offset - s.cursor - len(s.acked)),
+                             "redelivered": s.redelivered}
                     for s in topic.subs.values()},
             }
         return {"index": self.index, "generation": self.generation,
@@ -160,7 +163,9 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                 "sessions": len(self.sessions), "counters": dict(self.counters),
                 "memory": self.memory, "max_memory": self.max_memory,
                 "payload_cache": self.cache.stats(),
-                "retired_topics": len(self.retired), "topics": topics}
+                "retired_topics": len(self.retired),
+                "publish_ack_seconds": self.publish_acks.as_dict(),
+                "fsync_seconds": self.fsync_times.as_dict(), "topics": topics}
 
     def _storage_stats(self, topic: Topic) -> dict[str, Any] | None:
         """A disk topic's log: its size, marks and what recovery found (None: memory)."""

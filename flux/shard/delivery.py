@@ -190,6 +190,7 @@ class Delivery(ShardState):
                     # counted but not sent, and times out like a lost one
                     continue
                 self.counters["redelivered"] += len(offsets)
+                sub.redelivered += len(offsets)
                 self._deliver(session, sub.session[1], topic.generation, attempt, offsets,
                               *columns)
 

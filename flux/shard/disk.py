@@ -137,10 +137,13 @@ class ShardStorage:
     def _writer(self, name: str, table: SegmentTable, generation: int) -> LogWriter:
         st = self.config.storage
         host = self.host
-        return LogWriter(self.disk, table, owner=f"topic {name}", generation=generation,
-                         boot_id=self.disk.boot_id(), fsync=FsyncMode(st.fsync),
-                         fsync_interval=st.fsync_interval, segment_bytes=st.segment_bytes,
-                         now=host.now, wall_time=host.wall_time)
+        writer = LogWriter(self.disk, table, owner=f"topic {name}", generation=generation,
+                           boot_id=self.disk.boot_id(), fsync=FsyncMode(st.fsync),
+                           fsync_interval=st.fsync_interval, segment_bytes=st.segment_bytes,
+                           now=host.now, wall_time=host.wall_time)
+        if self._core is not None:  # every log of the shard counts in one histogram (STATS)
+            writer.stats.sync_times = self._core.fsync_times
+        return writer
 
     async def recover(self, core: ShardCore) -> None:
         """Check the data directory and rebuild every disk topic of this shard into ``core``

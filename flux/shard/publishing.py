@@ -186,6 +186,7 @@ class Publishing(ShardState):
         self.memory += cost
         topic.counted += cost
         self.counters["published"] += n
+        self.counters["bytes_in"] += size - id_bytes
         return [first, [], []]  # every item stored, at first .. first + n - 1
 
     def _publish_slow(self, topic: Topic, ids: list[Any], payloads: list[Any],
@@ -272,6 +273,7 @@ class Publishing(ShardState):
             topic.dedup.remember_all(stored, first, now)
             self._recount(topic)
             self.counters["published"] += len(new_ids)
+            self.counters["bytes_in"] += sum(map(len, new_payloads))
         self.counters["duplicates"] += len(duplicates)
         if len(new_ids) == len(ids):  # every item stored new: the first offset stands for all
             return [offsets[0], [], []]

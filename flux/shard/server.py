@@ -129,8 +129,8 @@ class Connection:
     """
 
     __slots__ = ("_sent", "_try_send", "_wake", "backlog", "closing", "conn", "done", "nursery",
-                 "partial_head", "paused", "pending", "pending_bytes", "sending", "stream",
-                 "writing_bytes")
+                 "partial_head", "paused", "pending", "pending_bytes", "publishes", "sending",
+                 "stream", "writing_bytes")
 
     def __init__(self, conn: int, stream: trio.abc.Stream, nursery: trio.Nursery,
                  try_send: Callable[[trio.abc.Stream, bytes], int]) -> None:
@@ -149,6 +149,7 @@ class Connection:
         self._wake = trio.Event()
         self._sent = trio.Event()
         self._try_send = try_send
+        self.publishes: dict[int, float] = {}  # rid of a PUBLISH not answered yet -> arrival
 
     def send(self, data: bytes) -> None:
         if data and not self.done.is_set():
@@ -351,6 +352,10 @@ class ShardServer:
         """Handle ``frames`` in runs (RUN_FRAMES, or up to a HEAVY_KINDS request); once
         the connection's output passes the pause mark, the rest waits in its backlog."""
         core, pause, count = self.core, self._pause_bytes, len(frames)
+        now = self.host.now()
+        for frame in frames:  # arrivals, for publish_ack_seconds (a backlog keeps its first)
+            if frame[0] == protocol.PUBLISH and len(frame) > 1 and type(frame[1]) is int:
+                c.publishes.setdefault(frame[1], now)
         start = 0
         while start < count:
             end = min(count, start + RUN_FRAMES)
@@ -421,6 +426,8 @@ class ShardServer:
             if c is None:
                 continue
             if frames:
+                if c.publishes:
+                    self._time_publish_acks(c, frames)
                 c.send(protocol.encode_many(frames))
                 if c.unsent > limit and not close and not c.closing:
                     overflowing.append(c)
@@ -435,6 +442,16 @@ class ShardServer:
                 " (limits.max_output_bytes); closing"), self.host.now())
         if overflowing:
             self._dispatch()
+
+    def _time_publish_acks(self, c: Connection, frames: list[list[Any]]) -> None:
+        """Observe each answered PUBLISH's time from arrival to its reply (an ERROR
+        reply is no ack: it is only forgotten)."""
+        now = self.host.now()
+        for frame in frames:
+            if frame[0] == protocol.PUBLISHED or frame[0] == protocol.ERROR:
+                started = c.publishes.pop(frame[1], None)
+                if started is not None and frame[0] == protocol.PUBLISHED:
+                    self.core.publish_acks.observe(now - started)
 
     async def _serve_control(self, stream: trio.abc.Stream) -> None:
         """One connection to this shard's control listener: a router's ADOPT.

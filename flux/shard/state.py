@@ -16,6 +16,7 @@ from typing import Any
 from flux import errors, protocol
 from flux.config import Config
 from flux.hashing import shard_for
+from flux.histogram import LatencyHistogram
 from flux.policies import TopicSettings
 from flux.shard.cache import PayloadCache, TopicPayloads
 from flux.shard.dedup import DedupWindow
@@ -118,6 +119,8 @@ class ShardState:
         self.max_memory = config.shard_max_memory(shard_count)
         # disk topics' payloads in memory beyond what is not durable yet (storage.cache_bytes)
         self.cache = PayloadCache(config.storage.cache_bytes)
+        self.publish_acks = LatencyHistogram()  # observed by the shell (PUBLISH -> PUBLISHED)
+        self.fsync_times = LatencyHistogram()   # observed by the disk topics' log writers
         self.sessions: dict[int, Session] = {}
         self._conn_ids = itertools.count(1)
         self._timer_seq = itertools.count()
@@ -137,7 +140,7 @@ class ShardState:
         # optional observer of internal events, e.g. ("deleted", topic, offset, count)
         self.on_event: Callable[[tuple[Any, ...]], None] | None = None
         self.counters = {"published": 0, "duplicates": 0, "delivered": 0, "redelivered": 0,
-                         "acked": 0, "trimmed": 0}
+                         "acked": 0, "trimmed": 0, "bytes_in": 0}
 
     def _close_session(self, session: Session, exc: errors.FluxError, now: float) -> None:
         """Tell ``session`` why with an ERROR (rid 0), detach its subscriptions and close

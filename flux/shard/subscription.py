@@ -55,6 +55,7 @@ class Subscription:
     last_activity: float = 0.0
     deleted: bool = False
     wake_at: float | None = None  # earliest time the shard's timer heap will wake us
+    redelivered: int = 0  # re-pushes after ack timeouts since the subscription was made
 
     # -- cursor and acks ---------------------------------------------------------------
 

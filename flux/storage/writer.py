@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import trio
 
+from flux.histogram import LatencyHistogram
 from flux.host import Disk
 from flux.storage import record
 from flux.storage.errors import LogFailed
@@ -52,6 +53,7 @@ class WriterStats:
         self.syncs = 0
         self.sync_seconds = 0.0
         self.recent_syncs: collections.deque[float] = collections.deque(maxlen=1024)
+        self.sync_times = LatencyHistogram()  # the shard shares one among its logs (STATS)
         self.rolls = 0
 
 
@@ -297,6 +299,7 @@ class LogWriter:
         self.stats.syncs += 1
         self.stats.sync_seconds += took
         self.stats.recent_syncs.append(took)
+        self.stats.sync_times.observe(took)
         self.synced = target
         self.durable = max(self.durable, target)
         self._notify()
