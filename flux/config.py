@@ -49,7 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "router": {"control_port": 0, "adopt_window": 5.0},
     "shard": {"ports": "auto", "advertise": [], "orphan_timeout": 60.0, "max_memory": "auto"},
     "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
-                "segment_bytes": 67108864, "max_bytes": 0},
+                "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
     "topics": [],
 }
@@ -116,6 +116,7 @@ class StorageConfig:
     fsync_interval: float = 1.0     # seconds between fsyncs with ``interval``
     segment_bytes: int = 67108864   # a log segment is rolled past this size
     max_bytes: int = 0              # a disk topic's log size cap (0: the disk's room)
+    cache_bytes: int = 67108864     # disk topics' payloads a shard keeps in memory once durable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,6 +478,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             fsync_interval=_seconds("storage.fsync_interval", st["fsync_interval"]),
             segment_bytes=_int("storage.segment_bytes", st["segment_bytes"], minimum=4096),
             max_bytes=_int("storage.max_bytes", st["max_bytes"], minimum=0),
+            cache_bytes=_int("storage.cache_bytes", st["cache_bytes"], minimum=0),
         ),
         http=_http(merged["http"]),
         topics=_topic_policies(merged["topics"]),

@@ -116,11 +116,12 @@ class Broker:
     """A running broker: its router process (restartable) and every pid it reported."""
 
     def __init__(self, tmp: Path, shards: int = 2, settings: tuple[str, ...] = (),
-                 config: Path | None = None) -> None:
+                 config: Path | None = None, args: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
         self.shard_count = shards
         self.settings = BROKER_SETTINGS + settings
         self.config = config
+        self.args = args
         self.env = dict(os.environ, FLUX_RUNTIME_DIR=str(tmp / "run"), PYTHONUNBUFFERED="1")
         self.pids: set[int] = set()
         self.router: RouterProcess = self.start_router(0)
@@ -142,6 +143,7 @@ class Broker:
                 "--shards", str(self.shard_count), "--port", str(port)]
         if self.config is not None:
             args += ["--config", str(self.config)]
+        args += self.args
         for item in self.settings:
             args += ["--set", item]
         router = RouterProcess(args, self.env, self.tmp / "broker.log")
@@ -211,15 +213,17 @@ class BrokerFactory:
         self.tmp = tmp
         self.brokers: list[Broker] = []
 
-    def __call__(self, *settings: str, shards: int = 2, config: str | None = None) -> Broker:
-        """``settings``: ``--set`` items; ``config``: the text of a config file to serve with."""
+    def __call__(self, *settings: str, shards: int = 2, config: str | None = None,
+                 args: tuple[str, ...] = ()) -> Broker:
+        """``settings``: ``--set`` items; ``config``: the text of a config file to serve with;
+        ``args``: more command-line arguments (``--data-dir DIR``)."""
         tmp = self.tmp / f"broker{len(self.brokers)}"
         tmp.mkdir()
         path = None
         if config is not None:
             path = tmp / "flux.yaml"
             path.write_text(config)
-        broker = Broker(tmp, shards, settings, path)
+        broker = Broker(tmp, shards, settings, path, args)
         self.brokers.append(broker)
         return broker
 

@@ -108,12 +108,15 @@ class FluxStorage:
 
     fsync: str = "always"               # always | interval | never
     fsync_interval: float | None = None  # seconds, with fsync: interval
+    cache_bytes: int | None = None      # storage.cache_bytes (None: its default)
 
     def config(self) -> dict[str, Any]:
         """The config file's content."""
         storage: dict[str, Any] = {"fsync": self.fsync}
         if self.fsync_interval is not None:
             storage["fsync_interval"] = self.fsync_interval
+        if self.cache_bytes is not None:
+            storage["cache_bytes"] = self.cache_bytes
         return {"storage": storage}
 
     def settings(self) -> dict[str, Any]:

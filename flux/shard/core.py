@@ -74,6 +74,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         """Handle one decoded frame from ``conn``."""
         self._handle(conn, frame, now)
         self._pump(now)
+        if self.cache.changed or self.cache.over:
+            self._settle_cache()
 
     def receive_many(self, conn: int, frames: list[list[Any]], now: float) -> None:
         """Handle frames that arrived together from ``conn``, in order, then push once:
@@ -81,6 +83,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         for frame in frames:
             self._handle(conn, frame, now)
         self._pump(now)
+        if self.cache.changed or self.cache.over:
+            self._settle_cache()
 
     def _handle(self, conn: int, frame: list[Any], now: float) -> None:
         session = self.sessions.get(conn)
@@ -158,6 +162,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                 "shard_count": self.shard_count, "uptime": now - self._started,
                 "sessions": len(self.sessions), "counters": dict(self.counters),
                 "memory": self.memory, "max_memory": self.max_memory,
+                "payload_cache": self.cache.stats(),
                 "retired_topics": len(self.retired),
                 "publish_ack_seconds": self.publish_acks.as_dict(),
                 "fsync_seconds": self.fsync_times.as_dict(), "topics": topics}
@@ -212,6 +217,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
             self._next_subscriber_cleanup = _next_pass(self._next_subscriber_cleanup,
                                                        self.config.subscriber.cleanup_time, now)
         self._pump(now)
+        if self.cache.changed or self.cache.over:
+            self._settle_cache()
 
     def take_output(self) -> list[tuple[int, list[list[Any]], bool]]:
         """Frames to send per connection, and whether to close it after sending."""
@@ -246,6 +253,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         journal = topic.journal
         if journal is not None:
             journal.writer.snapshot = lambda: self._snapshot(topic)
+            self._back(topic)
         self._recount(topic)
 
     def storage_progress(self, journal: TopicJournal, now: float) -> None:
@@ -260,6 +268,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                     if sub.session is not None:
                         self._dirty[id(sub)] = sub
         self._pump(now)
+        if self.cache.changed or self.cache.over:
+            self._settle_cache()
 
     def drain(self) -> None:
         """Refuse new publishes from now on (the shard is stopping)."""

@@ -60,15 +60,19 @@ class Delivery(ShardState):
                         skipping.append(o)
                 stop = skipping[-1] + 1 if skipping else stop
                 offsets = skipping
-        sub.next_push = stop
         if not offsets:
+            sub.next_push = stop
             return
         n = len(offsets)
         payloads: Sequence[bytes]
-        if type(offsets) is range:  # the usual case: a contiguous run of offsets
-            ids, payloads, times = log.span(start, stop, self.epoch)
-        else:
-            ids, payloads, times = self._columns(log, offsets)
+        try:  # a disk topic's evicted payloads are read back here
+            if type(offsets) is range:  # the usual case: a contiguous run of offsets
+                ids, payloads, times = log.span(start, stop, self.epoch)
+            else:
+                ids, payloads, times = self._columns(log, offsets)
+        except errors.StorageUnavailable:
+            return  # damage read back (logged; the shard stops to recover): nothing pushed
+        sub.next_push = stop
         sub.in_flight.push_first(offsets)
         sub.add_deadlines(now + topic.settings.timeout, offsets, 1)
         sub.credit -= n
@@ -179,10 +183,16 @@ class Delivery(ShardState):
             # frames in order of their lowest offset
             runs = sorted((sorted(offsets), attempt) for attempt, offsets in by_attempt.items())
             for offsets, attempt in runs:
+                try:  # a disk topic's evicted payloads are read back here
+                    columns = self._columns(log, offsets)
+                except errors.StorageUnavailable:
+                    # damage read back (logged; the shard stops to recover): the push is
+                    # counted but not sent, and times out like a lost one
+                    continue
                 self.counters["redelivered"] += len(offsets)
                 sub.redelivered += len(offsets)
                 self._deliver(session, sub.session[1], topic.generation, attempt, offsets,
-                              *self._columns(log, offsets))
+                              *columns)
 
     def _exhausted(self, sub: Subscription, offset: int, pushes: int, now: float) -> None:
         """A message used all its pushes: the subscription becomes inactive (G4)."""

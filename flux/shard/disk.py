@@ -31,7 +31,15 @@ from flux.host import Disk, Host
 from flux.shard.core import ShardCore
 from flux.shard.journal import TopicJournal
 from flux.shard.replay import TopicReplay
-from flux.storage import FsyncMode, LogFailed, LogWriter, RecoveryReport, StorageError, recover
+from flux.storage import (
+    FsyncMode,
+    LogFailed,
+    LogReader,
+    LogWriter,
+    RecoveryReport,
+    StorageError,
+    recover,
+)
 from flux.storage.table import SegmentTable
 
 log = logging.getLogger("flux.shard")
@@ -176,7 +184,7 @@ class ShardStorage:
         assert generation is not None
         topic = replay.build(generation, host.now(), reset=why is not None)
         writer = self._writer(name, table, generation)
-        journal = TopicJournal(name, writer, exposed=topic.log.next_offset)
+        journal = self._journal(name, writer, topic.log.next_offset)
         journal.published.extend(replay.published)
         journal.droppable = table.start
         topic.journal = journal
@@ -203,6 +211,21 @@ class ShardStorage:
                  topic.log.oldest, topic.log.next_offset, generation,
                  f" (new: {why})" if why else "", damage)
 
+    def _journal(self, name: str, writer: LogWriter, exposed: int) -> TopicJournal:
+        """A disk topic's journal: its writer, and a reader of its durable records (what
+        evicted payloads are read back through, each read checksum-verified)."""
+        journal = TopicJournal(name, writer, exposed=exposed,
+                               reader=LogReader(writer.table, limit=lambda: writer.durable))
+        journal.on_damage = self._damaged
+        return journal
+
+    def _damaged(self, journal: TopicJournal, reason: str) -> None:
+        """A record read back failed its checks: stop the shard, so that recovery sets the
+        damage aside (and starts a new generation if it lost acked messages, G9)."""
+        if self.failure is None:
+            self.failure = LogFailed(f"topic {journal.topic!r}: damage read back: {reason}")
+        self.failed.set()
+
     def _boot_changed(self, report: RecoveryReport) -> bool:
         """Whether the log's unsynced tail may be gone: it was written before the
         machine's last reboot, and not every record was fsynced before its ack."""
@@ -218,7 +241,7 @@ class ShardStorage:
             raise StorageUnavailable(f"cannot make the log directory of topic {name!r}:"
                                      f" {exc.strerror or exc}") from None
         writer = self._writer(name, SegmentTable(path, start=0), self.new_generation())
-        journal = TopicJournal(name, writer, exposed=start)
+        journal = self._journal(name, writer, start)
         self.journals[name], self.writers[name] = journal, writer
         if self._nursery is not None:
             self._nursery.start_soon(self._serve_log, journal, writer)

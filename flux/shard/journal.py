@@ -10,11 +10,14 @@ When the writer's durable mark moves, the shell calls
 ``ShardCore.storage_progress`` and :meth:`TopicJournal.advance` releases
 everything the mark now covers, in order.
 
-Record bodies are MessagePack arrays; their layout is PROTOCOL.md §14.3.
+Record bodies are MessagePack arrays; their layout is PROTOCOL.md §14.3. A PUBLISH
+record is also where an evicted chunk's payloads come back from
+(:meth:`TopicJournal.read_payloads`, :mod:`flux.shard.cache`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +25,12 @@ from typing import Any, Protocol
 
 import msgpack
 
+from flux import errors
 from flux import protocol as P
+from flux.storage.errors import StorageError
+from flux.storage.record import HEADER_SIZE, Record
+
+log = logging.getLogger("flux.shard")
 
 # record types (flux.storage.record: type 0 is never written)
 PUBLISH = 1        # [first offset, wall time, [id, ...], [payload, ...]]
@@ -54,6 +62,15 @@ class Appender(Protocol):
         ...
 
 
+class RecordReader(Protocol):
+    """Reads a record back by position, verifying its checksum (``flux.storage.LogReader``)."""
+
+    def read(self, position: int, size_hint: int = 0) -> Record:
+        """The record at ``position``; raises a StorageError (CorruptRecord, NotInLog) if
+        there is no intact record there."""
+        ...
+
+
 @dataclass(eq=False)
 class Held:
     """A reply that may go out only once every record it depends on is durable, and
@@ -82,6 +99,13 @@ class TopicJournal:
     # messages, its wall time); the log before ``droppable`` holds nothing live
     published: deque[tuple[int, int, float]] = field(default_factory=deque)
     droppable: int = 0
+    # reads records back (evicted payloads); None: nothing can be evicted
+    reader: RecordReader | None = None
+    # told of damage found reading a record back (the shell stops the shard: recovery
+    # then sets the damage aside and starts a new generation, G9)
+    on_damage: Callable[[TopicJournal, str], None] | None = None
+    damaged: str | None = None             # the first damage read back, if any
+    last_position: int = -1                # where the last record appended starts (-1: none)
 
     @property
     def generation(self) -> int:
@@ -93,11 +117,58 @@ class TopicJournal:
         watcher fails what waits)."""
         data = body if isinstance(body, bytes) else _pack(body)
         try:
-            return int(self.writer.append(rtype, data).end)
+            where = self.writer.append(rtype, data)
         except Exception as exc:  # LogFailed, or the writer closing: no record is written
             if self.failed is None:
                 self.failed = str(exc) or exc.__class__.__name__
+            self.last_position = -1
             return int(self.writer.appended)
+        self.last_position = int(where.position)
+        return int(where.end)
+
+    def read_payloads(self, position: int, end: int, first: int) -> bytes:
+        """The payloads of the PUBLISH record at ``position`` .. ``end`` (its messages start
+        at offset ``first``), packed as the record holds them (one MessagePack array).
+
+        Every read verifies the record's checksum. A record that cannot be read intact is
+        damage: it is logged, reported to ``on_damage``, and answered with
+        StorageUnavailable (retryable: recovery sets the damage aside), never with its bytes.
+        """
+        if self.reader is None:
+            raise errors.StorageUnavailable(
+                f"the log of topic {self.topic!r} cannot be read back")
+        try:
+            rec = self.reader.read(position, end - position - HEADER_SIZE)
+        except (StorageError, OSError, ValueError) as exc:  # damage, or an I/O error
+            raise self._damage(f"reading position {position} back failed: {exc}") from None
+        if rec.type != PUBLISH or rec.end != end:
+            raise self._damage(f"the record at position {position} is not the PUBLISH record"
+                               f" of offsets from {first} (type {rec.type}, end {rec.end})")
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(rec.body)
+        try:
+            if unpacker.read_array_header() != 4 or unpacker.unpack() != first:
+                raise ValueError("another first offset")
+            unpacker.skip()  # wall time
+            unpacker.skip()  # ids
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise self._damage(f"the record at position {position} is not the PUBLISH record"
+                               f" of offsets from {first}: {exc}") from None
+        return rec.body[unpacker.tell():]
+
+    def _damage(self, reason: str) -> errors.StorageUnavailable:
+        """Damage read back: log and report it; the error to answer with."""
+        log.error("topic %r: %s; not delivered (the shard restarts so that recovery sets"
+                  " the damage aside)", self.topic, reason)
+        if self.damaged is None:
+            self.damaged = reason
+            if self.failed is None:
+                self.failed = f"damage in the log: {reason}"
+            if self.on_damage is not None:
+                self.on_damage(self, reason)
+        return errors.StorageUnavailable(
+            f"a record of topic {self.topic!r} is damaged on disk ({reason}); retry after"
+            " the shard recovers")
 
     def published_at(self, end: int, next_offset: int, wall: float) -> None:
         """A PUBLISH record ending at ``end`` holds the messages below ``next_offset``."""

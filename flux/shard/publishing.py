@@ -78,6 +78,8 @@ class Publishing(ShardState):
                     results.append(_refuse_all(n, refusal))
                     continue
                 before = topic.log.next_offset
+                if self.cache.used and self._short_of_room(topic, n):
+                    self._make_room(topic, _need(ids, payloads), now)
             if topic.dedup.expire(now, EXPIRE_SLICE):  # a slice: the cleanup passes do the rest
                 self._recount(topic)
             result = self._publish_fast(topic, ids, payloads, counts, now)
@@ -93,6 +95,8 @@ class Publishing(ShardState):
                     wall = self.epoch + now
                     end = journal.append(PUBLISH, journal.publish_body(first, wall, stored,
                                                                        packed))
+                    if journal.last_position >= 0:  # where its payloads can be read back
+                        log.place(journal.last_position, end)
                     journal.expose_at(end, log.next_offset)
                     journal.published_at(end, log.next_offset, wall)
                 if journal not in journals:
@@ -107,6 +111,14 @@ class Publishing(ShardState):
             for sub in topic.subs.values():
                 if sub.session is not None:
                     dirty[id(sub)] = sub
+
+    def _short_of_room(self, topic: Topic, n: int) -> bool:
+        """Whether a group of ``n`` items might not fit under ``shard.max_memory`` or the
+        topic's ``topic.max_bytes`` (cheap: no item is looked at; a frame is at most
+        ``max_frame_bytes``)."""
+        most = 2 * self.config.max_frame_bytes + n * (MESSAGE_COST + REMEMBERED_ID_COST)
+        return (self.memory + most > self.max_memory
+                or topic.log.held_bytes + topic.dedup.held_bytes + most > topic.settings.max_bytes)
 
     def _journal_refusal(self, topic: Topic, journal: TopicJournal) -> errors.FluxError | None:
         """Why a disk topic takes no publishes now, if it does not."""
@@ -266,6 +278,16 @@ class Publishing(ShardState):
         if len(new_ids) == len(ids):  # every item stored new: the first offset stands for all
             return [offsets[0], [], []]
         return [offsets, duplicates, refused]
+
+
+def _need(ids: list[Any], payloads: list[Any]) -> int:
+    """About the memory a group would take if every item were stored (0 if it is malformed:
+    the checks refuse it anyway)."""
+    try:
+        return 2 * (sum(map(len, ids)) + sum(map(len, payloads))) + len(ids) * (
+            MESSAGE_COST + REMEMBERED_ID_COST)
+    except TypeError:
+        return 0
 
 
 def _refuse_all(n: int, exc: errors.FluxError) -> list[Any]:

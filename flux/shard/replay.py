@@ -5,7 +5,10 @@ the topic as of its last durable state: messages at their offsets with their
 store times, the dedup window (an id stored within ``dedup_window`` of now is
 still a duplicate), the head as trims left it, and every named subscription
 with its cursor and acks, inactive until a client resumes it (its
-``inactive_time`` counts from the recovery).
+``inactive_time`` counts from the recovery). Payloads are not kept: each run of
+messages remembers where its PUBLISH record is, and the shard reads payloads back
+when they are first wanted (:mod:`flux.shard.cache`), so recovering a log bigger
+than memory holds only ids in memory.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from flux.shard import journal as J
 from flux.shard.dedup import DedupWindow
 from flux.shard.state import Topic
 from flux.shard.subscription import Subscription
-from flux.shard.topic import TopicLog
+from flux.shard.topic import TopicLog, payload_lengths
 from flux.storage import Record
 
 
@@ -56,7 +59,8 @@ class TopicReplay:
         body = msgpack.unpackb(rec.body, raw=False, use_list=True)
         rtype = rec.type
         if rtype == J.PUBLISH:
-            self._publish(*body)
+            first, wall, ids, payloads = body
+            self._publish(first, wall, ids, payloads, rec.position, rec.end)
             self.published.append((rec.end, body[0] + len(body[2]), body[1]))
         elif rtype == J.CURSOR:
             name, cursor, acked = body
@@ -80,17 +84,18 @@ class TopicReplay:
             raise ReplayError(f"topic {self.name!r}: unknown record type {rtype} at"
                               f" position {rec.position}")
 
-    def _publish(self, first: int, wall: float, ids: list[str], payloads: list[bytes]) -> None:
+    def _publish(self, first: int, wall: float, ids: list[str], payloads: list[bytes],
+                 position: int, end: int) -> None:
         log = self.log
         if log is None or first > log.next_offset:
             if log is not None:  # offsets skipped (never expected in one log): start anew
                 self.gaps += 1
-            log = self.log = TopicLog(first)
+            log = self.log = TopicLog(first, placed=True)
         elif first < log.next_offset:
             return  # already applied (never expected either)
         stored_at = wall - self.epoch
         chunk = tuple(ids)
-        log.extend(chunk, payloads, stored_at)
+        log.extend_placed(chunk, payload_lengths(payloads), stored_at, position, end)
         if self.dedup.window > 0:
             self.dedup.remember_all(chunk, first, stored_at)
         self.messages += len(chunk)
@@ -101,7 +106,7 @@ class TopicReplay:
         nothing to clients, so each subscription starts over at the oldest message held."""
         log = self.log
         if log is None or log.next_offset < self.next_offset:
-            log = TopicLog(max(self.next_offset, log.next_offset if log else 0))
+            log = TopicLog(max(self.next_offset, log.next_offset if log else 0), placed=True)
         if self.oldest > log.oldest:
             log.trim(self.oldest, math.inf)
         self.dedup.expire(now)

@@ -18,6 +18,7 @@ from flux.config import Config
 from flux.hashing import shard_for
 from flux.histogram import LatencyHistogram
 from flux.policies import TopicSettings
+from flux.shard.cache import PayloadCache, TopicPayloads
 from flux.shard.dedup import DedupWindow
 from flux.shard.journal import (
     CURSOR,
@@ -67,7 +68,8 @@ class Topic:
         return self.log.next_offset if journal is None else journal.exposed
 
     def held_bytes(self, now: float) -> int:
-        """Payload and id bytes held at ``now`` (ids past their dedup window not counted)."""
+        """Payload and id bytes held in memory at ``now`` (ids past their dedup window not
+        counted; a disk topic's payloads evicted to its log not counted either)."""
         return self.log.held_bytes + self.dedup.live_bytes(now)
 
     def footprint(self) -> int:
@@ -115,6 +117,8 @@ class ShardState:
         # what every topic's messages and ids take (Topic.footprint, summed), and the cap
         self.memory = 0
         self.max_memory = config.shard_max_memory(shard_count)
+        # disk topics' payloads in memory beyond what is not durable yet (storage.cache_bytes)
+        self.cache = PayloadCache(config.storage.cache_bytes)
         self.publish_acks = LatencyHistogram()  # observed by the shell (PUBLISH -> PUBLISHED)
         self.fsync_times = LatencyHistogram()   # observed by the disk topics' log writers
         self.sessions: dict[int, Session] = {}
@@ -178,16 +182,52 @@ class ShardState:
         """An empty topic, not registered: it continues where a retired one stopped."""
         settings = self.config.settings_for(name)
         start = self.retired.get(name, 0)
-        topic = Topic(name, TopicLog(start), DedupWindow(settings.dedup_window), settings,
-                      generation=self.generation)
-        if settings.storage == "disk":
+        disk = settings.storage == "disk"
+        topic = Topic(name, TopicLog(start, placed=disk), DedupWindow(settings.dedup_window),
+                      settings, generation=self.generation)
+        if disk:
             if self.open_journal is None:
                 raise errors.StorageUnavailable(
                     f"topic {name!r} is a disk topic, but this shard has no data directory")
             topic.journal = journal = self.open_journal(name, start)
             topic.generation = journal.generation
             journal.writer.snapshot = lambda: self._snapshot(topic)
+            self._back(topic)
         return topic
+
+    def _back(self, topic: Topic) -> None:
+        """Let a disk topic's payloads leave memory: its log reads them back from its
+        journal's records, through the shard's cache (if the journal can read records)."""
+        journal = topic.journal
+        if journal is not None and journal.reader is not None and topic.log.placed:
+            topic.log.store = TopicPayloads(self.cache, topic, journal)
+
+    def _settle_cache(self) -> None:
+        """Recount the disk topics whose resident payloads changed, and evict the least
+        recently used chunks past the cache's budget."""
+        cache = self.cache
+        if cache.over:
+            cache.shrink(cache.used - cache.budget)
+        changed = cache.changed
+        if changed:
+            cache.changed = {}
+            for store in changed.values():
+                if self.topics.get(store.topic.name) is store.topic:
+                    self._recount(store.topic)
+
+    def _make_room(self, topic: Topic, need: int, now: float) -> None:
+        """Evict cached payloads so that ``need`` more bytes fit under ``shard.max_memory``
+        and the disk topic's ``topic.max_bytes`` (which count only what is in memory)."""
+        cache = self.cache
+        over = self.memory + need - self.max_memory
+        if over > 0:
+            cache.shrink(over)
+            self._settle_cache()
+        store = topic.log.store
+        over = topic.held_bytes(now) + need - topic.settings.max_bytes
+        if over > 0 and isinstance(store, TopicPayloads):
+            cache.shrink(over, owner=store)
+            self._settle_cache()
 
     def _snapshot(self, topic: Topic) -> tuple[int, bytes]:
         """A disk topic's whole state as the record each log segment starts with."""

@@ -1,8 +1,11 @@
-"""One topic's in-memory log of messages.
+"""One topic's log of messages, held in memory (a disk topic's payloads may be evicted).
 
-:class:`TopicLog` is the small interface a durable log can later replace
-(append, read a range, trim the head). It knows nothing of subscriptions or
-dedup (:mod:`flux.shard.dedup`); cleanup decides what may be trimmed.
+:class:`TopicLog` appends, reads ranges and trims the head. It knows nothing of
+subscriptions or dedup (:mod:`flux.shard.dedup`); cleanup decides what may be
+trimmed. A disk topic's log is *placed*: each chunk knows where its PUBLISH record
+is in the topic's log on disk, and once that record is durable the chunk's payloads
+may be evicted and read back from it on demand (:class:`ChunkStore`,
+:mod:`flux.shard.cache`); ids, offsets and store times always stay in memory.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
 from operator import add
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import msgpack
 
+from flux import errors
 from flux import protocol as P
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -33,6 +37,34 @@ def payload_lengths(payloads: Sequence[bytes]) -> bytes | array[int]:
         return bytes(map(len, payloads))
     except ValueError:  # a payload of 256 bytes or more
         return array("I", map(len, payloads))
+
+
+class ChunkStore(Protocol):
+    """Where a placed log's evicted payloads come back from, and the cache that counts
+    its resident ones (:class:`flux.shard.cache.TopicPayloads` is one)."""
+
+    def read(self, position: int, end: int, first: int) -> bytes:
+        """The payloads of the PUBLISH record at ``position`` (ending at ``end``, holding
+        offsets from ``first``), packed as one MessagePack array. Raises a FluxError
+        (StorageUnavailable) if it cannot be read intact."""
+        ...
+
+    def durable(self) -> int:
+        """The log position below which every record is durable."""
+        ...
+
+    def add(self, first: int, size: int, read: bool = False) -> None:
+        """The chunk at ``first`` holds ``size`` payload bytes in memory now: just stored
+        (the publish counted them), or ``read`` back from the log (not counted yet)."""
+        ...
+
+    def touch(self, first: int) -> None:
+        """The chunk at ``first`` (resident) was read."""
+        ...
+
+    def drop(self, first: int) -> None:
+        """The chunk at ``first`` no longer holds payloads in memory (trimmed or evicted)."""
+        ...
 
 
 class Entry(NamedTuple):
@@ -55,20 +87,29 @@ class TopicLog:
     payload with a two-byte header and a length byte, not a bytes object. Runs of
     large payloads (over ``PACK_BELOW`` bytes on average) keep their bytes objects
     in a tuple instead: packing them would cost copies and save nothing worth it.
+
+    A *placed* log (a disk topic's) also keeps each chunk's record position and end;
+    an evicted chunk's payloads are ``None`` until :meth:`_load` reads them back.
+    ``held_bytes`` counts only payloads held in memory (and every id).
     """
 
     __slots__ = ("_at", "_first", "_head", "_ids", "_lens", "_next", "_packed", "_skip",
-                 "held_bytes")
+                 "_where", "held_bytes", "store")
 
-    def __init__(self, start: int = 0) -> None:
+    def __init__(self, start: int = 0, *, placed: bool = False) -> None:
         """An empty log whose first message gets offset ``start`` (a topic retired
-        at that next offset and used again: offsets are never reused, G1)."""
+        at that next offset and used again: offsets are never reused, G1); ``placed``:
+        a disk topic's, whose chunks record where their PUBLISH records are."""
         self._first: list[int] = []                  # chunk k holds offsets from _first[k] ...
         self._ids: list[tuple[str, ...]] = []        # ... with these ids ...
         # ... these payloads (a MessagePack array, or a tuple of large ones) ...
-        self._packed: list[bytes | tuple[bytes, ...]] = []
+        self._packed: list[bytes | tuple[bytes, ...] | None] = []  # None: evicted
         self._lens: list[bytes | array[int]] = []    # ... of these lengths ...
-        self._at: list[float] = []                   # ... stored at this time
+        self._at: list[float] = []                   # ... stored at this time ...
+        # ... in the record at (position, end) of the topic's log on disk, its payloads
+        # taking this many bytes (placed logs; position -1: not known yet, never evicted)
+        self._where: list[tuple[int, int, int]] | None = [] if placed else None
+        self.store: ChunkStore | None = None  # set once the topic's log can be read back
         self._head = 0       # index of the oldest chunk still held
         self._skip = 0       # messages of the head chunk already trimmed
         self._next = start   # the offset the next message gets
@@ -116,12 +157,98 @@ class TopicLog:
             if size is None:
                 size = len("".join(ids)) + sum(lens)
             self.held_bytes += size
+            if self._where is not None:
+                payload_size = sum(lens)
+                self._where.append((-1, -1, payload_size))
+                if self.store is not None:
+                    self.store.add(offset, payload_size)
         return offset
+
+    def extend_placed(self, ids: tuple[str, ...], lens: bytes | array[int], now: float,
+                      position: int, end: int) -> int:
+        """Hold a run whose payloads stay in the log (recovery): its ids and payload
+        lengths (:func:`payload_lengths`), and where its durable record is. Returns the
+        offset of the first."""
+        assert self._where is not None, "only a placed log holds runs it has no payloads of"
+        offset = self._next
+        if ids:
+            self._first.append(offset)
+            self._ids.append(ids)
+            self._packed.append(None)
+            self._lens.append(lens)
+            self._at.append(now)
+            self._where.append((position, end, sum(lens)))
+            self._next = offset + len(ids)
+            self.held_bytes += len("".join(ids))
+        return offset
+
+    def place(self, position: int, end: int) -> None:
+        """The newest chunk's record is at ``position`` .. ``end`` of the topic's log."""
+        if self._where is not None and self._where:
+            self._where[-1] = (position, end, self._where[-1][2])
+
+    @property
+    def placed(self) -> bool:
+        """Whether this log records where its chunks are on disk (a disk topic's)."""
+        return self._where is not None
+
+    def resident(self, first: int) -> bool:
+        """Whether the held chunk starting at ``first`` has its payloads in memory."""
+        k = self._chunk(first)
+        return k >= self._head and self._first[k] == first and self._packed[k] is not None
+
+    def evict(self, first: int) -> int:
+        """Drop the payloads of the chunk starting at ``first`` from memory if its record is
+        durable (they are read back on demand); returns the bytes freed (0: kept)."""
+        store, where = self.store, self._where
+        if store is None or where is None:
+            return 0
+        k = self._chunk(first)
+        if k < self._head or self._first[k] != first or self._packed[k] is None:
+            return 0
+        position, end, size = where[k]
+        if position < 0 or end > store.durable():
+            return 0
+        freed = sum(self._lens[k][self._skip:]) if k == self._head and self._skip else size
+        self._packed[k] = None
+        self.held_bytes -= freed
+        store.drop(first)
+        return freed
+
+    def _load(self, k: int) -> bytes | tuple[bytes, ...]:
+        """Chunk ``k``'s payloads, read back from its record if they were evicted."""
+        packed = self._packed[k]
+        if packed is not None:
+            if self.store is not None:
+                self.store.touch(self._first[k])
+            return packed
+        store, where = self.store, self._where
+        if store is None or where is None:
+            raise errors.StorageUnavailable("payloads not in memory, and no log to read them from")
+        position, end, size = where[k]
+        first, lens = self._first[k], self._lens[k]
+        data = store.read(position, end, first)
+        count = len(lens)
+        base = 1 if count <= 15 else 3 if count <= 0xFFFF else 5
+        headers = 2 * count if type(lens) is bytes else sum(map(P.bin_header_size, lens))
+        if len(data) != base + size + headers:
+            raise errors.StorageUnavailable(
+                f"the record at log position {position} does not hold the payloads of"
+                f" offsets {first}..{first + count - 1}")
+        large = type(lens) is not bytes and size >= PACK_BELOW * count
+        loaded: bytes | tuple[bytes, ...] = tuple(msgpack.unpackb(data)) if large else data
+        self._packed[k] = loaded
+        held = sum(lens[self._skip:]) if k == self._head and self._skip else size
+        self.held_bytes += held
+        store.add(first, held, read=True)
+        return loaded
 
     def last_chunk(self) -> tuple[int, tuple[str, ...], bytes]:
         """The newest chunk (the last run stored): its first offset, its ids and its
         payloads packed as one MessagePack array (a disk topic's PUBLISH record)."""
-        packed = self._packed[-1]
+        packed = self._packed[-1]  # just stored: in memory
+        if packed is None:
+            packed = self._load(len(self._packed) - 1)
         if isinstance(packed, tuple):
             packed = _packer.pack(list(packed))
         return self._first[-1], self._ids[-1], packed
@@ -136,7 +263,7 @@ class TopicLog:
         lens = self._lens[k]
         count = len(lens)
         if i >= count:
-            return len(self._packed[k])
+            return len(cast(bytes, self._packed[k]))  # the caller loaded it
         base = 1 if count <= 15 else 3 if count <= 0xFFFF else 5  # the array header
         if i == 0:
             return base
@@ -146,7 +273,7 @@ class TopicLog:
 
     def _payloads(self, k: int, a: int, b: int) -> list[bytes]:
         """Payloads ``a`` to ``b - 1`` of chunk ``k`` as bytes objects."""
-        packed = self._packed[k]
+        packed = self._load(k)
         if isinstance(packed, tuple):
             return list(packed[a:b])
         start, end = self._position(k, a), self._position(k, b)
@@ -176,7 +303,11 @@ class TopicLog:
         times: list[float | int] = []
         size = 0
         k = self._chunk(start)
-        if any(type(self._packed[j]) is tuple for j in range(k, self._chunk(stop - 1) + 1)):
+        last = self._chunk(stop - 1)
+        if self.store is not None:  # a disk topic's: read evicted chunks back first
+            for j in range(k, last + 1):
+                self._load(j)
+        if any(type(self._packed[j]) is tuple for j in range(k, last + 1)):
             return self._span_unpacked(k, start, stop, epoch)
         pos = start
         while pos < stop:
@@ -242,6 +373,7 @@ class TopicLog:
         stay (store times are walked in order). Returns the count."""
         firsts, ats, ids, packed, lengths = (self._first, self._at, self._ids, self._packed,
                                              self._lens)
+        store = self.store
         budget = most if most is not None else self._next
         dropped = 0
         k, skip = self._head, self._skip
@@ -251,10 +383,12 @@ class TopicLog:
             b = min(len(chunk_ids), below - first, a + budget)
             if b <= a:
                 break
+            resident = packed[k] is not None
             if a == 0 and b == len(chunk_ids):
-                self.held_bytes -= len("".join(chunk_ids)) + sum(lens)
+                self.held_bytes -= len("".join(chunk_ids)) + (sum(lens) if resident else 0)
             else:
-                self.held_bytes -= len("".join(chunk_ids[a:b])) + sum(lens[a:b])
+                self.held_bytes -= (len("".join(chunk_ids[a:b]))
+                                    + (sum(lens[a:b]) if resident else 0))
             dropped += b - a
             budget -= b - a
             if b < len(chunk_ids):
@@ -262,13 +396,18 @@ class TopicLog:
                 break
             ids[k] = ()  # release the messages now, not at compaction
             packed[k] = lengths[k] = b""
+            if store is not None and resident:
+                store.drop(first)
             k, skip = k + 1, 0
+        columns: list[list[Any]] = [firsts, ats, ids, packed, lengths]
+        if self._where is not None:
+            columns.append(self._where)
         if k == len(firsts):
-            for column in (firsts, ats, ids, packed, lengths):
+            for column in columns:
                 column.clear()
             k = 0
         elif k > 64 and k * 2 > len(firsts):
-            for column in (firsts, ats, ids, packed, lengths):
+            for column in columns:
                 del column[:k]
             k = 0
         self._head, self._skip = k, skip

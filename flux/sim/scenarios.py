@@ -278,15 +278,21 @@ def policies(rng: random.Random) -> Workload:
 
 def disk(rng: random.Random) -> Workload:
     """Disk topics (G9): some or all topics keep a log on each shard machine's simulated
-    disk, with fsync always, interval or never; shards crash (kill -9: written bytes
+    disk, with fsync always, interval or never, and half the time a payload cache so
+    small that reads come back from the log; shards crash (kill -9: written bytes
     survive) and come back with the same generation for those topics, every acked
     message, the dedup window and the named subscriptions' confirmed cursors."""
     w = crashes(rng)
     config = dict(w.config)
     fsync = rng.choice(("always", "always", "interval", "never"))
-    config["storage"] = {"dir": "/data/flux", "fsync": fsync,
-                         "fsync_interval": rng.choice((0.01, 0.05)),
-                         "segment_bytes": rng.choice((4096, 16384, 1 << 20))}
+    interval = rng.choice((0.01, 0.05))
+    config["storage"] = {"dir": "/data/flux", "fsync": fsync, "fsync_interval": interval,
+                         "segment_bytes": rng.choice((4096, 16384, 1 << 20)),
+                         # half the runs keep almost no payload in memory, so deliveries
+                         # and FETCH read evicted groups back from the log (more than
+                         # memory); the choice rides on a draw already made, so seeds
+                         # keep the workloads they had
+                         "cache_bytes": 256 if interval == 0.01 else 1 << 26}
     short_window = rng.random() < 0.5  # ids leave the window in the run: segments go
     if short_window:
         config["message"] = {**w.config["message"], "dedup_window": 4.0}  # type: ignore[dict-item]

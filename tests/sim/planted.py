@@ -923,10 +923,11 @@ def ack_before_durable() -> contextlib.AbstractContextManager[Any]:
 
 
 def no_checksum_on_read() -> contextlib.AbstractContextManager[Any]:
-    """G9: recovery takes a PUBLISH record without checking its CRC whenever its body
-    still reads as one, so a flipped bit in a synced payload is replayed and delivered. (Checking
-    the CRC of every other record keeps the shard starting, so the damage reaches
-    readers instead of stopping the run.)"""
+    """G9: reads from the log (recovery's scan, and reading an evicted chunk's payloads
+    back) take a PUBLISH record without checking its CRC whenever its body still reads
+    as one, so a flipped bit in a synced payload is delivered. (Checking the CRC of
+    every other record keeps the shard starting, so the damage reaches readers instead
+    of stopping the run.)"""
     from flux.storage import record
     checked = record.decode
 
@@ -947,7 +948,21 @@ def no_checksum_on_read() -> contextlib.AbstractContextManager[Any]:
                     break
             at = end
         return at
-    return mock.patch.object(record, "decode_run", decode_run)
+
+    def decode(buf: Any, at: int, position: int) -> Any:
+        if len(buf) - at >= record.HEADER_SIZE:
+            _crc, length, rtype = record.HEADER.unpack_from(buf, at)
+            end = at + record.HEADER_SIZE + length
+            if length <= record.MAX_BODY and end <= len(buf) and rtype != 0:
+                body = bytes(buf[at + record.HEADER_SIZE:end])
+                if _publish_shaped(rtype, body):
+                    return record.Record(position, rtype, body)
+        return checked(buf, at, position)
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(record, "decode_run", decode_run))
+    stack.enter_context(mock.patch.object(record, "decode", decode))
+    return stack
 
 
 def _publish_shaped(rtype: int, body: bytes) -> bool:
@@ -976,17 +991,19 @@ def torn_tail_kept() -> contextlib.AbstractContextManager[Any]:
 
 
 def replay_payloads_rotated() -> contextlib.AbstractContextManager[Any]:
-    """G9: recovery lines a PUBLISH record's payload column up one place off its id
-    column (the columns of a group misaligned), so a recovered message carries
-    another's payload."""
-    from flux.shard.replay import TopicReplay
+    """G9: payloads read back from a PUBLISH record (an evicted chunk's; after a recovery,
+    every chunk's) come one place off their id column (the columns of a group
+    misaligned), so a recovered message carries another's payload."""
+    import msgpack
+
+    from flux.shard.journal import TopicJournal
 
     def make(f: Any) -> Any:
-        def publish(self: Any, first: int, wall: float, ids: list[str],
-                    payloads: list[bytes]) -> None:
-            f(self, first, wall, ids, payloads[1:] + payloads[:1])
-        return publish
-    return _wrap(TopicReplay, "_publish", make)
+        def read_payloads(self: Any, position: int, end: int, first: int) -> bytes:
+            payloads = msgpack.unpackb(f(self, position, end, first))
+            return bytes(msgpack.packb(payloads[1:] + payloads[:1], use_bin_type=True))
+        return read_payloads
+    return _wrap(TopicJournal, "read_payloads", make)
 
 
 def dedup_not_recovered() -> contextlib.AbstractContextManager[Any]:
@@ -996,10 +1013,10 @@ def dedup_not_recovered() -> contextlib.AbstractContextManager[Any]:
 
     def make(f: Any) -> Any:
         def publish(self: Any, first: int, wall: float, ids: list[str],
-                    payloads: list[bytes]) -> None:
+                    payloads: list[bytes], *where: int) -> None:
             window, self.dedup.window = self.dedup.window, 0.0
             try:
-                f(self, first, wall, ids, payloads)
+                f(self, first, wall, ids, payloads, *where)
             finally:
                 self.dedup.window = window
         return publish

@@ -15,7 +15,7 @@ from flux.hashing import shard_for
 from .conftest import finish, generation_of, publish, topic_stats, wait_for_new_generation
 
 if TYPE_CHECKING:
-    from tests.conftest import Broker
+    from tests.conftest import Broker, BrokerFactory
 
 pytestmark = pytest.mark.spark
 
@@ -102,3 +102,34 @@ def test_generation_change_fails_the_query_or_skips_ahead(
         finish(start())
     finish(start(failOnDataLoss="false"))
     assert seen[2:] == [(f"{new:#x}", i, f"after-{i}".encode()) for i in range(3)]
+
+
+def test_a_disk_topic_bigger_than_shard_memory_replays_through_the_source(
+        spark: Any, broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    """G9 "Space": a disk topic holding about four times ``shard.max_memory`` of payloads
+    (most of them evicted to the log) replays whole and intact through the source."""
+    broker = broker_factory("shard.max_memory=2097152", "storage.cache_bytes=262144",
+                            "message.ttl=600", shards=1,
+                            args=("--data-dir", str(tmp_path / "data")))
+    topic = "replay.big"
+    count = 8000
+
+    def payload(i: int) -> bytes:
+        return (b"%08d" % i) * 125  # 1000 bytes
+
+    for start in range(0, count, 500):
+        publish(broker.url, topic, [payload(i) for i in range(start, start + 500)],
+                ids=[f"m{i}" for i in range(start, start + 500)])
+    seen: list[tuple[int, str, bytes]] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        seen.extend((r.offset, r.id, bytes(r.payload)) for r in df.collect())
+
+    query = (stream(spark, broker, topic, maxMessagesPerTrigger="2000")
+             .writeStream.foreachBatch(collect).trigger(availableNow=True)
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    finish(query)
+    assert sorted(seen) == [(i, f"m{i}", payload(i)) for i in range(count)]
+    stats = topic_stats(broker.url, topic)
+    assert stats["held"] == count and stats["held_bytes"] < 2097152
+    assert stats["storage"]["log_bytes"] > 3 * 2097152

@@ -1,0 +1,133 @@
+"""A placed TopicLog (a disk topic's): payloads of chunks whose records are durable may be
+evicted and are read back through its ChunkStore; reads, trims and byte counts agree with
+a log that never evicts (flux/shard/topic.py, flux/shard/cache.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flux import errors
+from flux.shard.topic import TopicLog
+
+
+class Store:
+    """A ChunkStore over records kept in a dict: position -> packed payloads."""
+
+    def __init__(self) -> None:
+        self.records: dict[int, bytes] = {}
+        self.durable_mark = 0
+        self.resident: dict[int, int] = {}
+        self.reads = 0
+
+    def read(self, position: int, end: int, first: int) -> bytes:
+        self.reads += 1
+        return self.records[position]
+
+    def durable(self) -> int:
+        return self.durable_mark
+
+    def add(self, first: int, size: int, read: bool = False) -> None:
+        self.resident[first] = size
+
+    def touch(self, first: int) -> None:
+        assert first in self.resident
+
+    def drop(self, first: int) -> None:
+        self.resident.pop(first, None)
+
+
+def _placed(store: Store) -> TopicLog:
+    log = TopicLog(placed=True)
+    log.store = store
+    return log
+
+
+def _extend(log: TopicLog, store: Store, ids: list[str], payloads: list[bytes]) -> int:
+    first = log.extend(ids, payloads, 0.0)
+    position = len(store.records)
+    store.records[position] = msgpack.packb(payloads, use_bin_type=True)
+    log.place(position, position + 1)
+    return first
+
+
+def test_an_evicted_chunk_is_read_back_once_and_counted_again() -> None:
+    store = Store()
+    log = _placed(store)
+    _extend(log, store, ["a", "b"], [b"xx", b"yyy"])
+    assert log.held_bytes == 2 + 5 and store.resident == {0: 5}
+    assert log.evict(0) == 0  # its record is not durable yet
+    store.durable_mark = 1
+    assert log.evict(0) == 5 and log.held_bytes == 2 and store.resident == {}
+    assert not log.resident(0)
+    assert log.get(1) == ("b", b"yyy", 0.0)
+    assert store.reads == 1 and log.resident(0) and log.held_bytes == 7
+    assert log.get(0) == ("a", b"xx", 0.0) and store.reads == 1  # cached now
+
+
+def test_a_record_that_does_not_hold_the_chunk_is_refused() -> None:
+    store = Store()
+    log = _placed(store)
+    _extend(log, store, ["a", "b"], [b"xx", b"yyy"])
+    store.durable_mark = 1
+    log.evict(0)
+    store.records[0] = msgpack.packb([b"xx", b"yy"], use_bin_type=True)  # one byte short
+    try:
+        log.get(0)
+    except errors.StorageUnavailable as exc:
+        assert "does not hold" in str(exc)
+    else:
+        raise AssertionError("a wrong record was read back")
+
+
+def test_a_chunk_without_a_position_is_never_evicted() -> None:
+    store = Store()
+    log = _placed(store)
+    log.extend(["a"], [b"x"], 0.0)  # no record placed (its append failed)
+    store.durable_mark = 10
+    assert log.evict(0) == 0 and log.resident(0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.one_of(
+    st.tuples(st.just("extend"), st.integers(1, 4), st.sampled_from([1, 300, 2000])),
+    st.tuples(st.just("durable")),
+    st.tuples(st.just("evict"), st.integers(0, 40)),
+    st.tuples(st.just("trim"), st.integers(0, 40)),
+    st.tuples(st.just("read"), st.integers(0, 40), st.integers(1, 8)),
+), max_size=50))
+def test_a_placed_log_reads_like_one_that_keeps_everything(ops: list[tuple[Any, ...]]) -> None:
+    store = Store()
+    log = _placed(store)
+    plain = TopicLog()
+    for op in ops:
+        if op[0] == "extend":
+            n, size = op[1], op[2]
+            base = plain.next_offset
+            ids = [f"m{base + i}" for i in range(n)]
+            payloads = [bytes([(base + i) % 251]) * size for i in range(n)]
+            assert _extend(log, store, ids, payloads) == plain.extend(ids, payloads, 0.0)
+        elif op[0] == "durable":
+            store.durable_mark = len(store.records)
+        elif op[0] == "evict":
+            log.evict(op[1])
+        elif op[0] == "trim":
+            assert log.trim(op[1], 0.0) == plain.trim(op[1], 0.0)
+        else:
+            start = max(op[1], plain.oldest)
+            stop = min(plain.next_offset, start + op[2])
+            if start < stop:
+                ids, payloads, times = log.span(start, stop)
+                want = plain.span(start, stop)
+                assert ids == want[0] and list(payloads) == list(want[1]) and times == want[2]
+        assert log.oldest == plain.oldest and log.next_offset == plain.next_offset
+        ids_bytes = sum(len(e.id) for e in map(plain.get, range(plain.oldest, plain.next_offset))
+                        if e is not None)
+        assert ids_bytes <= log.held_bytes <= plain.held_bytes
+        assert sum(store.resident.values()) >= log.held_bytes - ids_bytes
+    for offset in range(plain.oldest, plain.next_offset):
+        assert log.get(offset) == plain.get(offset)
+    assert log.held_bytes == plain.held_bytes  # every chunk read back: all resident again
