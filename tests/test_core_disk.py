@@ -247,6 +247,29 @@ def test_the_records_rebuild_the_topic_as_the_core_held_it() -> None:
     assert (billing.cursor, billing.acked, billing.active) == (1, {2}, False)
 
 
+def test_a_recovery_remembers_only_the_ids_still_inside_their_dedup_window() -> None:
+    shard, disk, client = _disk_shard(**{"message.dedup_window": 50.0})
+    _publish(client, "old")
+    shard.advance(40.0)
+    _publish(client, "new")
+    disk.sync()
+    settings = shard.core.topics[TOPIC].settings
+
+    def recovered(at: float) -> TopicReplay:
+        replay = TopicReplay(TOPIC, settings, epoch=0.0, now=at)
+        for rec in disk.writer().records:
+            replay.feed(rec)
+        return replay
+
+    both = recovered(45.0).build(GEN, now=45.0)
+    assert (both.dedup.get("old"), both.dedup.get("new")) == (0, 1)
+    later = recovered(60.0)  # "old" (stored at 0) left its 50 s window at 50
+    assert len(later.dedup) == 1
+    rebuilt = later.build(GEN, now=60.0)
+    assert (rebuilt.dedup.get("old"), rebuilt.dedup.get("new")) == (None, 1)
+    assert rebuilt.log.next_offset == 2  # the message itself is still there
+
+
 @pytest.mark.parametrize("segment_at", [1, 2, 3])
 def test_a_snapshot_at_any_record_replaces_what_came_before_it(segment_at: int) -> None:
     """A segment begins with a SNAPSHOT of the whole state; the records before it may be

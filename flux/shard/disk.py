@@ -164,7 +164,7 @@ class ShardStorage:
             log.info("shard %d: topic %r stays on disk (it was made a disk topic; its policy"
                      " now says %s)", core.index, name, settings.storage)
         epoch = core.epoch
-        replay = TopicReplay(name, settings, epoch)
+        replay = TopicReplay(name, settings, epoch, now=host.now())
         table, report = await recover(self.disk, path, owner=f"topic {name}",
                                       on_record=replay.feed, now=host.now,
                                       boot_id=self.disk.boot_id())

@@ -38,10 +38,14 @@ class TopicReplay:
     wall time ``w`` becomes the monotonic store time ``w - epoch``.
     """
 
-    def __init__(self, name: str, settings: TopicSettings, epoch: float) -> None:
+    def __init__(self, name: str, settings: TopicSettings, epoch: float,
+                 now: float = -math.inf) -> None:
         self.name = name
         self.settings = settings
         self.epoch = epoch
+        # ids stored at or before this (monotonic) time have left the dedup window by the
+        # recovery's ``now``: they are not remembered at all (most of a long log's ids)
+        self.forgotten_by = now - settings.dedup_window
         self.log: TopicLog | None = None
         self.dedup = DedupWindow(settings.dedup_window)
         self.next_offset = 0        # at least this (a snapshot's, when no message is left)
@@ -96,7 +100,7 @@ class TopicReplay:
         stored_at = wall - self.epoch
         chunk = tuple(ids)
         log.extend_placed(chunk, payload_lengths(payloads), stored_at, position, end)
-        if self.dedup.window > 0:
+        if self.dedup.window > 0 and stored_at > self.forgotten_by:
             self.dedup.remember_all(chunk, first, stored_at)
         self.messages += len(chunk)
 
