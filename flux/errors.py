@@ -8,7 +8,7 @@ connection) live in the same tree under :class:`FluxError`.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 
 class FluxError(Exception):
@@ -264,3 +264,19 @@ def from_code(code: int, message: str, details: dict[str, Any] | None = None) ->
         return TopicReset(message, old=details.pop("old", None), new=details.pop("new", None),
                           **details)
     return cls(message, **details)
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def first_of(exc: BaseException, kind: type[E]) -> E | None:
+    """The first ``kind`` in ``exc``: itself, or nested in exception groups (trio's
+    nurseries wrap what their tasks raise)."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = first_of(inner, kind)
+            if found is not None:
+                return found
+    return None

@@ -16,6 +16,7 @@ from hypercorn.trio import serve
 
 from flux import protocol
 from flux.config import Config
+from flux.errors import first_of
 from flux.host import Host
 from flux.monitor.app import build_app
 from flux.monitor.gather import ShardEntry, StatsGatherer
@@ -78,7 +79,7 @@ async def serve_monitor(host: Host, config: Config, router: Router, *,
             try:
                 binds: list[str] = await nursery.start(serve, build_app(gatherer), hyper)
             except (OSError, BaseExceptionGroup) as exc:
-                error = _os_error(exc)
+                error = first_of(exc, OSError)
                 if error is None:
                     raise
                 raise OSError(error.errno, f"http.port {hyper.bind[0]}: {error.strerror}") from exc
@@ -91,15 +92,3 @@ async def serve_monitor(host: Host, config: Config, router: Router, *,
             raise
         # monitoring is not worth the broker: the router goes on serving without it
         log.exception("the HTTP endpoint failed; the broker goes on without it")
-
-
-def _os_error(exc: BaseException) -> OSError | None:
-    """The OSError in ``exc`` (Hypercorn's nurseries wrap it in exception groups)."""
-    if isinstance(exc, OSError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _os_error(inner)
-            if found is not None:
-                return found
-    return None

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 import trio
 
 from flux.config import Config
-from flux.errors import ConfigError
+from flux.errors import ConfigError, first_of
 from flux.host import RealHost
 from flux.router.launcher import ProcessLauncher
 from flux.router.router import Router, RouterInfo
@@ -49,7 +49,7 @@ def serve_forever(config: Config) -> int:
     try:
         trio.run(_serve, config)
     except (OSError, ExceptionGroup) as exc:
-        error = _os_error(exc)
+        error = first_of(exc, OSError)
         if error is None:
             raise
         print(f"flux: cannot serve on {config.host}:{config.port}: {error}", file=sys.stderr)
@@ -112,14 +112,3 @@ def _say(line: str) -> None:
     # a closed stdout (``flux serve | head -1``) must not stop the broker
     with contextlib.suppress(OSError, ValueError):
         print(line, flush=True)
-
-
-def _os_error(exc: BaseException) -> OSError | None:
-    if isinstance(exc, OSError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _os_error(inner)
-            if found is not None:
-                return found
-    return None

@@ -73,11 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(serve, spec)
     except (errors.ConfigError, OSError, ExceptionGroup) as exc:
-        config_error = _leaf(exc, errors.ConfigError)
+        config_error = errors.first_of(exc, errors.ConfigError)
         if config_error is not None:
             print(f"flux shard {spec.index}: {config_error}", file=sys.stderr)
             return 2
-        os_error = _leaf(exc, OSError)
+        os_error = errors.first_of(exc, OSError)
         if os_error is None:
             raise
         print(f"flux shard {spec.index}: cannot serve on port {spec.port}: {os_error}",
@@ -85,17 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return 0
 
-
-def _leaf(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """The first ``kind`` inside ``exc`` (itself, or nested in exception groups)."""
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _leaf(inner, kind)
-            if found is not None:
-                return found
-    return None
 
 if __name__ == "__main__":
     sys.exit(main())

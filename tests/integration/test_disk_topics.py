@@ -101,12 +101,17 @@ async def test_a_kill_9_mid_stream_loses_nothing_acked_on_a_disk_topic(
     assert routed["pid"] != old_pid
 
 
+def _serve_over(data: Path) -> subprocess.CompletedProcess[str]:
+    """``flux serve --data-dir data`` (one shard), expected to refuse to start."""
+    return subprocess.run([sys.executable, "-m", "flux", "serve", "--port", "0", "--shards", "1",
+                           "--data-dir", str(data)], capture_output=True, text=True, timeout=30)
+
+
 def test_a_data_directory_that_is_not_the_brokers_is_refused_at_start(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "photos.txt").write_text("not flux")
-    done = subprocess.run([sys.executable, "-m", "flux", "serve", "--port", "0", "--shards", "1",
-                           "--data-dir", str(data)], capture_output=True, text=True, timeout=30)
+    done = _serve_over(data)
     assert done.returncode == 2
     assert str(data) in done.stderr and "not a Flux data directory" in done.stderr
     assert (data / "photos.txt").read_text() == "not flux"  # nothing wiped
@@ -116,8 +121,7 @@ def test_a_data_directory_of_another_shard_count_is_refused(tmp_path: Path) -> N
     data = tmp_path / "data"
     data.mkdir()
     (data / "flux-data.json").write_text('{"format": 1, "shards": 3}')
-    done = subprocess.run([sys.executable, "-m", "flux", "serve", "--port", "0", "--shards", "1",
-                           "--data-dir", str(data)], capture_output=True, text=True, timeout=30)
+    done = _serve_over(data)
     assert done.returncode == 2
     assert "written by 3 shards" in done.stderr and "--shards 3" in done.stderr
 
