@@ -909,6 +909,15 @@ def through_refuses_acked() -> contextlib.AbstractContextManager[Any]:
     return _handler(protocol.ACK, before=before, after=after)
 
 
+def client_adopt_taken() -> contextlib.AbstractContextManager[Any]:
+    """G13: a shard's client port takes ADOPT as the control listener would, without a
+    word (what a shard did before control frames were refused there): a client can
+    send the shard to a "router" of its own, and gets no typed refusal."""
+    def obey(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
+        return None
+    return mock.patch.dict(ShardCore._handlers, {protocol.ADOPT: obey})
+
+
 # -- disk topics (G9) ---------------------------------------------------------------
 
 
@@ -1113,6 +1122,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "commit-last-read": commit_last_read,
     "fetch-unknown-sub-unchecked": fetch_unknown_sub_unchecked,
     "through-refuses-acked": through_refuses_acked,
+    "client-adopt-taken": client_adopt_taken,
     "ack-before-durable": ack_before_durable,
     "no-checksum-on-read": no_checksum_on_read,
     "torn-tail-kept": torn_tail_kept,
@@ -1191,6 +1201,7 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "credit-over-window-refused": ("liveness/never-subscribed",),
     "commit-last-read": ("liveness/pull-behind",),
     "through-refuses-acked": ("G1/ack-refused",),
+    "client-adopt-taken": ("G8/unanswered",),
     "ack-before-durable": ("G1/fetch-next",),
     "no-checksum-on-read": ("G9/payload-changed",),
     "replay-payloads-rotated": ("G9/payload-changed",),
