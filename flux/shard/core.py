@@ -175,7 +175,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         writer = journal.writer
         info: dict[str, Any] = {"log_bytes": writer.size, "appended": writer.appended,
                                 "durable": writer.durable, "exposed": journal.exposed,
-                                "failed": journal.failed}
+                                "failed": journal.failed, "compactions": journal.compactions,
+                                "compacted_bytes": journal.compacted_bytes}
         info.update(self.recovery_info.get(topic.name, {}))
         return info
 

@@ -174,7 +174,7 @@ class Delivery(ShardState):
         by_attempt: dict[int, list[int]] = {}
         # deadlines are added in time order: the queue must stay ordered
         for at, offset, pushes in sorted(due, key=lambda e: (e[0], e[1])):
-            if log.get(offset) is None:
+            if not log.holds(offset):
                 continue
             sub.in_flight[offset] = pushes + 1
             sub.add_deadlines(at + timeout, [offset], pushes + 1)

@@ -40,6 +40,7 @@ from flux.storage import (
     StorageError,
     recover,
 )
+from flux.storage.compaction import compact_segment
 from flux.storage.table import SegmentTable
 
 log = logging.getLogger("flux.shard")
@@ -285,22 +286,63 @@ class ShardStorage:
 
     async def _retain(self, journal: TopicJournal, writer: LogWriter) -> None:
         """Every cleanup period, remove the log's whole segments that hold nothing live
-        (the cleanup pass moves ``journal.droppable``); never the one being written."""
+        (the cleanup pass moves ``journal.droppable``; never the one being written),
+        then compact the sealed segments before the first message still held."""
         period = self.config.message.cleanup_time
         host = self.host
+        tried: set[int] = set()   # segments judged once (what they hold only ages out)
         while True:
             await host.sleep_until(host.now() + period)
-            if journal.failed is None and journal.droppable > writer.table.start:
-                try:
+            if journal.failed is not None:
+                continue
+            try:
+                if journal.droppable > writer.table.start:
                     # the snapshot that starts the first segment kept must be durable
                     # before what it replaces goes (fsync never or interval included)
                     await writer.sync()
                     await writer.drop_before(journal.droppable)
-                except LogFailed:
-                    return  # the log's watcher fails what waits and stops the shard
-                except OSError as exc:  # the log itself is fine: try again next period
-                    log.warning("shard: removing old segments of topic %r failed: %s",
-                                journal.topic, exc)
+                await self._compact(journal, writer, tried)
+            except LogFailed:
+                return  # the log's watcher fails what waits and stops the shard
+            except OSError as exc:  # the log itself is fine: try again next period
+                log.warning("shard: removing or compacting old segments of topic %r failed:"
+                            " %s", journal.topic, exc)
+            except StorageError as exc:  # a sealed segment reads back damaged
+                self._damaged(journal, f"compaction read a damaged record: {exc}")
+                return
+
+    async def _compact(self, journal: TopicJournal, writer: LogWriter, tried: set[int]) -> None:
+        """Compact (G9 space) each sealed segment that lies wholly before the first message
+        still held and is not about to go whole: its payloads and cursors are left out,
+        the ids still in the dedup window kept (``TopicJournal.judge``)."""
+        table = writer.table
+        live_end = journal.first_live_end()
+        soon = journal.forgotten_before + 2 * self.config.message.cleanup_time
+        candidates = []
+        for segment in table.segments[:-1]:
+            if live_end is not None and segment.end >= live_end:
+                break
+            if segment.first in tried:
+                continue
+            last_wall = journal.last_wall_before(segment.end)
+            if last_wall is not None and last_wall < soon:
+                continue  # its ids all leave the window within two passes: it goes whole
+            candidates.append(segment)
+        if not candidates:
+            return
+        # the snapshot starting each next segment (what lets cursors go) must be durable
+        await writer.sync()
+        for segment in candidates:
+            if all(s is not segment for s in table.segments) or journal.failed is not None:
+                return
+            tried.add(segment.first)
+            done = await compact_segment(self.disk, table, segment, journal.judge)
+            if done.rewritten:
+                journal.compactions += 1
+                journal.compacted_bytes += done.before - done.after
+                log.info("shard: compacted a segment of topic %r: %d -> %d bytes (%d records:"
+                         " %d kept, %d as ids)", journal.topic, done.before, done.after,
+                         done.records, done.kept, done.replaced)
 
     async def close(self) -> None:
         """Write and fsync what every log has queued, then close them (a clean stop)."""

@@ -284,6 +284,10 @@ class TopicLog:
         """When the message at ``offset`` (held) was stored."""
         return self._at[self._chunk(offset)]
 
+    def holds(self, offset: int) -> bool:
+        """Whether the message at ``offset`` is held (its payload is not read)."""
+        return self.oldest <= offset < self._next
+
     def get(self, offset: int) -> Entry | None:
         """The entry at ``offset`` if it is held."""
         if not self.oldest <= offset < self._next:

@@ -19,7 +19,7 @@ from flux.config import Config
 from flux.router.launcher import TaskLauncher, TaskShard
 from flux.router.router import run_router
 from flux.router.state import MemoryStateStore
-from flux.shard.server import ShardServer, run_shard
+from flux.shard.server import ShardServer, StorageFailed, run_shard
 from flux.sim import history as h
 from flux.sim.disk import SimDisk
 from flux.sim.faults import Fault
@@ -238,10 +238,13 @@ def _flip_in_a_record(disk: SimDisk) -> tuple[str, int] | None:
     except (Bad, Torn):
         return None
     records: list[Record] = []
-    decode_run(data, header_size, header_size, records)
+    jumps: list[tuple[int, int]] = []
+    decode_run(data, header_size, header_size, records, jumps)
     if len(records) < 2:
         return None
-    last = records[-1].position  # (positions here are file offsets)
+    last = records[-1].position  # (positions here are file offsets, but for jumps)
+    if jumps:  # a compacted segment: its records were never the last one written
+        last = len(data)
     return disk.flip_bit(path, skip=header_size, recent=disk.random.choice((0, 4096, 4096)),
                          limit=last)
 
@@ -272,6 +275,13 @@ class SimLauncher(TaskLauncher):
         try:
             await run_shard(host, shard.spec, pid=shard.pid, stop=shard.stop, on_start=attach,
                             task_status=task_status)
+        except StorageFailed as exc:
+            # a log failed (an fsync or write error, damage read back): the shard exits
+            # so that the router restarts it and recovery runs, as designed (G9); the
+            # checker asks a storage fault on this machine to explain it
+            world.record(h.FaultInjected(trio.current_time(), "storage-failed", f"shard-{index}",
+                                         str(exc)[:300]))
+            raise
         except Exception as exc:
             what = f" (generation {started[0]:#x})" if started else ""
             world.failed(f"shard {index}{what} raised", exc)

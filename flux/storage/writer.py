@@ -145,8 +145,9 @@ class LogWriter:
 
     @property
     def size(self) -> int:
-        """Bytes the log holds (appended, from its first segment's start)."""
-        return self.appended - self.table.start
+        """Bytes the log's records take (appended, from its first segment's start, less
+        what compaction left out)."""
+        return self.appended - self.table.start - self.table.saved
 
     async def wait_durable(self, end: int) -> int:
         """Wait until the durable mark reaches ``end`` (an :class:`Appended` end); returns the mark.

@@ -940,7 +940,8 @@ def no_checksum_on_read() -> contextlib.AbstractContextManager[Any]:
     from flux.storage import record
     checked = record.decode
 
-    def decode_run(buf: bytes, at: int, position: int, out: list[Any]) -> int:
+    def decode_run(buf: bytes, at: int, position: int, out: list[Any],
+                   jumps: list[tuple[int, int]] | None = None) -> tuple[int, int]:
         size, base = len(buf), position - at
         while size - at >= record.HEADER_SIZE:
             _crc, length, rtype = record.HEADER.unpack_from(buf, at)
@@ -952,11 +953,18 @@ def no_checksum_on_read() -> contextlib.AbstractContextManager[Any]:
                 out.append(record.Record(base + at, rtype, body))  # the CRC never looked at
             else:
                 try:
-                    out.append(checked(buf, at, base + at))
+                    rec = checked(buf, at, base + at)
                 except (record.Torn, record.Bad):
                     break
+                if rtype == record.JUMP:
+                    target = record.jump_target(rec.body)
+                    base = target - end
+                    if jumps is not None:
+                        jumps.append((target, end))
+                else:
+                    out.append(rec)
             at = end
-        return at
+        return at, base + at
 
     def decode(buf: Any, at: int, position: int) -> Any:
         if len(buf) - at >= record.HEADER_SIZE:
@@ -1030,6 +1038,21 @@ def dedup_not_recovered() -> contextlib.AbstractContextManager[Any]:
                 self.dedup.window = window
         return publish
     return _wrap(TopicReplay, "_publish", make)
+
+
+def compaction_ignores_held() -> contextlib.AbstractContextManager[Any]:
+    """G9 space: compaction takes every message for gone (it judges by a head past the
+    newest offset), so sealed segments of messages still held lose their payloads:
+    what is read back, or recovered after a crash, is no longer there."""
+    from flux.shard.journal import TopicJournal
+
+    def make(f: Any) -> Any:
+        def retain(self: Any, oldest: int, forgotten_before: float) -> int:
+            droppable = f(self, oldest, forgotten_before)
+            self.held_from = 1 << 62
+            return int(droppable)
+        return retain
+    return _wrap(TopicJournal, "retain", make)
 
 
 def cursor_record_ahead() -> contextlib.AbstractContextManager[Any]:
@@ -1127,6 +1150,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "no-checksum-on-read": no_checksum_on_read,
     "torn-tail-kept": torn_tail_kept,
     "dedup-not-recovered": dedup_not_recovered,
+    "compaction-ignores-held": compaction_ignores_held,
     "replay-payloads-rotated": replay_payloads_rotated,
     "cursor-record-ahead": cursor_record_ahead,
     "generation-kept-after-power-loss": generation_kept_after_power_loss,
@@ -1146,6 +1170,7 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "restart-forgets-shards": "crashes", "resubscribe-forgotten": "crashes",
             "ack-before-durable": "disk", "no-checksum-on-read": "storage-faults",
             "torn-tail-kept": "storage-faults", "dedup-not-recovered": "disk",
+            "compaction-ignores-held": "disk",
             "cursor-record-ahead": "disk", "replay-payloads-rotated": "disk",
             "generation-kept-after-power-loss": "disk",
             "new-generation-at-every-start": "disk"}
@@ -1207,6 +1232,7 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "replay-payloads-rotated": ("G9/payload-changed",),
     "torn-tail-kept": ("G9/generation-kept",),
     "dedup-not-recovered": ("G3/stored-twice",),
+    "compaction-ignores-held": ("G9/storage-failed-unexplained",),
     "cursor-record-ahead": ("G6/cursor-past-unacked",),
     "generation-kept-after-power-loss": ("G1/offset-reused",),
     "new-generation-at-every-start": ("G9/generation-kept",),
