@@ -49,7 +49,8 @@ DEFAULTS: dict[str, Any] = {
     "router": {"control_port": 0, "adopt_window": 5.0},
     "shard": {"ports": "auto", "advertise": [], "orphan_timeout": 60.0, "max_memory": "auto"},
     "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
-                "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864},
+                "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864,
+                "reserved_bytes": 67108864},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
     "topics": [],
 }
@@ -117,6 +118,7 @@ class StorageConfig:
     segment_bytes: int = 67108864   # a log segment is rolled past this size
     max_bytes: int = 0              # a disk topic's log size cap (0: the disk's room)
     cache_bytes: int = 67108864     # disk topics' payloads a shard keeps in memory once durable
+    reserved_bytes: int = 67108864  # free disk kept for acks, commits and compaction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -479,6 +481,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             segment_bytes=_int("storage.segment_bytes", st["segment_bytes"], minimum=4096),
             max_bytes=_int("storage.max_bytes", st["max_bytes"], minimum=0),
             cache_bytes=_int("storage.cache_bytes", st["cache_bytes"], minimum=0),
+            reserved_bytes=_int("storage.reserved_bytes", st["reserved_bytes"], minimum=0),
         ),
         http=_http(merged["http"]),
         topics=_topic_policies(merged["topics"]),

@@ -261,7 +261,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         """The durable mark of ``journal`` moved: release replies, expose offsets, push."""
         ready, moved = journal.advance()
         if ready:
-            self._release(ready)
+            self._pushes_sent(self._release(ready), now)
         if moved:
             topic = self.topics.get(journal.topic)
             if topic is not None and topic.journal is journal:
@@ -271,6 +271,10 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         self._pump(now)
         if self.cache.changed or self.cache.over:
             self._settle_cache()
+
+    def storage_stopped(self, journal: TopicJournal, reason: str, now: float) -> None:
+        """``journal``'s log failed (:meth:`storage_failed`), at ``now``."""
+        self._pushes_sent(self.storage_failed(journal, reason), now)
 
     def drain(self) -> None:
         """Refuse new publishes from now on (the shard is stopping)."""

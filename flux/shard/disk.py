@@ -47,6 +47,7 @@ log = logging.getLogger("flux.shard")
 
 FORMAT_VERSION = 1
 MARKER = "flux-data.json"
+ROOM_CHECK = 1.0   # seconds between two looks at the data directory's free room
 
 
 async def check_data_dir(disk: Disk, directory: str, shard_count: int) -> None:
@@ -144,6 +145,7 @@ class ShardStorage:
                            now=host.now, wall_time=host.wall_time)
         if self._core is not None:  # every log of the shard counts in one histogram (STATS)
             writer.stats.sync_times = self._core.fsync_times
+        writer.on_full = lambda reason: self._check_room()
         return writer
 
     async def recover(self, core: ShardCore) -> None:
@@ -256,11 +258,49 @@ class ShardStorage:
             self._nursery = nursery
             for name, journal in self.journals.items():
                 nursery.start_soon(self._serve_log, journal, self.writers[name])
+            nursery.start_soon(self._watch_room)
             for writer in self._unsettled:
                 await writer.sync()  # raises LogFailed: the shard does not start
             self._unsettled.clear()
             task_status.started()
             await trio.sleep_forever()
+
+    def _check_room(self) -> None:
+        """Tell the core whether disk topics may take publishes: not while the disk holds
+        less than ``storage.reserved_bytes`` free (that room is for acks, commits and
+        compaction, so a full disk never deadlocks them), nor while a write found it full."""
+        core = self._core
+        if core is None:
+            return
+        reserved = self.config.storage.reserved_bytes
+        full = next((w.full for w in self.writers.values() if w.full is not None), None)
+        reason: str | None = None
+        if full is not None:
+            reason = f"the disk is full ({full})"
+        else:
+            try:
+                free = self.disk.free_bytes(self.root)
+            except OSError as exc:
+                free, reserved = 0, 1
+                log.warning("shard %d: cannot tell the free room of %s: %s", core.index,
+                            self.root, exc)
+            if free < reserved:
+                reason = (f"the disk holding {self.root} has {free} bytes free, under"
+                          f" storage.reserved_bytes={reserved}")
+        if reason != core.disk_full:
+            if reason is None:
+                log.info("shard %d: disk topics take publishes again (room on the disk)",
+                         core.index)
+            elif core.disk_full is None:
+                log.warning("shard %d: disk topics refuse publishes: %s", core.index, reason)
+            core.disk_full = reason
+
+    async def _watch_room(self) -> None:
+        """Check the disk's free room every ROOM_CHECK seconds."""
+        host = self.host
+        while True:
+            self._check_room()
+            await host.sleep_until(host.now() + ROOM_CHECK)
 
     async def _serve_log(self, journal: TopicJournal, writer: LogWriter) -> None:
         core = self._core
@@ -277,7 +317,7 @@ class ShardStorage:
             except LogFailed as exc:
                 log.error("shard %d: the log of topic %r failed: %s", core.index, journal.topic,
                           exc)
-                core.storage_failed(journal, str(exc))
+                core.storage_stopped(journal, str(exc), self.host.now())
                 self._dispatch()
                 if self.failure is None:
                     self.failure = exc

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -87,6 +87,9 @@ class Held:
     # out behind it, so a connection's frames keep their order (a DELIVER or SUB_ENDED
     # never overtakes the SUBSCRIBED it follows)
     behind: list[list[Any]] = field(default_factory=list)
+    # pushes among those frames, (subscription, offsets, pushes, epoch): their ack
+    # timeout (G4) starts when they go out, not when they were made
+    pushes: list[tuple[Any, Sequence[int], int, int]] = field(default_factory=list)
 
 
 @dataclass(eq=False)

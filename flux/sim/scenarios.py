@@ -321,6 +321,20 @@ def storage_faults(rng: random.Random) -> Workload:
                                 count=(4, 12)))
 
 
+def disk_errors(rng: random.Random) -> Workload:
+    """Disk topics on disks that fail: fsync errors (the log stops, the shard exits and
+    recovers), a full disk for a while (publishes refused with StorageUnavailable, acks
+    and deliveries go on, writes wait for room) and slow fsyncs, with some crashes."""
+    w = disk(rng)
+    config = dict(w.config)
+    config["storage"] = {**w.config["storage"], "kind": "disk"}  # type: ignore[dict-item]
+    config.pop("topics", None)
+    return replace(w, scenario="disk-errors", config=config, auditors=("a0",),
+                   mix=FaultMix((("eio", 1.0), ("full", 1.0), ("slowdisk", 0.7),
+                                 ("crash", 0.4), ("reset", 0.3)),
+                                count=(3, 10), pause=(0.5, 4.0)))
+
+
 def with_client_ids(workload: Workload, rng: random.Random) -> Workload:
     """About half the producers let the client choose their ids, so the client's own id
     generation runs (and the checker knows their messages by payload). Drawn from a
@@ -339,4 +353,5 @@ SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
+    "disk-errors": disk_errors,
 }

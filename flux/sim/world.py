@@ -46,6 +46,7 @@ class World:
         self.tracebacks: list[str] = []
         self._incarnations: dict[str, int] = {}
         self.disks: dict[str, SimDisk] = {}
+        self._full_spells: dict[str, int] = {}   # machine -> "disk full" faults under way
         self.shards: dict[int, tuple[SimHost, TaskShard]] = {}
         self.launcher = SimLauncher(nursery, self)
         self.router = RouterSupervisor(self, nursery)
@@ -122,6 +123,9 @@ class World:
         if self._healed:
             return  # due at the very moment of the heal, and started after it: too late
         kind, target, net = fault.kind, fault.target, self.network
+        if kind in ("eio", "full", "slowdisk"):
+            await self._disk_fault(fault)
+            return
         if kind in ("crash", "pause", "power", "flip"):
             index = int(target.rsplit("-", 1)[1])
             entry = self.shards.get(index)
@@ -169,6 +173,32 @@ class World:
                 else:
                     net.unblock(a, b)
         self.record(h.FaultInjected(trio.current_time(), kind, target, "end"))
+
+    async def _disk_fault(self, fault: Fault) -> None:
+        """A storage fault of a shard machine's disk (the shard itself keeps running)."""
+        disk = self.disk_of(fault.target)
+        now = trio.current_time
+        if fault.kind == "eio":
+            disk.fail_next_syncs(1)
+            self.record(h.FaultInjected(now(), "eio", fault.target, "instant"))
+            return
+        self.record(h.FaultInjected(now(), fault.kind, fault.target, "begin"))
+        full = fault.kind == "full"
+        spells = self._full_spells
+        try:
+            if full:
+                spells[fault.target] = spells.get(fault.target, 0) + 1
+                disk.set_full(True)
+            else:
+                disk.slow += 1
+            await trio.sleep(fault.duration)
+        finally:   # a heal ends it too (overlapping spells end with the last of them)
+            if full:
+                spells[fault.target] -= 1
+                disk.set_full(spells[fault.target] > 0)
+            else:
+                disk.slow -= 1
+        self.record(h.FaultInjected(now(), fault.kind, fault.target, "end"))
 
     def heal(self) -> None:
         """End every fault at once: links healed, shards resumed, the router running."""

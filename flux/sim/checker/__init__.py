@@ -104,7 +104,8 @@ RULES: dict[str, str] = {
     "G9/payload-changed": "every message delivered or fetched carries the payload its id"
                           " was published with",
     "G9/storage-failed-unexplained": "a shard's log fails (and the shard exits) only after"
-                                     " a storage fault on its machine",
+                                     " an fsync error or damage on its machine, never for"
+                                     " a full disk",
     # bad_input.py: G8
     "G8/untyped-error": "a bad request gets an error of a class a caller can act on",
     "G8/batch-item": "each item of a PUBLISH gets its own result: valid ones stored,"

@@ -25,9 +25,9 @@ RESETTING = ("power", "flip")
 
 
 # storage faults that may make a shard's log fail (it exits; the router restarts it):
-# an fsync error, a full disk, damage read back, and a power loss (which, like a
-# crash, ends every open file)
-FAILING = ("eio", "full", "flip", "power")
+# an fsync error, damage read back, and a power loss (which, like a crash, ends every
+# open file). Not a full disk: that refuses publishes and makes writes wait (G9).
+FAILING = ("eio", "flip", "power")
 
 
 def check(index: Index, report: Report) -> None:
@@ -38,8 +38,9 @@ def check(index: Index, report: Report) -> None:
 
 def _check_storage_failures(index: Index, report: Report) -> None:
     """A shard's log fails (the shard exits, G9) only after a storage fault on its
-    machine: an fsync or write error, a full disk, or a bit flip read back. Sound: a
-    simulated disk raises no error and changes no byte unless a fault says so."""
+    machine that may fail it: an fsync error or a bit flip read back, never a full disk
+    (publishes are refused and writes wait for room). Sound: a simulated disk raises
+    no error and changes no byte unless a fault says so."""
     faults: dict[str, float] = {}   # host -> when the first storage fault hit it
     for e in index.history.of(h.FaultInjected):
         if e.fault in FAILING:
