@@ -292,7 +292,10 @@ def disk(rng: random.Random) -> Workload:
                          # and FETCH read evicted groups back from the log (more than
                          # memory); the choice rides on a draw already made, so seeds
                          # keep the workloads they had
-                         "cache_bytes": 256 if interval == 0.01 else 1 << 26}
+                         "cache_bytes": 256 if interval == 0.01 else 1 << 26,
+                         # disk topics keep inactive subscriptions as long as memory
+                         # topics here (not 7 days), so G6's deletions are judged on them
+                         "inactive_time": w.config["subscriber"]["inactive_time"]}  # type: ignore[index]
     short_window = rng.random() < 0.5  # ids leave the window in the run: segments go
     if short_window:
         config["message"] = {**w.config["message"], "dedup_window": 4.0}  # type: ignore[dict-item]
