@@ -99,7 +99,8 @@ class TopicFull(RemoteError):
 
 
 class Busy(RemoteError):
-    """Too many publishes of one topic are waiting; retry with the same id."""
+    """Too many publishes of one topic are waiting, or the shard is still recovering its
+    disk topics; retry (a publish with the same id)."""
 
     code = 41
     retryable = True

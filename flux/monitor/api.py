@@ -20,17 +20,22 @@ FETCH_MAX_BYTES = 256 * 1024   # payload + id bytes read per page (at least one 
 
 
 def health(directory: ShardDirectory) -> tuple[int, dict[str, Any]]:
-    """``(status, body)``: 200 when the router runs and every shard is registered, else 503
-    naming what is missing."""
+    """``(status, body)``: 200 when the router runs and every shard is registered and
+    serving, else 503 naming what is missing or still recovering its disk topics."""
     entries = directory.entries()
     missing = [e.index for e in entries if not e.registered]
-    shards = [{"index": e.index, "registered": e.registered, "pid": e.pid,
-               "generation": _hex(e.generation), "restarts": e.restarts} for e in entries]
+    recovering = [e.index for e in entries if e.registered and e.recovering]
+    shards = [{"index": e.index, "registered": e.registered, "recovering": e.recovering,
+               "pid": e.pid, "generation": _hex(e.generation), "restarts": e.restarts}
+              for e in entries]
     if directory.stopping():
         return 503, {"status": "stopping", "message": "the broker is stopping", "shards": shards}
     if missing:
         return 503, {"status": "unavailable", "missing": missing, "shards": shards,
                      "message": f"shards {missing} are not registered (starting or restarting)"}
+    if recovering:
+        return 503, {"status": "recovering", "recovering": recovering, "shards": shards,
+                     "message": f"shards {recovering} are recovering their disk topics"}
     return 200, {"status": "ok", "shard_count": len(entries), "shards": shards}
 
 

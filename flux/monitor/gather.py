@@ -40,6 +40,7 @@ class ShardEntry:
     generation: int | None = None
     address: str | None = None      # where the shard listens (the monitor dials it)
     restarts: int = 0
+    recovering: bool = False        # registered, still rebuilding its disk topics (Busy)
 
 
 class ShardDirectory(Protocol):

@@ -48,7 +48,7 @@ class RouterDirectory:
             if host in WILDCARD_HOSTS:  # listening everywhere: loopback reaches it
                 host = "::1" if host == "::" else "127.0.0.1"
             out.append(ShardEntry(slot.index, True, info.pid, info.generation,
-                                  format_address(host, port), slot.restarts))
+                                  format_address(host, port), slot.restarts, info.recovering))
         return out
 
     def stopping(self) -> bool:

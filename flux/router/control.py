@@ -40,6 +40,7 @@ class ShardInfo:
     address: str      # where it listens
     advertise: str    # what clients are told
     control: str = ""  # its control listener (ADOPT), on loopback
+    recovering: bool = False  # registered while recovering its disk topics (until READY)
 
 
 class ControlLink:
@@ -129,6 +130,11 @@ async def _registered_frame(router: Router, link: ControlLink, slot: Slot,
     slot.last_seen = router.host.now()
     if frame[0] == protocol.PING:
         await link.send([protocol.PONG, _rid(frame)])
+    elif frame[0] == protocol.READY:
+        if slot.info is not None and slot.info.recovering:
+            slot.info = dataclasses.replace(slot.info, recovering=False)
+            log.info("shard %d recovered its disk topics", slot.index)
+            router.notify()
     elif frame[0] == protocol.REGISTER:
         await link.send(protocol.error_frame(_rid(frame), errors.InvalidRequest(
             "this connection is registered already")))
@@ -189,7 +195,8 @@ async def register(router: Router, link: ControlLink, rid: int, frame: list[Any]
         owner = f"pid {slot.proc.pid}" if slot.proc is not None else "a shard being started"
         return await _refuse(link, rid, index, pid, answer,
                              f"shard {index} is served by {owner}")
-    slot.info = ShardInfo(index, pid, generation, address, advertise, control)
+    slot.info = ShardInfo(index, pid, generation, address, advertise, control,
+                          recovering=body.get("recovering") is True)
     slot.link, slot.last_seen = link, now
     if isinstance(router.config.shard.ports, str):
         slot.port = protocol.parse_address(address)[1]  # a restart keeps the known address

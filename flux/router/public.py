@@ -134,6 +134,7 @@ def stats(router: Router) -> dict[str, Any]:
     return {"role": "router", "shard_count": router.shard_count, "control": router.control,
             "shards": [{"index": s.index, "pid": s.proc.pid if s.proc else None,
                         "registered": s.info is not None, "connected": s.link is not None,
+                        "recovering": s.info is not None and s.info.recovering,
                         "generation": s.info.generation if s.info else None,
                         "advertise": s.info.advertise if s.info else None,
                         "restarts": s.restarts} for s in router.slots]}

@@ -33,6 +33,11 @@ from flux.shard.subscription import Subscription
 __all__ = ["Session", "ShardCore", "Topic"]
 
 
+# frame kinds a recovering shard handles (control kinds get their own refusal; CREDIT has
+# no reply to give)
+_WHILE_RECOVERING = P.CONTROL_KINDS | {P.CREDIT, P.STATS}
+
+
 class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
     """All state of one shard incarnation (one generation), and its frame handlers."""
 
@@ -100,6 +105,14 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         handler = self._handlers.get(kind)
         # CREDIT has no rid (field 1 is a sid): its errors must not answer a pending request
         rid = frame[1] if len(frame) > 1 and type(frame[1]) is int and kind != P.CREDIT else 0
+        if self.recovering is not None and kind not in _WHILE_RECOVERING:
+            # its disk topics are not rebuilt yet (G9): nothing is served, HELLO included,
+            # so a client that hears this incarnation answer knows the recovery is over
+            # (STATS is: it says how far the recovery got)
+            session.out.append(P.error_frame(rid, errors.Busy(
+                f"shard {self.index} is recovering its disk topics ({self.recovering});"
+                " retry shortly")))
+            return
         if handler is None:
             session.out.append(P.error_frame(rid, errors.InvalidRequest(
                 f"unknown frame kind {kind}")))
@@ -165,7 +178,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                 "payload_cache": self.cache.stats(),
                 "retired_topics": len(self.retired),
                 "publish_ack_seconds": self.publish_acks.as_dict(),
-                "fsync_seconds": self.fsync_times.as_dict(), "topics": topics}
+                "fsync_seconds": self.fsync_times.as_dict(), "recovering": self.recovering,
+                "topics": topics}
 
     def _storage_stats(self, topic: Topic) -> dict[str, Any] | None:
         """A disk topic's log: its size, marks and what recovery found (None: memory)."""
@@ -208,6 +222,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
             self._run_timers(sub, now)
         if now >= self._next_session_check:
             self._check_sessions(now)
+        if self.recovering is not None:
+            return  # cleanup waits until every disk topic is rebuilt
         if now >= self._next_message_cleanup and self._cleanup_messages(now):
             # an unfinished pass stays due: the shell runs its next slice at once,
             # after serving the sockets

@@ -131,6 +131,7 @@ class ShardStorage:
         self.recovered: list[Recovered] = []
         self.failure: LogFailed | None = None
         self._unsettled: list[LogWriter] = []  # logs of new generations to sync first
+        self._checked = False
         self.failed = trio.Event()
         self._core: ShardCore | None = None
         self._dispatch: Callable[[], None] = lambda: None
@@ -148,16 +149,28 @@ class ShardStorage:
         writer.on_full = lambda reason: self._check_room()
         return writer
 
-    async def recover(self, core: ShardCore) -> None:
-        """Check the data directory and rebuild every disk topic of this shard into ``core``
-        (before the shard serves). Raises ConfigError for a directory that is not this
-        broker's, StorageError (ForeignLog) for a log that is not this topic's."""
+    async def check(self) -> None:
+        """Check the data directory (and make this shard's). Raises ConfigError for a
+        directory that is not this broker's."""
         await check_data_dir(self.disk, self.root, self.shard_count)
         self.disk.makedirs(self.directory)
+        self._checked = True
+
+    async def recover(self, core: ShardCore) -> None:
+        """Rebuild every disk topic of this shard into ``core`` (before it serves), saying
+        how far it got in ``core.recovering`` meanwhile. Raises ConfigError for a directory
+        that is not this broker's, StorageError (ForeignLog) for a log that is not this
+        topic's."""
+        if not self._checked:
+            await self.check()
         self._core = core
         core.open_journal = self.open_new
-        for name in self.disk.listdir(self.directory):
+        names = self.disk.listdir(self.directory)
+        read = 0
+        for i, name in enumerate(names):
+            core.recovering = f"topic {i + 1} of {len(names)}, {read} bytes read so far"
             await self._recover_topic(core, name)
+            read += self.recovered[-1].report.bytes
 
     async def _recover_topic(self, core: ShardCore, name: str) -> None:
         host = self.host

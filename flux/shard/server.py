@@ -219,15 +219,16 @@ class ShardServer:
         self._tick_scope: trio.CancelScope | None = None
         self._control_wake = trio.Event()
         self._control_switch = trio.Event()
+        self._recovered = trio.Event()
 
     async def run(self, stop: trio.Event | None, task_status: Any) -> None:
         storage = self.storage
         async with trio.open_nursery() as nursery:
             if storage is not None:
-                # disk topics are rebuilt before anything is served (G9)
-                await storage.recover(self.core)
-                await nursery.start(storage.run, self._dispatch)
-                nursery.start_soon(self._stop_on_storage_failure, storage)
+                await storage.check()
+                # registered and heartbeating, but answering Busy, until every disk topic
+                # is rebuilt (G9): a long recovery is not taken for a shard that hangs
+                self.core.recovering = "starting"
             port = await nursery.start(self.host.serve, self.config.host, self.spec.port,
                                        self._serve_connection)
             self.address = format_address(self.config.host, port)
@@ -238,9 +239,17 @@ class ShardServer:
                 nursery.start_soon(self._stop_on, stop)
             nursery.start_soon(self._ticker)
             nursery.start_soon(self._control_loop)
-            log.info("shard %d listening on %s (generation %#x)", self.spec.index, self.address,
-                     self.core.generation)
+            log.info("shard %d listening on %s (generation %#x)%s", self.spec.index,
+                     self.address, self.core.generation,
+                     "; recovering its disk topics" if storage is not None else "")
             task_status.started(port)
+            if storage is not None:
+                await storage.recover(self.core)
+                await nursery.start(storage.run, self._dispatch)
+                nursery.start_soon(self._stop_on_storage_failure, storage)
+                self.core.recovering = None
+                self._recovered.set()   # the control link tells the router (READY)
+                log.info("shard %d recovered its disk topics; serving", self.spec.index)
             await self._stop.wait()
             await self._drain()
             if storage is not None:
@@ -599,10 +608,18 @@ class ShardServer:
             await self._control_switch.wait()
             scope.cancel()
 
+        async def ready() -> None:
+            """Registered while recovering: say READY once the recovery is over."""
+            await self._recovered.wait()
+            await link.registered.wait()
+            if link.recovering:
+                await stream.send_all(protocol.encode([protocol.READY, 0]))
+
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(pinger, nursery.cancel_scope)
                 nursery.start_soon(switch, nursery.cancel_scope)
+                nursery.start_soon(ready)
                 while True:
                     data = await stream.receive_some(RECV_BYTES)
                     if not data:
@@ -628,7 +645,9 @@ class ShardServer:
             "shard_count": self.spec.shard_count, "control": self.control_address}
         proof = control_proof.prove(self.spec.secret, control_proof.REGISTER, link.challenge,
                                     link.nonce, control_proof.register_fields(fields))
-        return [protocol.REGISTER, 1, {**fields, "nonce": link.nonce, "proof": proof}]
+        link.recovering = self.core.recovering is not None
+        return [protocol.REGISTER, 1, {**fields, "recovering": link.recovering,
+                                       "nonce": link.nonce, "proof": proof}]
 
     def _control_frame(self, frame: list[Any], link: _RouterLink) -> bool:
         """Handle one frame from the router; False ends the control session."""
@@ -652,6 +671,7 @@ class ShardServer:
                 log.info("shard %d: registered with the router at %s", self.spec.index,
                          self.control)
             self.registered = True
+            link.registered.set()
         elif kind == protocol.DRAIN:
             log.info("shard %d: the router asked it to drain", self.spec.index)
             self.stop()
@@ -661,9 +681,11 @@ class ShardServer:
 class _RouterLink:
     """The shard's side of one control connection's handshake."""
 
-    __slots__ = ("challenge", "nonce", "proven")
+    __slots__ = ("challenge", "nonce", "proven", "recovering", "registered")
 
     def __init__(self, nonce: bytes) -> None:
         self.nonce = nonce                    # ours, sent in REGISTER
         self.challenge: bytes | None = None   # the router's, from CHALLENGE
         self.proven = False                   # the router proved the secret
+        self.recovering = False               # REGISTER said the shard was recovering
+        self.registered = trio.Event()        # REGISTERED came

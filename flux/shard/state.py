@@ -138,6 +138,9 @@ class ShardState:
         # (name, first offset) -> journal
         self.open_journal: Callable[[str, int], TopicJournal] | None = None
         self.recovery_info: dict[str, dict[str, Any]] = {}  # disk topic -> its recovery
+        # what the recovery of disk topics has done so far, while it runs (G9): every
+        # request gets Busy meanwhile; None once the shard serves
+        self.recovering: str | None = None
         # why disk topics take no publishes now (the data directory's disk is short of
         # ``storage.reserved_bytes``, or a write found it full); None: they do
         self.disk_full: str | None = None

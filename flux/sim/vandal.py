@@ -115,6 +115,9 @@ class Vandal:
                                                reply or "timeout", sent))
             if reply == "closed":
                 raise trio.ClosedResourceError("the shard closed the connection")
+            # no answer in time (a fault held it): this client sends no heartbeats, so
+            # it does not linger on a connection whose shard may find it silent
+            raise trio.ClosedResourceError("no answer; starting over on a new connection")
         elif reply[0] == P.ERROR:
             name = type(errors.from_code(int(reply[2]), str(reply[3]))).__name__
             self.record(h.BadRequestAnswered(now, self.host.name, shard, rid, what, name))

@@ -150,7 +150,7 @@ async def recover(disk: Disk, directory: str, *, owner: str,
             break
         segment = OpenSegment(path, file, header, header_size, first)
         table.add(segment)
-        bad = _scan(segment, size, on_record, report)
+        bad = await _scan(segment, size, on_record, report)
         if bad is not None:
             position, reason = bad
             cut = size - segment.offset_of(position)
@@ -188,9 +188,11 @@ def _generation_of(disk: Disk, path: str) -> int | None:
     return header.generation
 
 
-def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] | None,
-          report: RecoveryReport) -> tuple[int, str] | None:
-    """Read every record of ``segment``; returns (position, reason) of the first bad one."""
+async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] | None,
+                report: RecoveryReport) -> tuple[int, str] | None:
+    """Read every record of ``segment``; returns (position, reason) of the first bad one.
+    Yields to the event loop after each chunk, so a long recovery does not stop the
+    caller's other tasks (a shard's heartbeats to the router, its Busy answers)."""
     file = segment.file
     offset = segment.header_size     # the file offset of buf[0]
     position = segment.first         # the log position of buf[at]
@@ -225,6 +227,7 @@ def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] |
         need = CHUNK
         if len(buf) - at >= record.HEADER_SIZE:
             need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
+        await trio.lowlevel.checkpoint()
         more = file.read_at(loaded, min(need, size - loaded))
         if not more:
             return position, _what_is_wrong(buf, at)

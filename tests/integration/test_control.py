@@ -32,7 +32,7 @@ def control_frames(control: str) -> list[list[Any]]:
     return [[P.REGISTER, 7, {"index": 0, "pid": 1, "generation": 1, "shard_count": 2,
                              "address": control, "advertise": control, "control": control}],
             [P.REGISTERED, 7, {}], [P.DRAIN, 7], [P.ADOPT, 7, {"control": control}],
-            [P.CHALLENGE, 7, {"nonce": b"n" * 16}], [P.ADOPTED, 7, {}]]
+            [P.CHALLENGE, 7, {"nonce": b"n" * 16}], [P.ADOPTED, 7, {}], [P.READY, 7]]
 
 
 class Trap:

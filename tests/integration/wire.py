@@ -101,7 +101,7 @@ def publish_frame(rid: int, topic: str, message_id: str, payload: bytes) -> list
 def item_result(reply: list[Any], group: int = 0, index: int = 0) -> list[Any]:
     """One item's result in a PUBLISHED: ``[0, offset, duplicate]`` if it was stored,
     ``[code, message, None]`` if it was refused."""
-    offsets, duplicates, refused = reply[3][group]
+    offsets, duplicates, refused = reply[3][group][:3]  # (a disk topic adds its generation)
     for i, code, message in refused:
         if i == index:
             return [code, message, None]
