@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 VS          ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv browser serve test lint sim chaos bench mutate clean distclean
+.PHONY: help venv browser serve test lint sim chaos fuzz bench mutate clean distclean
 
 help:
 	@echo "make serve  [ARGS=...]        run a broker (.venv/bin/flux serve ARGS)"
@@ -31,6 +31,7 @@ help:
 	@echo "make browser                  install Chromium for the dashboard's browser tests"
 	@echo "make sim    [ARGS=...]        simulate seeds 0:500"
 	@echo "make chaos  [ARGS=...]        real processes under injected faults"
+	@echo "make fuzz   [ARGS=...]        the wire fuzzer against a real broker (1M frames)"
 	@echo "make bench  [VS=nats|all]     benchmarks, optionally beside peer brokers"
 	@echo "make mutate [ARGS=...]        mutation testing of the shard and client cores (ARGS: run|rerun|report ...)"
 	@echo "make clean | distclean        remove caches and build output (distclean: and .venv)"
@@ -71,14 +72,17 @@ test: $(STAMP) browser
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check flux tests chaos examples mutation
-	$(BIN)/mypy flux chaos mutation
+	$(BIN)/ruff check flux tests chaos fuzz examples mutation
+	$(BIN)/mypy flux chaos fuzz mutation
 
 sim: $(STAMP)
 	$(BIN)/flux sim --seeds 0:500 $(ARGS)
 
 chaos: $(STAMP)
 	$(BIN)/python -m chaos $(ARGS)
+
+fuzz: $(STAMP)
+	$(BIN)/python -m fuzz $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/flux bench $(if $(VS),--vs $(VS)) $(ARGS)

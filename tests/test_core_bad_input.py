@@ -290,3 +290,16 @@ def test_frames_the_decoder_would_refuse_get_a_protocol_error_not_an_exception(
     [reply] = client.send(frame)
     assert reply[0] == P.ERROR and reply[1] == 0 and reply[2] == errors.ProtocolError.code
     assert _snapshot(shard) == before
+
+
+def test_a_request_without_an_integer_rid_is_refused_with_rid_0_and_does_nothing() -> None:
+    """Found by the wire fuzzer: a PUBLISH with rid NaN was stored and answered with
+    rid NaN, which no client can match."""
+    shard = Shard()
+    client = shard.connect()
+    for rid in ("x", float("nan"), None, True, [1]):
+        [reply] = client.send([P.PUBLISH, rid, [["orders.eu", ["a"], [b"x"]]]])
+        assert reply[:3] == [P.ERROR, 0, errors.InvalidRequest.code]
+        assert "integer rid" in reply[3]
+    assert "orders.eu" not in shard.core.topics
+    assert client.send([P.CREDIT, 9, 5]) == []   # CREDIT has no rid, and still no reply

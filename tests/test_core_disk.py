@@ -239,6 +239,16 @@ def test_a_full_disk_refuses_publishes_to_disk_topics_while_acks_go_on() -> None
     assert reply[3] == [[1, [], []]]
 
 
+def test_a_hello_of_another_version_behind_a_held_reply_still_says_why_it_closes() -> None:
+    """Found by the wire fuzzer: the UnsupportedVersion waited behind a PUBLISHED held
+    for durability, and the connection closed without it."""
+    _shard, _disk, client = _disk_shard()
+    _publish(client, "a")                 # held until its record is durable
+    client.send([P.HELLO, 9, {"version": 99}])
+    [error] = client.take(P.ERROR)
+    assert error[1:3] == [9, errors.UnsupportedVersion.code]
+
+
 def test_the_records_rebuild_the_topic_as_the_core_held_it() -> None:
     shard, disk, client = _disk_shard(**{"message.ttl": 20.0})
     _publish(client, "a", "b", "c")

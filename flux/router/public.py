@@ -83,7 +83,12 @@ async def answer(router: Router, frame: list[Any],
                  stream: trio.abc.Stream) -> tuple[list[Any], bool]:
     """The reply to one frame, and whether to close the connection after it."""
     kind = frame[0]
-    rid = frame[1] if len(frame) > 1 and type(frame[1]) is int else 0
+    rid = frame[1] if len(frame) > 1 and type(frame[1]) is int and kind != protocol.CREDIT \
+        else 0
+    if kind != protocol.CREDIT and not (len(frame) > 1 and type(frame[1]) is int):
+        return protocol.error_frame(0, errors.InvalidRequest(
+            f"a {protocol.KIND_NAMES.get(kind, kind)} request needs an integer rid in"
+            " position 1; nothing was done")), False
     if kind == protocol.PING:
         return [protocol.PONG, rid], False
     if kind == protocol.STATS:

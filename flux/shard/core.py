@@ -104,7 +104,14 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         kind = frame[0]
         handler = self._handlers.get(kind)
         # CREDIT has no rid (field 1 is a sid): its errors must not answer a pending request
-        rid = frame[1] if len(frame) > 1 and type(frame[1]) is int and kind != P.CREDIT else 0
+        has_rid = len(frame) > 1 and type(frame[1]) is int
+        rid = frame[1] if has_rid and kind != P.CREDIT else 0
+        if not has_rid and kind != P.CREDIT:
+            # no integer rid: nothing could match a reply to it (PROTOCOL.md §4)
+            session.out.append(P.error_frame(0, errors.InvalidRequest(
+                f"a {P.KIND_NAMES.get(kind, kind)} request needs an integer rid in position 1;"
+                " nothing was done")))
+            return
         if self.recovering is not None and kind not in _WHILE_RECOVERING:
             # its disk topics are not rebuilt yet (G9): nothing is served, HELLO included,
             # so a client that hears this incarnation answer knows the recovery is over
@@ -130,8 +137,11 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         rid, body = frame[1], _map(frame, 2)
         version = body.get("version")
         if version != P.VERSION:
-            session.out.append(P.error_frame(rid, errors.UnsupportedVersion(
-                f"protocol version {version!r} is not supported; this shard speaks {P.VERSION}")))
+            # the connection closes now: the ERROR goes ahead of replies still held for
+            # durability (which never go), as for every closing error
+            (session.ready if session.holds else session.out).append(P.error_frame(
+                rid, errors.UnsupportedVersion(f"protocol version {version!r} is not"
+                                               f" supported; this shard speaks {P.VERSION}")))
             session.close = True
             return
         session.hello = True
