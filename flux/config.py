@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from flux.auth.users import DEFAULTS as AUTH_DEFAULTS
+from flux.auth.users import AuthConfig, parse_auth
 from flux.errors import ConfigError
 from flux.policies import (
     PLANNED_KEYS,
@@ -52,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
                 "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
     "topics": [],
+    "auth": copy.deepcopy(AUTH_DEFAULTS),
 }
 
 FSYNC_MODES = ("always", "interval", "never")
@@ -149,6 +152,8 @@ class Config:
     storage: StorageConfig = StorageConfig()
     http: HttpConfig = HttpConfig()
     topics: tuple[TopicPolicy, ...] = ()  # per-pattern settings; the first match wins
+    # users and permissions (G13); off without users
+    auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
 
     @functools.cached_property
     def global_settings(self) -> TopicSettings:
@@ -203,6 +208,7 @@ class Config:
         if not isinstance(self.shard.ports, str):
             data["shard"]["ports"] = list(self.shard.ports)
         data["topics"] = [policy.to_dict() for policy in self.topics]
+        data["auth"] = self.auth.to_dict()
         return data
 
     def replace(self, changes: Mapping[str, Any] | None = None, /, **overrides: Any) -> Config:
@@ -482,6 +488,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
         ),
         http=_http(merged["http"]),
         topics=_topic_policies(merged["topics"]),
+        auth=parse_auth(merged["auth"]),
     )
     if data_dir is None and (config.storage.kind == "disk" or any(
             dict(policy.values).get("storage.kind") == "disk" for policy in config.topics)):

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import trio
@@ -207,9 +207,11 @@ class StatsGatherer:
     """Gathers every registered shard's STATS each ``interval`` seconds into a cache."""
 
     def __init__(self, host: Host, directory: ShardDirectory, interval: float,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None,
+                 hello: Callable[[], dict[str, Any]] | None = None) -> None:
         self.host = host
         self.directory = directory
+        self.hello = hello  # credential fields of its links' HELLOs (with auth on)
         self.interval = interval
         self.timeout = timeout if timeout is not None else max(1.0, interval)
         self.history = RateHistory()
@@ -283,7 +285,7 @@ class StatsGatherer:
         if link is None or link.address != entry.address:
             if link is not None:
                 await link.aclose()
-            link = ShardLink(self.host, entry.address, self.timeout)
+            link = ShardLink(self.host, entry.address, self.timeout, self.hello)
             self._links[entry.index] = link
         return link
 

@@ -20,6 +20,7 @@ import trio
 
 from flux import config as config_mod
 from flux import control_proof, errors, protocol
+from flux.auth.users import parse_auth
 from flux.host import Host, ShardSpec
 from flux.shard.core import ShardCore
 from flux.shard.disk import ShardStorage
@@ -201,6 +202,8 @@ class ShardServer:
         now = host.now()
         self.core = ShardCore(config, index=spec.index, shard_count=spec.shard_count,
                               generation=generation, now=now, epoch=host.wall_time() - now)
+        self.core.secret = spec.secret  # session tokens are signed with it (flux.auth)
+        self._auth = config.auth        # the auth section in force (a reload replaces it)
         self.storage: ShardStorage | None = None
         if config.storage.dir is not None:
             self.storage = ShardStorage(host, config, spec.index, spec.shard_count,
@@ -652,10 +655,31 @@ class ShardServer:
                 log.info("shard %d: registered with the router at %s", self.spec.index,
                          self.control)
             self.registered = True
+            self._reload_auth(frame)  # a restarted router may hold a newer auth section
+        elif kind == protocol.AUTH:
+            self._reload_auth(frame)
         elif kind == protocol.DRAIN:
             log.info("shard %d: the router asked it to drain", self.spec.index)
             self.stop()
         return True
+
+
+    def _reload_auth(self, frame: list[Any]) -> None:
+        """Apply the router's ``auth`` section (REGISTERED, or AUTH after a SIGHUP)."""
+        body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
+        if "auth" not in body:
+            return
+        try:
+            auth = parse_auth(body["auth"])
+        except errors.ConfigError as exc:
+            log.error("shard %d: the router sent an invalid auth section: %s", self.spec.index,
+                      exc)
+            return
+        if auth != self._auth:
+            log.info("shard %d: auth reloaded (%d users)", self.spec.index, len(auth.users))
+            self._auth = auth
+            self.core.reload_auth(auth, self.host.now())
+            self._dispatch()
 
 
 class _RouterLink:
