@@ -25,8 +25,24 @@ def credential_options(fn: Any) -> Any:
                       help="Password of --user (prefer FLUX_PASSWORD: flags show in ps).")(fn)
     fn = click.option("--user", envvar="FLUX_USER", default=None,
                       help="User to log in as, with --password.  [env: FLUX_USER]")(fn)
-    return click.option("--token", envvar="FLUX_TOKEN", default=None,
-                        help="Token to authenticate with.  [env: FLUX_TOKEN]")(fn)
+    fn = click.option("--token", envvar="FLUX_TOKEN", default=None,
+                      help="Token to authenticate with.  [env: FLUX_TOKEN]")(fn)
+    fn = click.option("--tls-ca", envvar="FLUX_TLS_CA", default=None,
+                      help="Speak TLS, trusting this CA file (a flux+tls:// URL uses the"
+                           " system's CAs).  [env: FLUX_TLS_CA]")(fn)
+    fn = click.option("--tls-cert", envvar="FLUX_TLS_CERT", default=None,
+                      help="Client certificate (PEM) for mutual TLS.  [env: FLUX_TLS_CERT]")(fn)
+    return click.option("--tls-key", envvar="FLUX_TLS_KEY", default=None,
+                        help="Key of --tls-cert, if not in its file.  [env: FLUX_TLS_KEY]")(fn)
+
+
+def _tls(url: str, ca: str | None, cert: str | None, key: str | None) -> Any:
+    from flux.client.tls import client_context
+
+    try:
+        return client_context(url, None, ca=ca, cert=cert, key=key)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"TLS: {exc}") from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -80,6 +96,9 @@ def serve(config_path: str | None, host: str | None, port: int | None, shards: s
 
     try:
         cfg = load()
+        from flux.tls import server_context
+
+        server_context(cfg.tls)  # a certificate that does not load stops nothing running
     except errors.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     from flux.router.main import serve_forever
@@ -98,7 +117,8 @@ def serve(config_path: str | None, host: str | None, port: int | None, shards: s
 @credential_options
 def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines: bool,
         token: str | None, user: str | None,
-        password: str | None) -> None:
+        password: str | None, tls_ca: str | None, tls_cert: str | None,
+        tls_key: str | None) -> None:
     """Publish PAYLOAD (or stdin, with '-' or no PAYLOAD) to TOPIC.
 
     Prints the offset, generation and whether it was a duplicate.
@@ -117,7 +137,8 @@ def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines
         raise click.UsageError("--id applies to one message; drop it with --lines")
 
     async def run() -> None:
-        async with connect(url, token=token, user=user, password=password) as client:
+        async with connect(url, token=token, user=user, password=password,
+                           tls=_tls(url, tls_ca, tls_cert, tls_key)) as client:
             for body in bodies:
                 ack = await client.publish(topic, body, id=message_id)
                 dup = " (duplicate)" if ack.duplicate else ""
@@ -138,15 +159,19 @@ def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines
 @credential_options
 def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int | None,
         count: int | None, no_ack: bool, token: str | None, user: str | None,
-        password: str | None) -> None:
+        password: str | None, tls_ca: str | None, tls_cert: str | None,
+        tls_key: str | None) -> None:
     """Subscribe to TOPIC and print each message as it arrives (Ctrl-C to stop)."""
 
     from flux.client.trio import connect
 
+    tls = _tls(url, tls_ca, tls_cert, tls_key)
+
     async def run() -> None:
         seen = 0
-        async with connect(url, token=token, user=user, password=password) as client, client.subscribe(
-                topic, name=name, read_old=read_old, from_offset=from_offset) as subscription:
+        async with connect(url, token=token, user=user, password=password, tls=tls) as client, \
+                client.subscribe(topic, name=name, read_old=read_old,
+                                 from_offset=from_offset) as subscription:
             async for msg in subscription:
                 text = msg.payload.decode("utf-8", "backslashreplace")
                 click.echo(f"{msg.topic}@{msg.offset} id={msg.id} {text}")
@@ -165,7 +190,8 @@ def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int
 @click.option("--json", "as_json", is_flag=True, help="Print every shard's reply as JSON.")
 @credential_options
 def stats(pattern: str, url: str, as_json: bool, token: str | None, user: str | None,
-          password: str | None) -> None:
+          password: str | None, tls_ca: str | None, tls_cert: str | None,
+          tls_key: str | None) -> None:
     """Show what each shard holds: topics, subscriptions (cursor, lag, in flight), counters.
 
     PATTERN keeps the topics whose name matches it (a glob, e.g. 'orders.*').
@@ -175,7 +201,8 @@ def stats(pattern: str, url: str, as_json: bool, token: str | None, user: str | 
     from flux.client.trio import connect
 
     async def run() -> None:
-        async with connect(url, retry_deadline=10.0, token=token, user=user, password=password) as client:
+        async with connect(url, retry_deadline=10.0, token=token, user=user, password=password,
+                           tls=_tls(url, tls_ca, tls_cert, tls_key)) as client:
             replies = stats_view.select(await client.stats(), pattern)
         if as_json:
             click.echo(stats_view.as_json(replies))
@@ -191,11 +218,13 @@ def stats(pattern: str, url: str, as_json: bool, token: str | None, user: str | 
               help="Seconds between refreshes.")
 @credential_options
 def top(url: str, interval: float, token: str | None, user: str | None,
-        password: str | None) -> None:
+        password: str | None, tls_ca: str | None, tls_cert: str | None,
+        tls_key: str | None) -> None:
     """A live view: rates per shard and topic, lag per subscription (q quits)."""
     from flux.monitor.top import run_top
 
-    _run(lambda: run_top(url, interval, token=token, user=user, password=password))
+    _run(lambda: run_top(url, interval, token=token, user=user, password=password,
+                         tls=_tls(url, tls_ca, tls_cert, tls_key)))
 
 
 @main.group()

@@ -53,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
                 "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
+    "tls": {"cert": None, "key": None, "client_ca": None},
     "topics": [],
     "auth": copy.deepcopy(AUTH_DEFAULTS),
 }
@@ -132,6 +133,19 @@ class HttpConfig:
     stats_interval: float = 2.0   # seconds between two gatherings of every shard's STATS
 
 
+@dataclasses.dataclass(frozen=True)
+class TlsConfig:
+    """TLS on the router's public port and every shard's client port (see flux.tls)."""
+
+    cert: str | None = None       # PEM certificate chain; with key, the ports speak TLS
+    key: str | None = None        # PEM private key (None: in the cert file)
+    client_ca: str | None = None  # PEM CAs: clients must present a certificate they signed
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
 HTTP_PORT_OFFSET = 1000  # http.port "auto" with the default port 7070 is 8070
 
 
@@ -151,6 +165,7 @@ class Config:
     shard: ShardConfig = ShardConfig()
     storage: StorageConfig = StorageConfig()
     http: HttpConfig = HttpConfig()
+    tls: TlsConfig = TlsConfig()
     topics: tuple[TopicPolicy, ...] = ()  # per-pattern settings; the first match wins
     # users and permissions (G13); off without users
     auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
@@ -487,6 +502,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             cache_bytes=_int("storage.cache_bytes", st["cache_bytes"], minimum=0),
         ),
         http=_http(merged["http"]),
+        tls=_tls(merged["tls"]),
         topics=_topic_policies(merged["topics"]),
         auth=parse_auth(merged["auth"]),
     )
@@ -512,6 +528,19 @@ def _http(raw: dict[str, Any]) -> HttpConfig:
     return HttpConfig(enabled=enabled, host=host, port=port,
                       stats_interval=_positive_number("http.stats_interval",
                                                       raw["stats_interval"]))
+
+
+def _tls(raw: dict[str, Any]) -> TlsConfig:
+    paths: dict[str, str | None] = {}
+    for key in ("cert", "key", "client_ca"):
+        value = raw[key]
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"tls.{key}", f"expected the path of a PEM file, got {value!r}")
+        paths[key] = value
+    if paths["cert"] is None and (paths["key"] is not None or paths["client_ca"] is not None):
+        raise ConfigError("tls.cert", "tls.key and tls.client_ca need tls.cert (the server's"
+                                      " certificate)")
+    return TlsConfig(**paths)
 
 
 def _set_path(data: dict[str, Any], path: str, value: Any) -> None:

@@ -57,6 +57,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
     # DESIGN.md G13 (users and permissions; off without users)
     "auth": {"users": [], "session_ttl": 600.0, "logins_per_minute": 30},
+    "tls": {"cert": None, "key": None, "client_ca": None},
 }
 
 

@@ -63,13 +63,21 @@ def from_session(auth: AuthConfig, secret: str, token: Any, wall_now: float) -> 
     return Identity(name, auth.permissions[name], fingerprint)
 
 
-def fast(auth: AuthConfig, secret: str, body: dict[str, Any], wall_now: float) -> Identity:
-    """The identity a HELLO body proves with a token or a session token.
+def fast(auth: AuthConfig, secret: str, body: dict[str, Any], wall_now: float,
+         certificate: str | None = None) -> Identity:
+    """The identity a HELLO body proves with a token or a session token, or else the
+    connection's TLS client certificate (its common name, ``certificate``) does.
 
     Raises AuthenticationFailed (no credential, a wrong one, or a password: only the
     router checks those) or SessionExpired.
     """
     kind = credential_kind(body)
+    if kind is None and certificate is not None:
+        user = auth.by_certificate.get(certificate)
+        if user is None:
+            raise errors.AuthenticationFailed(
+                f"no user has the client certificate {certificate!r}")
+        return Identity(user.name, auth.permissions[user.name], user.fingerprint)
     if kind == "token":
         return from_token(auth, body["token"])
     if kind == "session":

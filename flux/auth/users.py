@@ -1,8 +1,9 @@
 """The config's ``auth`` section: users, their stored credentials and their rules.
 
 Auth is on when ``auth.users`` lists anyone. Each user has a name, exactly one
-credential (``token_sha256``, or ``password``: a hash from ``flux auth hash``) and a
-rule per operation (:mod:`flux.auth.permissions`). Validation errors carry the key's
+credential (``token_sha256``; ``password``: a hash from ``flux auth hash``; or
+``certificate``: the common name of a TLS client certificate ``tls.client_ca``
+signed) and a rule per operation (:mod:`flux.auth.permissions`). Validation errors carry the key's
 path, like every config error.
 """
 
@@ -19,7 +20,7 @@ from flux.auth.permissions import OPERATIONS, Permissions, Rule
 from flux.errors import ConfigError
 
 DEFAULTS: Final[dict[str, Any]] = {"users": [], "session_ttl": 600.0, "logins_per_minute": 30}
-USER_KEYS: Final = ("name", "token_sha256", "password", *OPERATIONS)
+USER_KEYS: Final = ("name", "token_sha256", "password", "certificate", *OPERATIONS)
 _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}\Z")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -31,6 +32,7 @@ class User:
     name: str
     token_sha256: str | None = None
     password: str | None = None       # the stored hash, never the password
+    certificate: str | None = None    # a TLS client certificate's common name
     publish: Rule = dataclasses.field(default_factory=Rule)
     subscribe: Rule = dataclasses.field(default_factory=Rule)
     admin: Rule = dataclasses.field(default_factory=Rule)
@@ -39,7 +41,7 @@ class User:
     def fingerprint(self) -> bytes:
         """8 bytes that change when the user's credential changes: a session token made
         before a password change no longer opens connections."""
-        credential = self.token_sha256 or self.password or ""
+        credential = self.token_sha256 or self.password or f"cn={self.certificate}"
         return hashlib.sha256(f"{self.name}\0{credential}".encode()).digest()[:8]
 
     def to_dict(self) -> dict[str, Any]:
@@ -48,6 +50,8 @@ class User:
             data["token_sha256"] = self.token_sha256
         if self.password is not None:
             data["password"] = self.password
+        if self.certificate is not None:
+            data["certificate"] = self.certificate
         for op in OPERATIONS:
             data[op] = getattr(self, op).to_dict()
         return data
@@ -72,6 +76,10 @@ class AuthConfig:
     @functools.cached_property
     def by_token(self) -> dict[str, User]:
         return {u.token_sha256: u for u in self.users if u.token_sha256 is not None}
+
+    @functools.cached_property
+    def by_certificate(self) -> dict[str, User]:
+        return {u.certificate: u for u in self.users if u.certificate is not None}
 
     @functools.cached_property
     def permissions(self) -> dict[str, Permissions]:
@@ -108,9 +116,10 @@ def parse_auth(raw: Any) -> AuthConfig:
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ConfigError(f"auth.users[{i}].name", f"user {name!r} is listed twice")
-    tokens = [u.token_sha256 for u in users if u.token_sha256]
-    if len(set(tokens)) != len(tokens):
-        raise ConfigError("auth.users", "two users have the same token_sha256")
+    for key in ("token_sha256", "certificate"):
+        values = [getattr(u, key) for u in users if getattr(u, key)]
+        if len(set(values)) != len(values):
+            raise ConfigError("auth.users", f"two users have the same {key}")
     return AuthConfig(users=users, session_ttl=float(ttl), logins_per_minute=rate)
 
 
@@ -125,9 +134,13 @@ def _user(path: str, raw: Any) -> User:
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(f"{path}.name", f"expected 1-64 characters of [A-Za-z0-9_.@-],"
                                           f" got {name!r}")
-    token, password = raw.get("token_sha256"), raw.get("password")
-    if (token is None) == (password is None):
-        raise ConfigError(path, f"user {name!r} needs exactly one of token_sha256 and password")
+    token, password, certificate = (raw.get(k) for k in ("token_sha256", "password",
+                                                          "certificate"))
+    if sum(v is not None for v in (token, password, certificate)) != 1:
+        raise ConfigError(path, f"user {name!r} needs exactly one of token_sha256, password"
+                                " and certificate")
+    if certificate is not None and (not isinstance(certificate, str) or not certificate):
+        raise ConfigError(f"{path}.certificate", "expected a certificate's common name")
     if token is not None and (not isinstance(token, str) or not _HEX64.match(token)):
         raise ConfigError(f"{path}.token_sha256", "expected 64 lowercase hex digits (the"
                                                   " token's SHA-256; 'flux auth token' prints"
@@ -143,4 +156,5 @@ def _user(path: str, raw: Any) -> User:
             rules[op] = Rule.parse(raw.get(op))
         except ValueError as exc:
             raise ConfigError(f"{path}.{op}", str(exc)) from None
-    return User(name=name, token_sha256=token, password=password, **rules)
+    return User(name=name, token_sha256=token, password=password, certificate=certificate,
+                **rules)

@@ -50,8 +50,9 @@ def split_url(url: str, *, token: str | None = None, user: str | None = None,
     address = url
     if "://" in url:
         parts = urlsplit(url)
-        if parts.scheme != "flux":
-            raise ValueError(f"unsupported URL scheme {parts.scheme!r} (use flux://)")
+        if parts.scheme not in ("flux", "flux+tls"):
+            raise ValueError(f"unsupported URL scheme {parts.scheme!r} (use flux:// or"
+                             " flux+tls://)")
         if parts.username is not None and user is None and token is None:
             user = unquote(parts.username)
             password = unquote(parts.password) if parts.password is not None else password

@@ -23,6 +23,7 @@ from flux.shard.server import (
     format_address,
     linger,
     move_on_at,
+    secure,
 )
 
 if TYPE_CHECKING:
@@ -43,6 +44,12 @@ async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
         return
     router.clients += 1
     peer = _Peer(_peer_host(stream))
+    if router.tls is not None:
+        secured = await secure(router.host, stream, router.tls, limits.hello_timeout)
+        if secured is None:
+            router.clients -= 1
+            return
+        stream, peer.certificate = secured
     decoder = protocol.FrameDecoder(router.config.max_frame_bytes)
     hello_by: float | None = router.host.now() + limits.hello_timeout  # None: HELLO came
     try:
@@ -87,11 +94,12 @@ async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
 class _Peer:
     """One client connection of the router: its address and who it proved to be."""
 
-    __slots__ = ("address", "identity")
+    __slots__ = ("address", "certificate", "identity")
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.identity: Identity | None = None
+        self.certificate: str | None = None  # its TLS client certificate's common name
 
 
 async def answer(router: Router, frame: list[Any], stream: trio.abc.Stream,
@@ -150,7 +158,8 @@ async def _authenticate(router: Router, body: dict[str, Any],
     if identities.credential_kind(body) == "password":
         return await router.logins.login(auth, router.secret, body,
                                          peer.address if peer is not None else "?")
-    return identities.fast(auth, router.secret, body, router.host.wall_time()), None
+    return identities.fast(auth, router.secret, body, router.host.wall_time(),
+                           peer.certificate if peer is not None else None), None
 
 
 def _admin_refusal(auth: Any, identity: Identity | None) -> errors.FluxError | None:

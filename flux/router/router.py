@@ -35,6 +35,7 @@ from flux.shard.server import (
     format_address,
     move_on_at,
 )
+from flux.tls import server_context
 
 log = logging.getLogger("flux.router")
 
@@ -106,6 +107,7 @@ class Router:
         self.control = ""
         self.secret = ""  # the broker's (flux.control_proof); set before any shard starts
         self.logins = Logins(host)  # password logins (G13), rate-limited per address
+        self.tls = server_context(config.tls)  # None: the public port speaks plain TCP
         self.stopping = False
         self.may_launch = False
         self.saving = False

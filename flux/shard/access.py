@@ -28,7 +28,8 @@ class Access(ShardState):
         """Set ``session.identity`` from a HELLO body (with auth on); raises
         AuthenticationFailed or SessionExpired when it proves none."""
         if self.auth is not None:
-            session.identity = identities.fast(self.auth, self.secret, body, self.epoch + now)
+            session.identity = identities.fast(self.auth, self.secret, body, self.epoch + now,
+                                               session.certificate)
 
     def _not_yet(self, kind: int) -> errors.NotAuthorized:
         return errors.NotAuthorized(

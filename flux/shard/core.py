@@ -37,11 +37,12 @@ __all__ = ["Session", "ShardCore", "Topic"]
 class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
     """All state of one shard incarnation (one generation), and its frame handlers."""
 
-    def connect(self, now: float) -> int:
+    def connect(self, now: float, certificate: str | None = None) -> int:
         """Register a new connection; returns its id for later calls. It must send
-        HELLO within ``limits.hello_timeout`` (see :meth:`next_deadline`)."""
+        HELLO within ``limits.hello_timeout`` (see :meth:`next_deadline`).
+        ``certificate``: the common name of its TLS client certificate, if any."""
         conn = next(self._conn_ids)
-        self.sessions[conn] = Session(conn, now, now)
+        self.sessions[conn] = Session(conn, now, now, certificate=certificate)
         self._next_session_check = min(self._next_session_check,
                                        now + self.config.limits.hello_timeout)
         return conn

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -24,6 +25,8 @@ from flux.auth.users import parse_auth
 from flux.host import Host, ShardSpec
 from flux.shard.core import ShardCore
 from flux.shard.disk import ShardStorage
+from flux.tls import accept as tls_accept
+from flux.tls import server_context
 
 log = logging.getLogger("flux.shard")
 
@@ -115,6 +118,22 @@ async def close_with_error(host: Host, stream: trio.abc.Stream, exc: errors.Flux
     await trio.aclose_forcefully(stream)
 
 
+async def secure(host: Host, stream: trio.abc.Stream, context: ssl.SSLContext, timeout: float
+                 ) -> tuple[trio.abc.Stream, str | None] | None:
+    """TLS over an accepted client ``stream`` (flux.tls.accept), bounded by ``timeout``
+    (the HELLO deadline); None, the stream closed, when it fails (a plain client got a
+    plain ERROR first)."""
+    secured: tuple[trio.abc.Stream, str | None] | None = None
+    async with move_on_at(host, host.now() + timeout):
+        try:
+            secured = await tls_accept(stream, context)
+        except (*BROKEN, errors.ProtocolError) as exc:
+            log.info("a TLS handshake failed: %s", exc)
+    if secured is None:
+        await trio.aclose_forcefully(stream)
+    return secured
+
+
 def format_address(host: str, port: int) -> str:
     """``host:port``, with brackets around an IPv6 host."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -204,6 +223,7 @@ class ShardServer:
                               generation=generation, now=now, epoch=host.wall_time() - now)
         self.core.secret = spec.secret  # session tokens are signed with it (flux.auth)
         self._auth = config.auth        # the auth section in force (a reload replaces it)
+        self.tls = server_context(config.tls)  # None: the client port speaks plain TCP
         self.storage: ShardStorage | None = None
         if config.storage.dir is not None:
             self.storage = ShardStorage(host, config, spec.index, spec.shard_count,
@@ -291,7 +311,13 @@ class ShardServer:
                 f"shard {self.spec.index} holds {limit} connections (limits.max_connections);"
                 " retry later"))
             return
-        conn = self.core.connect(self.host.now())
+        certificate = None
+        if self.tls is not None:
+            secured = await secure(self.host, stream, self.tls, self.config.limits.hello_timeout)
+            if secured is None:
+                return
+            stream, certificate = secured
+        conn = self.core.connect(self.host.now(), certificate)
         self._rearm()  # its HELLO deadline may come before the ticker's next wake-up
         try:
             async with trio.open_nursery() as nursery:

@@ -90,6 +90,7 @@ class Session:
     last_seen: float
     hello: bool = False
     identity: Identity | None = None  # who HELLO proved (None: auth is off)
+    certificate: str | None = None    # the common name of its TLS client certificate
     paused: bool = False  # the shell does not read it: its output is not being read
     subs: dict[int, Subscription] = field(default_factory=dict)  # client sid -> subscription
     out: list[list[Any]] = field(default_factory=list)  # frames to send (behind any hold)

@@ -37,7 +37,8 @@ class SourceOptions:
     min_partitions: int
     fail_on_data_loss: bool
     timeout: float
-    credentials: dict[str, str]  # token, or user and password (auth, G13)
+    # token, or user and password (auth, G13); ca, cert, key: TLS files (tlsCa, ...)
+    credentials: dict[str, str]
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -63,7 +64,7 @@ class SourceOptions:
         # fail at query definition, not in the middle of a batch
         offsets.parse_starting(opts.starting_offsets, topics)
         offsets.parse_starting(opts.ending_offsets, topics, option="endingOffsets")
-        protocol.parse_address(split_url(opts.url, **opts.credentials)[0])
+        protocol.parse_address(split_url(opts.url)[0])
         return opts
 
 
@@ -76,7 +77,8 @@ class SinkOptions:
     batch_size: int
     write_id: str
     timeout: float
-    credentials: dict[str, str]  # token, or user and password (auth, G13)
+    # token, or user and password (auth, G13); ca, cert, key: TLS files (tlsCa, ...)
+    credentials: dict[str, str]
 
     @classmethod
     def parse(cls, options: Mapping[str, str], columns: list[str]) -> SinkOptions:
@@ -97,17 +99,22 @@ class SinkOptions:
         opts = cls(url=get("url") or DEFAULT_URL, topic=topic,
                    batch_size=_int(get, "batchSize", 500) or 500, write_id=write_id,
                    timeout=_float(get, "timeout", DEFAULT_TIMEOUT), credentials=_credentials(get))
-        protocol.parse_address(split_url(opts.url, **opts.credentials)[0])
+        protocol.parse_address(split_url(opts.url)[0])
         return opts
 
 
 def _credentials(get: _Get) -> dict[str, str]:
-    """Options ``token``, or ``user`` and ``password``; ValueError for a wrong mix."""
+    """Options ``token``, or ``user`` and ``password``, and the TLS files ``tlsCa``,
+    ``tlsCert``, ``tlsKey`` (as ``ca``, ``cert``, ``key``); ValueError for a wrong mix."""
     found = {key: value for key in ("token", "user", "password") if (value := get(key))}
     try:
         Credentials(**found)
     except ValueError as exc:
         raise ValueError(f"options 'token', 'user', 'password': {exc}") from None
+    for option, key in (("tlsCa", "ca"), ("tlsCert", "cert"), ("tlsKey", "key")):
+        value = get(option)
+        if value:
+            found[key] = value
     return found
 
 
