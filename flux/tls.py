@@ -99,3 +99,22 @@ def common_name(cert: Any) -> str | None:
             if key == "commonName":
                 return str(value)
     return None
+
+
+def throwaway_pki(directory: str) -> dict[str, str]:
+    """A new CA and a server certificate for 127.0.0.1 and localhost, written to
+    ``directory``: paths ``ca``, ``cert``, ``key``. For benchmarks and chaos runs (it
+    needs trustme, a dev dependency); never for a real broker."""
+    import os
+
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    files = {name: os.path.join(directory, file) for name, file in
+             (("ca", "ca.pem"), ("cert", "server.pem"), ("key", "server.key"))}
+    ca.cert_pem.write_to_path(files["ca"])
+    for i, pem in enumerate(server.cert_chain_pems):
+        pem.write_to_path(files["cert"], append=i > 0)
+    server.private_key_pem.write_to_path(files["key"])
+    return files

@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import statistics
 import tempfile
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from collections.abc import Iterator
 from flux.auth.credentials import token_digest
 from flux.bench import systems
 from flux.bench.runner import Plan, Runner
+from flux.tls import throwaway_pki
 
 TOKEN = "bench-token-0123456789abcdef"
 
@@ -44,19 +44,8 @@ def users(patterns: int) -> list[dict[str, object]]:
 @contextlib.contextmanager
 def certificates() -> Iterator[dict[str, str]]:
     """Files of a throwaway CA and a server certificate for 127.0.0.1."""
-    import trustme
-
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
     with tempfile.TemporaryDirectory(prefix="flux-bench-tls-") as tmp:
-        files = {"ca": os.path.join(tmp, "ca.pem"), "cert": os.path.join(tmp, "server.pem"),
-                 "key": os.path.join(tmp, "server.key")}
-        ca.cert_pem.write_to_path(files["ca"])
-        server.cert_chain_pems[0].write_to_path(files["cert"])
-        for extra in server.cert_chain_pems[1:]:
-            extra.write_to_path(files["cert"], append=True)
-        server.private_key_pem.write_to_path(files["key"])
-        yield files
+        yield throwaway_pki(tmp)
 
 
 @dataclasses.dataclass
