@@ -45,6 +45,21 @@ def server_context(config: TlsConfig) -> ssl.SSLContext | None:
     return context
 
 
+def internal_context(config: TlsConfig) -> ssl.SSLContext | None:
+    """The context of the broker's own client connections to its shards (the router's
+    monitor), or None without TLS. It does not verify the shard (the router knows its
+    address from the proven registration) and, with ``tls.client_ca``, presents the
+    server's certificate as its client certificate (so that CA must trust it too)."""
+    if config.cert is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if config.client_ca is not None:
+        context.load_cert_chain(config.cert, config.key)
+    return context
+
+
 class _Replayed(trio.abc.Stream):
     """A stream whose first bytes were already read: they come again first."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import ssl
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -208,8 +209,10 @@ class StatsGatherer:
 
     def __init__(self, host: Host, directory: ShardDirectory, interval: float,
                  timeout: float | None = None,
-                 hello: Callable[[], dict[str, Any]] | None = None) -> None:
+                 hello: Callable[[], dict[str, Any]] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host = host
+        self.tls = tls      # its links speak TLS to the shards with this context
         self.directory = directory
         self.hello = hello  # credential fields of its links' HELLOs (with auth on)
         self.interval = interval
@@ -285,7 +288,7 @@ class StatsGatherer:
         if link is None or link.address != entry.address:
             if link is not None:
                 await link.aclose()
-            link = ShardLink(self.host, entry.address, self.timeout, self.hello)
+            link = ShardLink(self.host, entry.address, self.timeout, self.hello, self.tls)
             self._links[entry.index] = link
         return link
 

@@ -9,6 +9,7 @@ and typed errors for the monitor's reads. Not here: what is asked or cached
 from __future__ import annotations
 
 import itertools
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +26,10 @@ class ShardLink:
     """A lazily dialled request/reply connection to the shard at ``address``."""
 
     def __init__(self, host: Host, address: str, timeout: float,
-                 hello: Callable[[], dict[str, Any]] | None = None) -> None:
+                 hello: Callable[[], dict[str, Any]] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host = host
+        self.tls = tls      # the shards' client ports speak TLS (flux.tls.internal_context)
         self.address = address
         self.timeout = timeout
         self.hello = hello  # the HELLO's credential fields (the broker's own, with auth)
@@ -77,7 +80,11 @@ class ShardLink:
     async def _exchange(self, frame: list[Any]) -> list[Any]:
         if self._stream is None:
             host, port = protocol.parse_address(self.address)
-            self._stream = await self.host.connect(host, port)
+            stream: trio.abc.Stream = await self.host.connect(host, port)
+            if self.tls is not None:
+                stream = trio.SSLStream(stream, self.tls, server_hostname=host)
+                await stream.do_handshake()
+            self._stream = stream
             self._decoder = protocol.FrameDecoder(MAX_REPLY_BYTES)
             body = {"version": protocol.VERSION, "role": "monitor",
                     **(self.hello() if self.hello is not None else {})}

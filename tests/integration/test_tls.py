@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,10 +19,12 @@ import pytest
 import trio
 
 from flux import errors
+from flux.auth.credentials import token_digest
 from flux.client import asyncio as aio
 from flux.client import sync
 from flux.client.tls import client_context
 from flux.client.trio import connect
+from tests.monitor.support import HTTP_LINE, wait_for
 
 if TYPE_CHECKING:
     from tests.conftest import Broker, BrokerFactory
@@ -65,11 +70,33 @@ def tls_url(broker: Broker) -> str:
     return f"flux+tls://{broker.address}"
 
 
+def start(factory: BrokerFactory, config: str) -> tuple[Broker, str]:
+    """A broker with its HTTP endpoint (gathering STATS every 0.2 s) and its URL."""
+    broker = factory("http.stats_interval=0.2", config=config)
+    match = HTTP_LINE.match(broker.router.next_line(time.monotonic() + 30))
+    assert match
+    return broker, match.group(1)
+
+
+def gathered(http: str, token: str | None = None) -> None:
+    """The monitor reaches every shard over TLS (its STATS arrive)."""
+    request = urllib.request.Request(http + "api/shards", headers={
+        "Authorization": f"Bearer {token}"} if token else {})
+
+    def probe() -> bool:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            shards = json.loads(response.read())["shards"]
+        return all(s["uptime"] is not None and s["error"] is None for s in shards)
+
+    wait_for(probe, "the monitor's STATS of every shard over TLS")
+
+
 async def test_every_client_flavour_and_the_cli_speak_tls(
         broker_factory: BrokerFactory, tmp_path: Path) -> None:
     pki = Pki(tmp_path / "pki")
-    broker = broker_factory("http.enabled=false", config=pki.config())
+    broker, http = start(broker_factory, pki.config())
     url = tls_url(broker)
+    await trio.to_thread.run_sync(gathered, http)
     with trio.fail_after(TIMEOUT):
         async with connect(url, tls=pki.ca_file) as client:
             for i in range(20):  # topics on both shards
@@ -121,17 +148,21 @@ async def test_mutual_tls_requires_a_client_certificate_that_can_name_a_user(
     pki = Pki(tmp_path / "pki")
     alice_cert, alice_key = pki.client("alice")
     mallory_cert, mallory_key = pki.client("mallory")
-    users = """\
+    users = f"""\
 auth:
   users:
+    - name: admin
+      token_sha256: {token_digest("admin-token")}
+      admin: [">"]
     - name: alice
       certificate: alice
       publish: [alice.>]
       subscribe: [alice.>]
 """
-    broker = broker_factory("http.enabled=false",
-                            config=pki.config(f"  client_ca: {pki.ca_file}\n{users}"))
+    broker, http = start(broker_factory, pki.config(f"  client_ca: {pki.ca_file}\n{users}"))
     url = tls_url(broker)
+    # the router's monitor presents the server certificate (the same CA signed it)
+    await trio.to_thread.run_sync(gathered, http, "admin-token")
     with trio.fail_after(TIMEOUT):
         with pytest.raises(errors.ConnectionLost):  # no client certificate
             async with connect(url, tls=pki.ca_file, request_timeout=3, retry_deadline=3):
