@@ -3,7 +3,8 @@
 A URL may carry them: ``flux://USER:PASSWORD@host:port`` or
 ``flux://host:port?token=TOKEN`` (percent-encoded); keyword arguments of ``connect``
 win over the URL. A token goes in every HELLO; a password only to the router, which
-answers with a session token that the shards' HELLOs carry instead.
+answers with a session token that later HELLOs (the shards', and the router's
+until it expires) carry instead.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ class Credentials:
         """The credential fields of a HELLO to the router or a shard."""
         if self.token is not None:
             return {"token": self.token}
+        if session is not None:  # the router too: a password costs it a slow hash
+            return {"session": session}
         if role == "router":
             return {"user": self.user, "password": self.password}
-        return {"session": session} if session is not None else {}
+        return {}
 
 
 def split_url(url: str, *, token: str | None = None, user: str | None = None,

@@ -41,6 +41,12 @@ class Dispatch(Pushes):
         conn = self.conns.get(conn_id)
         if conn is None or conn.state != "connecting":
             return
+        credentials = self.credentials
+        if conn.role == "shard" and credentials is not None and credentials.password \
+                and self.session is None:  # a shard takes no password: log in first
+            self._close(conn, errors.SessionExpired("no session token yet: logging in at"
+                                                    " the router first"), now)
+            return
         conn.state = "hello"
         body: dict[str, Any] = {"version": P.VERSION, "role": "client"}
         if self.credentials is not None:
@@ -148,6 +154,9 @@ class Dispatch(Pushes):
     def _on_hello(self, conn: Conn, frame: list[Any], error: errors.FluxError | None,
                   now: float) -> None:
         if error is not None:
+            if conn.role == "router" and isinstance(error, (errors.SessionExpired,
+                                                            errors.AuthenticationFailed)):
+                self.session = None  # the next login at the router uses the password
             slot = self._slot_of(conn) if conn.role == "shard" else None
             self._close(conn, error, now)
             if slot is not None and isinstance(error, errors.AuthenticationFailed):

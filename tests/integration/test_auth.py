@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 TIMEOUT = 40
 ROOT, BOB = "root-token-0123456789", "bob-token-0123456789"
+CAROL = hash_password("carol-pw", n=1024)  # one hash: a reload keeps carol's credential
 
 
 def config(*, carol_publish: str = "orders.>", with_bob: bool = True) -> str:
@@ -41,7 +42,7 @@ auth:
       subscribe: [">"]
       admin: [">"]
     - name: carol
-      password: "{hash_password("carol-pw", n=1024)}"
+      password: "{CAROL}"
       publish:
         allow: ["{carol_publish}"]
         deny: [orders.secret]
