@@ -155,3 +155,19 @@ def test_credentials_come_from_the_url_or_the_arguments() -> None:
         split_url("flux://h:1", user="u")
     with pytest.raises(ValueError):
         split_url("http://h:1")
+
+
+def test_flux_auth_prints_a_password_hash_and_a_token_with_its_digest() -> None:
+    from click.testing import CliRunner
+
+    from flux.cli import main
+
+    runner = CliRunner()
+    done = runner.invoke(main, ["auth", "hash"], input="s3cret\n")
+    assert done.exit_code == 0, done.output
+    stored = done.output.strip()
+    assert verify_password("s3cret", stored) and not verify_password("other", stored)
+    Config().replace({"auth": {"users": [{"name": "u", "password": stored}]}})  # it loads
+    done = runner.invoke(main, ["auth", "token"])
+    lines = dict(line.split(": ", 1) for line in done.output.strip().splitlines())
+    assert token_digest(lines["token"]) == lines["token_sha256"]
