@@ -224,6 +224,7 @@ class ShardServer:
         self.core.secret = spec.secret  # session tokens are signed with it (flux.auth)
         self._auth = config.auth        # the auth section in force (a reload replaces it)
         self.tls = server_context(config.tls)  # None: the client port speaks plain TCP
+        self._handshakes = 0  # TLS handshakes under way (they count as connections)
         self.storage: ShardStorage | None = None
         if config.storage.dir is not None:
             self.storage = ShardStorage(host, config, spec.index, spec.shard_count,
@@ -306,14 +307,19 @@ class ShardServer:
             await trio.aclose_forcefully(stream)
             return
         limit = self.config.limits.max_connections
-        if len(self.conns) >= limit:
+        if len(self.conns) + self._handshakes >= limit:
             await close_with_error(self.host, stream, errors.TooManyConnections(
                 f"shard {self.spec.index} holds {limit} connections (limits.max_connections);"
                 " retry later"))
             return
         certificate = None
-        if self.tls is not None:
-            secured = await secure(self.host, stream, self.tls, self.config.limits.hello_timeout)
+        if self.tls is not None:  # within the HELLO deadline, and counted as a connection
+            self._handshakes += 1
+            try:
+                secured = await secure(self.host, stream, self.tls,
+                                       self.config.limits.hello_timeout)
+            finally:
+                self._handshakes -= 1
             if secured is None:
                 return
             stream, certificate = secured

@@ -71,8 +71,9 @@ def tls_url(broker: Broker) -> str:
 
 
 def start(factory: BrokerFactory, config: str) -> tuple[Broker, str]:
-    """A broker with its HTTP endpoint (gathering STATS every 0.2 s) and its URL."""
-    broker = factory("http.stats_interval=0.2", config=config)
+    """A broker with its HTTP endpoint (gathering STATS every 0.2 s, a HELLO deadline of
+    2 s) and its URL."""
+    broker = factory("http.stats_interval=0.2", "limits.hello_timeout=2", config=config)
     match = HTTP_LINE.match(broker.router.next_line(time.monotonic() + 30))
     assert match
     return broker, match.group(1)
@@ -131,6 +132,13 @@ async def test_every_client_flavour_and_the_cli_speak_tls(
             async with connect(f"flux://{broker.address}", request_timeout=3,
                                retry_deadline=3):
                 pass
+        # a connection that never starts its handshake is closed at the HELLO deadline
+        for address in [broker.address, *(s.address for s in broker.shards.values())]:
+            host, port = address.rsplit(":", 1)
+            silent = await trio.open_tcp_stream(host, int(port))
+            with trio.fail_after(10):
+                assert await silent.receive_some(100) == b""
+            await silent.aclose()
 
 
 async def test_an_expired_server_certificate_is_refused(
