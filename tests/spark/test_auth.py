@@ -1,4 +1,5 @@
-"""The ``flux`` source and sink against a broker with auth on (G13): credentials as options."""
+"""The ``flux`` source and sink against a broker with auth on (G13) or TLS: credentials and
+CA files as options."""
 
 from __future__ import annotations
 
@@ -36,3 +37,20 @@ def test_source_and_sink_take_a_token_or_a_user_and_password(
     with pytest.raises(Exception, match="AuthenticationFailed"):
         (spark.read.format("flux").option("url", broker.url).option("topics", "orders.eu")
          .load().collect())
+
+
+def test_source_and_sink_speak_tls(spark: Any, broker_factory: BrokerFactory,
+                                   tmp_path: Any) -> None:
+    from tests.integration.test_tls import Pki
+
+    pki = Pki(tmp_path / "pki")
+    broker = broker_factory("http.enabled=false", config=pki.config())
+    url = f"flux+tls://{broker.address}"
+    assert SinkOptions.parse({"topic": "t", "url": url, "tlsCa": pki.ca_file},
+                             ["payload"]).credentials == {"ca": pki.ca_file}
+    df = spark.createDataFrame([("k1", "one")], "id string, payload string")
+    (df.write.format("flux").option("url", url).option("tlsCa", pki.ca_file)
+     .option("topic", "secure").mode("append").save())
+    rows = (spark.read.format("flux").option("url", f"{url}?ca={pki.ca_file}")
+            .option("topics", "secure").load().select("id", "payload").collect())
+    assert [(r.id, bytes(r.payload)) for r in rows] == [("k1", b"one")]
