@@ -43,7 +43,7 @@ async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
             " retry later"))
         return
     router.clients += 1
-    peer = _Peer(_peer_host(stream))
+    peer = _Peer(_peer_host(stream), _local_host(stream))  # TLS hides the socket
     if router.tls is not None:
         secured = await secure(router.host, stream, router.tls, limits.hello_timeout)
         if secured is None:
@@ -94,10 +94,11 @@ async def serve_client(router: Router, stream: trio.abc.Stream) -> None:
 class _Peer:
     """One client connection of the router: its address and who it proved to be."""
 
-    __slots__ = ("address", "certificate", "identity")
+    __slots__ = ("address", "certificate", "identity", "local")
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, local: str | None) -> None:
         self.address = address
+        self.local = local  # the address it reached the router on
         self.identity: Identity | None = None
         self.certificate: str | None = None  # its TLS client certificate's common name
 
@@ -112,7 +113,7 @@ async def answer(router: Router, frame: list[Any], stream: trio.abc.Stream,
     auth = router.config.auth
     if kind == protocol.STATS:
         if auth.enabled:
-            refusal = _admin_refusal(auth, peer.identity if peer is not None else None)
+            refusal = _admin_refusal(peer.identity if peer is not None else None)
             if refusal is not None:
                 return protocol.error_frame(rid, refusal), False
         return [protocol.STATS_OK, rid, stats(router)], False
@@ -148,7 +149,8 @@ async def answer(router: Router, frame: list[Any], stream: trio.abc.Stream,
             f"shards {missing} have not registered (restarting?); retry shortly")), False
     return [protocol.HELLO_OK, rid, {
         "version": protocol.VERSION, "role": "router", "shard_count": router.shard_count,
-        "shards": shard_map(router, _local_host(stream)), **extra}], False
+        "shards": shard_map(router, peer.local if peer is not None else _local_host(stream)),
+        **extra}], False
 
 
 async def _authenticate(router: Router, body: dict[str, Any],
@@ -162,7 +164,7 @@ async def _authenticate(router: Router, body: dict[str, Any],
                            peer.certificate if peer is not None else None), None
 
 
-def _admin_refusal(auth: Any, identity: Identity | None) -> errors.FluxError | None:
+def _admin_refusal(identity: Identity | None) -> errors.FluxError | None:
     """Why the router's STATS is refused to ``identity``, if it is (admin over ``>``)."""
     if identity is None:
         return errors.NotAuthorized("STATS before HELLO: this broker requires a HELLO with"
