@@ -128,7 +128,7 @@ async def secure(host: Host, stream: trio.abc.Stream, context: ssl.SSLContext, t
         try:
             secured = await tls_accept(stream, context)
         except (*BROKEN, errors.ProtocolError) as exc:
-            log.info("a TLS handshake failed: %s", exc)
+            log.info("a TLS handshake failed: %s", exc if str(exc) else repr(exc.__cause__))
     if secured is None:
         await trio.aclose_forcefully(stream)
     return secured
