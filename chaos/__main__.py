@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None, base: ChaosSettings) -> ChaosSettings:
     p.add_argument("--plant", choices=sorted(PLANTED),
                    help="run with a broker bug planted on purpose (the run should fail)")
     p.add_argument("--no-png", action="store_true", help="skip the PNG timeline")
+    p.add_argument("--tls", action="store_true",
+                   help="the broker speaks TLS on its client ports (a throwaway CA); every"
+                        " worker verifies it")
     a = p.parse_args(argv)
     flavours = tuple(f for f in a.flavours.split(",") if f)
     if not flavours or any(f not in ("trio", "asyncio") for f in flavours):
@@ -77,7 +80,7 @@ def parse_args(argv: list[str] | None, base: ChaosSettings) -> ChaosSettings:
                         pullers=a.pullers, topics=a.topics, storage=a.storage, fsync=a.fsync,
                         keep_data=a.keep_data or base.keep_data,
                         flavours=flavours, extra_settings=tuple(a.set), out=a.out,
-                        plant=a.plant, png=not a.no_png)
+                        plant=a.plant, png=not a.no_png, tls=a.tls)
 
 
 def _leaves(exc: BaseException) -> str:

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -113,8 +114,10 @@ class Cluster:
 
     def __init__(self, group: ProcessGroup, workdir: Path, *, port: int, shard_ports: list[int],
                  proxy_ports: list[int], settings: list[str], plant: str | None,
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.group = group
+        self.tls = tls  # the router's public port speaks TLS (its STATS too)
         self.workdir = workdir
         self.port = port
         self.shard_ports = shard_ports
@@ -210,8 +213,11 @@ class Cluster:
             return None
         with trio.move_on_after(STATS_TIMEOUT):
             try:
-                stream = await trio.open_tcp_stream("127.0.0.1", self.port)
-            except OSError:
+                stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", self.port)
+                if self.tls is not None:
+                    stream = trio.SSLStream(stream, self.tls, server_hostname="127.0.0.1")
+                    await stream.do_handshake()
+            except (OSError, trio.BrokenResourceError):
                 return None
             async with stream:
                 try:

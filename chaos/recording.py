@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import ssl
 import time
 from typing import IO, Any, cast
 
@@ -79,11 +80,20 @@ def make_recorder(log: EventLog, process_index: int) -> Recorder:
 class TappedRealHost(RealHost):
     """A real (TCP) client host whose every connection goes through the simulator's tap."""
 
-    def __init__(self, name: str, recorder: Recorder) -> None:
+    def __init__(self, name: str, recorder: Recorder, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(name)
         self.recorder = recorder
+        self.tls = tls  # TLS under the tap: the tap sees the plain frames
 
     async def connect(self, host: str, port: int) -> trio.abc.Stream:
-        stream = await super().connect(host, port)
+        stream: trio.abc.Stream = await super().connect(host, port)
+        if self.tls is not None:
+            secured = trio.SSLStream(stream, self.tls, server_hostname=host)
+            try:
+                await secured.do_handshake()
+            except trio.BrokenResourceError as exc:
+                await trio.aclose_forcefully(secured)
+                raise OSError(f"TLS handshake with {host}:{port} failed: {exc.__cause__}") from exc
+            stream = secured
         # TapStream only forwards calls to its inner stream; a socket stream serves as well
         return TapStream(cast(Any, stream), self.recorder, self.name)

@@ -28,8 +28,10 @@ from chaos.recording import monotonic
 from chaos.schedule import PlannedFault, draw_schedule
 from chaos.settings import DISK_PREFIX, MEMORY_PREFIX, SHARDS, ChaosSettings
 from chaos.worker import WorkerSpec, asyncio_available
+from flux.client.tls import client_context
 from flux.hashing import shard_for
 from flux.sim import history as h
+from flux.tls import throwaway_pki
 
 READY_TIMEOUT = 40.0      # seconds for every worker to connect
 WORKER_STOP_TIMEOUT = 10.0
@@ -189,6 +191,14 @@ async def run(s: ChaosSettings, workdir: Path, say: Any = print) -> RunOutput:
     storage = pick_topics(s.topics, SHARDS, s.storage)
     topics = list(storage)
     url = f"flux://127.0.0.1:{router_port}"
+    tls_settings: list[str] = []
+    tls_context = None
+    if s.tls:  # a throwaway CA; the workers find it in the URL
+        (workdir / "tls").mkdir(parents=True, exist_ok=True)
+        pki = throwaway_pki(str(workdir / "tls"))
+        tls_settings = [f"tls.cert={pki['cert']}", f"tls.key={pki['key']}"]
+        url = f"flux+tls://127.0.0.1:{router_port}?ca={pki['ca']}"
+        tls_context = client_context(url)
     specs = worker_specs(s, url, topics, workdir)
     history = h.History()
     data_dir = None if s.storage == "memory" else (workdir / "data").resolve()
@@ -198,7 +208,8 @@ async def run(s: ChaosSettings, workdir: Path, say: Any = print) -> RunOutput:
         out.notes.append("flux.client.asyncio is not available: every worker ran the trio client")
     group = ProcessGroup(budget=s.warmup + s.duration + s.liveness + RUN_SLACK)
     cluster = Cluster(group, workdir, port=router_port, shard_ports=shard_ports,
-                      proxy_ports=proxy_ports, settings=s.settings, plant=s.plant,
+                      proxy_ports=proxy_ports, settings=[*s.settings, *tls_settings],
+                      plant=s.plant, tls=tls_context,
                       extra_args=[] if data_dir is None else s.serve_args(data_dir))
     proxies = [ShardProxy(i, proxy_ports[i], shard_ports[i]) for i in range(SHARDS)]
     executor: FaultExecutor | None = None

@@ -66,6 +66,7 @@ class ChaosSettings:
     keep_data: bool = False          # keep the run's data directory (removed by default)
     plant: str | None = None         # a planted broker bug (chaos/planted), to prove the checker
     png: bool = True
+    tls: bool = False                # the broker's client ports speak TLS (a throwaway CA)
     broker_settings: tuple[str, ...] = BROKER_SETTINGS
     extra_settings: tuple[str, ...] = ()
 

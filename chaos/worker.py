@@ -115,9 +115,14 @@ class Worker:
             async with asyncio_client(spec, self.recorder) as client:
                 yield client
         else:
+            from flux.client.tls import client_context
             from flux.client.trio import connect
-            host = TappedRealHost(spec.name, self.recorder)
-            async with connect(spec.url, request_timeout=spec.request_timeout,
+
+            # TLS goes below the tap (the host's), so the tap still reads plain frames
+            tls = client_context(spec.url)
+            url = "flux://" + spec.url.split("://", 1)[1].split("?", 1)[0] if tls else spec.url
+            host = TappedRealHost(spec.name, self.recorder, tls)
+            async with connect(url, request_timeout=spec.request_timeout,
                                retry_deadline=spec.retry_deadline, host=host) as client:
                 yield client
 

@@ -18,6 +18,33 @@ from flux import errors
 DEFAULT_URL = "flux://127.0.0.1:7070"
 
 
+def credential_options(fn: Any) -> Any:
+    """--token, --user, --password (or FLUX_TOKEN, FLUX_USER, FLUX_PASSWORD): who the
+    client is when the broker has auth on (G13)."""
+    fn = click.option("--password", envvar="FLUX_PASSWORD", default=None,
+                      help="Password of --user (prefer FLUX_PASSWORD: flags show in ps).")(fn)
+    fn = click.option("--user", envvar="FLUX_USER", default=None,
+                      help="User to log in as, with --password.  [env: FLUX_USER]")(fn)
+    fn = click.option("--token", envvar="FLUX_TOKEN", default=None,
+                      help="Token to authenticate with.  [env: FLUX_TOKEN]")(fn)
+    fn = click.option("--tls-ca", envvar="FLUX_TLS_CA", default=None,
+                      help="Speak TLS, trusting this CA file (a flux+tls:// URL uses the"
+                           " system's CAs).  [env: FLUX_TLS_CA]")(fn)
+    fn = click.option("--tls-cert", envvar="FLUX_TLS_CERT", default=None,
+                      help="Client certificate (PEM) for mutual TLS.  [env: FLUX_TLS_CERT]")(fn)
+    return click.option("--tls-key", envvar="FLUX_TLS_KEY", default=None,
+                        help="Key of --tls-cert, if not in its file.  [env: FLUX_TLS_KEY]")(fn)
+
+
+def _tls(url: str, ca: str | None, cert: str | None, key: str | None) -> Any:
+    from flux.client.tls import client_context
+
+    try:
+        return client_context(url, None, ca=ca, cert=cert, key=key)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"TLS: {exc}") from None
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="flux")
 def main() -> None:
@@ -59,17 +86,24 @@ def serve(config_path: str | None, host: str | None, port: int | None, shards: s
         if not shards.isdigit():
             raise click.BadParameter("expected a number or 'auto'", param_hint="--shards")
         shard_flag = int(shards)
+    storage: dict[str, str | None] = {"storage.dir": None, "storage.kind": None}
+    if data_dir is not None:
+        storage = {"storage.dir": os.path.abspath(data_dir), "storage.kind": "disk"}
+
+    def load() -> config_mod.Config:  # again on SIGHUP (its auth section is reloaded)
+        return config_mod.load(config_path, list(overrides), host=host, port=port,
+                               shards=shard_flag, **storage)
+
     try:
-        storage: dict[str, str | None] = {"storage.dir": None, "storage.kind": None}
-        if data_dir is not None:
-            storage = {"storage.dir": os.path.abspath(data_dir), "storage.kind": "disk"}
-        cfg = config_mod.load(config_path, list(overrides), host=host, port=port,
-                              shards=shard_flag, **storage)
+        cfg = load()
+        from flux.tls import server_context
+
+        server_context(cfg.tls)  # a certificate that does not load stops nothing running
     except errors.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     from flux.router.main import serve_forever
 
-    sys.exit(serve_forever(cfg))
+    sys.exit(serve_forever(cfg, load))
 
 
 @main.command()
@@ -80,7 +114,11 @@ def serve(config_path: str | None, host: str | None, port: int | None, shards: s
               help="Message id for dedup (default: a random id, reused on retries).")
 @click.option("--lines", is_flag=True,
               help="With '-' or no PAYLOAD: publish each line of stdin as its own message.")
-def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines: bool) -> None:
+@credential_options
+def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines: bool,
+        token: str | None, user: str | None,
+        password: str | None, tls_ca: str | None, tls_cert: str | None,
+        tls_key: str | None) -> None:
     """Publish PAYLOAD (or stdin, with '-' or no PAYLOAD) to TOPIC.
 
     Prints the offset, generation and whether it was a duplicate.
@@ -99,7 +137,8 @@ def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines
         raise click.UsageError("--id applies to one message; drop it with --lines")
 
     async def run() -> None:
-        async with connect(url) as client:
+        async with connect(url, token=token, user=user, password=password,
+                           tls=_tls(url, tls_ca, tls_cert, tls_key)) as client:
             for body in bodies:
                 ack = await client.publish(topic, body, id=message_id)
                 dup = " (duplicate)" if ack.duplicate else ""
@@ -117,16 +156,22 @@ def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines
 @click.option("--from-offset", type=int, default=None, help="Start at this offset (first use only).")
 @click.option("--count", type=int, default=None, help="Exit after this many messages.")
 @click.option("--no-ack", is_flag=True, help="Do not ack (messages will be redelivered).")
+@credential_options
 def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int | None,
-        count: int | None, no_ack: bool) -> None:
+        count: int | None, no_ack: bool, token: str | None, user: str | None,
+        password: str | None, tls_ca: str | None, tls_cert: str | None,
+        tls_key: str | None) -> None:
     """Subscribe to TOPIC and print each message as it arrives (Ctrl-C to stop)."""
 
     from flux.client.trio import connect
 
+    tls = _tls(url, tls_ca, tls_cert, tls_key)
+
     async def run() -> None:
         seen = 0
-        async with connect(url) as client, client.subscribe(
-                topic, name=name, read_old=read_old, from_offset=from_offset) as subscription:
+        async with connect(url, token=token, user=user, password=password, tls=tls) as client, \
+                client.subscribe(topic, name=name, read_old=read_old,
+                                 from_offset=from_offset) as subscription:
             async for msg in subscription:
                 text = msg.payload.decode("utf-8", "backslashreplace")
                 click.echo(f"{msg.topic}@{msg.offset} id={msg.id} {text}")
@@ -143,7 +188,10 @@ def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int
 @click.argument("pattern", default="*")
 @click.option("--url", default=DEFAULT_URL, show_default=True, help="The router's address.")
 @click.option("--json", "as_json", is_flag=True, help="Print every shard's reply as JSON.")
-def stats(pattern: str, url: str, as_json: bool) -> None:
+@credential_options
+def stats(pattern: str, url: str, as_json: bool, token: str | None, user: str | None,
+          password: str | None, tls_ca: str | None, tls_cert: str | None,
+          tls_key: str | None) -> None:
     """Show what each shard holds: topics, subscriptions (cursor, lag, in flight), counters.
 
     PATTERN keeps the topics whose name matches it (a glob, e.g. 'orders.*').
@@ -153,7 +201,8 @@ def stats(pattern: str, url: str, as_json: bool) -> None:
     from flux.client.trio import connect
 
     async def run() -> None:
-        async with connect(url, retry_deadline=10.0) as client:
+        async with connect(url, retry_deadline=10.0, token=token, user=user, password=password,
+                           tls=_tls(url, tls_ca, tls_cert, tls_key)) as client:
             replies = stats_view.select(await client.stats(), pattern)
         if as_json:
             click.echo(stats_view.as_json(replies))
@@ -167,11 +216,51 @@ def stats(pattern: str, url: str, as_json: bool) -> None:
 @click.option("--url", default=DEFAULT_URL, show_default=True, help="The router's address.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
               help="Seconds between refreshes.")
-def top(url: str, interval: float) -> None:
+@credential_options
+def top(url: str, interval: float, token: str | None, user: str | None,
+        password: str | None, tls_ca: str | None, tls_cert: str | None,
+        tls_key: str | None) -> None:
     """A live view: rates per shard and topic, lag per subscription (q quits)."""
     from flux.monitor.top import run_top
 
-    _run(lambda: run_top(url, interval))
+    _run(lambda: run_top(url, interval, token=token, user=user, password=password,
+                         tls=_tls(url, tls_ca, tls_cert, tls_key)))
+
+
+@main.group()
+def auth() -> None:
+    """Make credentials for the config's auth section (see README, "Security")."""
+
+
+@auth.command("hash")
+def auth_hash() -> None:
+    """Print the stored form of a password (scrypt) for a user's 'password' key.
+
+    Reads the password from the terminal (twice), or one line of stdin when piped.
+    """
+    from flux.auth.credentials import hash_password
+
+    if sys.stdin.isatty():
+        password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise click.ClickException("the password is empty")
+    click.echo(hash_password(password))
+
+
+@auth.command("token")
+def auth_token() -> None:
+    """Print a new random token and its SHA-256 (the 'token_sha256' of a user).
+
+    Give the token to the client (FLUX_TOKEN); keep only the digest in the config.
+    """
+    import secrets
+
+    from flux.auth.credentials import token_digest
+
+    token = secrets.token_urlsafe(32)
+    click.echo(f"token: {token}\ntoken_sha256: {token_digest(token)}")
 
 
 def _run(fn: Any) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from flux.auth.users import DEFAULTS as AUTH_DEFAULTS
+from flux.auth.users import AuthConfig, parse_auth
 from flux.errors import ConfigError
 from flux.policies import (
     PLANNED_KEYS,
@@ -53,7 +55,9 @@ DEFAULTS: dict[str, Any] = {
                 "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864,
                 "reserved_bytes": 67108864, "inactive_time": 604800.0},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
+    "tls": {"cert": None, "key": None, "client_ca": None},
     "topics": [],
+    "auth": copy.deepcopy(AUTH_DEFAULTS),
 }
 
 FSYNC_MODES = ("always", "interval", "never")
@@ -133,6 +137,19 @@ class HttpConfig:
     stats_interval: float = 2.0   # seconds between two gatherings of every shard's STATS
 
 
+@dataclasses.dataclass(frozen=True)
+class TlsConfig:
+    """TLS on the router's public port and every shard's client port (see flux.tls)."""
+
+    cert: str | None = None       # PEM certificate chain; with key, the ports speak TLS
+    key: str | None = None        # PEM private key (None: in the cert file)
+    client_ca: str | None = None  # PEM CAs: clients must present a certificate they signed
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
 HTTP_PORT_OFFSET = 1000  # http.port "auto" with the default port 7070 is 8070
 
 
@@ -152,7 +169,10 @@ class Config:
     shard: ShardConfig = ShardConfig()
     storage: StorageConfig = StorageConfig()
     http: HttpConfig = HttpConfig()
+    tls: TlsConfig = TlsConfig()
     topics: tuple[TopicPolicy, ...] = ()  # per-pattern settings; the first match wins
+    # users and permissions (G13); off without users
+    auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
 
     @functools.cached_property
     def plain_settings(self) -> TopicSettings:
@@ -217,6 +237,7 @@ class Config:
         if not isinstance(self.shard.ports, str):
             data["shard"]["ports"] = list(self.shard.ports)
         data["topics"] = [policy.to_dict() for policy in self.topics]
+        data["auth"] = self.auth.to_dict()
         return data
 
     def replace(self, changes: Mapping[str, Any] | None = None, /, **overrides: Any) -> Config:
@@ -497,7 +518,9 @@ def from_dict(raw: dict[str, Any]) -> Config:
             inactive_time=_seconds_or_zero("storage.inactive_time", st["inactive_time"]),
         ),
         http=_http(merged["http"]),
+        tls=_tls(merged["tls"]),
         topics=_topic_policies(merged["topics"]),
+        auth=parse_auth(merged["auth"]),
     )
     if data_dir is None and (config.storage.kind == "disk" or any(
             dict(policy.values).get("storage.kind") == "disk" for policy in config.topics)):
@@ -521,6 +544,19 @@ def _http(raw: dict[str, Any]) -> HttpConfig:
     return HttpConfig(enabled=enabled, host=host, port=port,
                       stats_interval=_positive_number("http.stats_interval",
                                                       raw["stats_interval"]))
+
+
+def _tls(raw: dict[str, Any]) -> TlsConfig:
+    paths: dict[str, str | None] = {}
+    for key in ("cert", "key", "client_ca"):
+        value = raw[key]
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"tls.{key}", f"expected the path of a PEM file, got {value!r}")
+        paths[key] = value
+    if paths["cert"] is None and (paths["key"] is not None or paths["client_ca"] is not None):
+        raise ConfigError("tls.cert", "tls.key and tls.client_ca need tls.cert (the server's"
+                                      " certificate)")
+    return TlsConfig(**paths)
 
 
 def _set_path(data: dict[str, Any], path: str, value: Any) -> None:

@@ -164,8 +164,10 @@ class ShuttingDown(RemoteError):
 
 
 class NotAuthorized(RemoteError):
-    """The request is not allowed on this connection (a control frame on a client
-    port: only the broker's own processes send those, on their control listeners)."""
+    """The request is not allowed on this connection: the user's permissions (``auth``)
+    do not allow this operation on this topic, or it is a control frame on a client
+    port (only the broker's own processes send those, on their control listeners).
+    Nothing was done; the connection stays open."""
 
     code = 80
 
@@ -190,6 +192,30 @@ class SlowConsumer(RemoteError):
     ``limits.max_output_bytes`` waited for it, so the connection is closed."""
 
     code = 83
+    retryable = True
+
+
+class AuthenticationFailed(RemoteError):
+    """HELLO did not prove an identity the broker's ``auth`` section knows (a wrong or
+    missing token, user or password), or the identity was removed by a reload; the
+    connection is closed. Fix the credentials: retrying the same ones fails again."""
+
+    code = 84
+
+
+class SessionExpired(RemoteError):
+    """The session token from the router's login is past its ``auth.session_ttl``;
+    the connection is closed. The clients log in at the router again and retry."""
+
+    code = 85
+    retryable = True
+
+
+class TooManyLogins(RemoteError):
+    """This address tried more passwords than ``auth.logins_per_minute`` allows; the
+    connection is closed. Retry later (a token login is never limited)."""
+
+    code = 86
     retryable = True
 
 

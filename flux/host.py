@@ -21,11 +21,13 @@ import random
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
 StreamHandler = Callable[[trio.abc.Stream], Awaitable[None]]
+T = TypeVar("T")
+SLOW_THREADS = 2   # worker threads one process gives run_slow at once
 
 
 class Host(Protocol):
@@ -50,6 +52,12 @@ class Host(Protocol):
 
     async def sleep_until(self, deadline: float) -> None:
         """Sleep until ``now() >= deadline``."""
+        ...
+
+    async def run_slow(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` for CPU-heavy work (a password hash) without stalling the loop:
+        in a worker thread in production (``SLOW_THREADS`` at once), directly in the
+        simulator."""
         ...
 
     async def connect(self, host: str, port: int) -> trio.abc.Stream:
@@ -83,6 +91,7 @@ class RealHost:
         self.name = name
         self.random = random.Random(seed if seed is not None else os.urandom(16))
         self.disk: Disk = RealDisk()
+        self._slow: trio.CapacityLimiter | None = None
 
     def now(self) -> float:
         return trio.current_time()
@@ -95,6 +104,11 @@ class RealHost:
 
     async def sleep_until(self, deadline: float) -> None:
         await trio.sleep_until(deadline)
+
+    async def run_slow(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._slow is None:
+            self._slow = trio.CapacityLimiter(SLOW_THREADS)
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._slow)
 
     async def connect(self, host: str, port: int) -> trio.abc.Stream:
         stream = await trio.open_tcp_stream(host, port)

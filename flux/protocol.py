@@ -52,15 +52,16 @@ STATS_OK: Final = 61      # [STATS_OK, rid, {...}]
 # router control (shard <-> router, on control listeners only; refused on client ports)
 REGISTER: Final = 80      # [REGISTER, rid, {index, pid, generation, address, advertise,
                           #                  shard_count, control, recovering, nonce, proof}]
-REGISTERED: Final = 81    # [REGISTERED, rid, {proof}]
+REGISTERED: Final = 81    # [REGISTERED, rid, {proof, auth}]
 DRAIN: Final = 82         # [DRAIN, rid] or, refusing a REGISTER, [DRAIN, rid, {proof}]
 ADOPT: Final = 83         # [ADOPT, rid, {control, nonce, proof}]
 CHALLENGE: Final = 84     # [CHALLENGE, 0, {nonce}]: a control listener's first frame
 ADOPTED: Final = 85       # [ADOPTED, rid, {proof}]
-READY: Final = 86         # [READY, 0]: a shard that registered recovering now serves
+AUTH: Final = 86          # [AUTH, 0, {auth}]: the router's reloaded auth section (SIGHUP)
+READY: Final = 87         # [READY, 0]: a shard that registered recovering now serves
 # the kinds a client-facing port refuses (NotAuthorized) whatever their body
 CONTROL_KINDS: Final = frozenset({REGISTER, REGISTERED, DRAIN, ADOPT, CHALLENGE, ADOPTED,
-                                  READY})
+                                  AUTH, READY})
 
 KIND_NAMES: Final = {
     v: k for k, v in list(globals().items()) if k.isupper() and isinstance(v, int)

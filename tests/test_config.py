@@ -56,6 +56,9 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "limits": {"max_connections": 10000, "hello_timeout": 5.0, "max_subscriptions": 10000,
                "max_output_bytes": 16777216},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
+    # DESIGN.md G13 (users and permissions; off without users)
+    "auth": {"users": [], "session_ttl": 600.0, "logins_per_minute": 30},
+    "tls": {"cert": None, "key": None, "client_ca": None},
 }
 
 

@@ -35,6 +35,9 @@ REMOTE_CODES: dict[int, tuple[type[errors.RemoteError], bool]] = {
     81: (errors.TooManyConnections, True),
     82: (errors.TooManySubscriptions, False),
     83: (errors.SlowConsumer, True),
+    84: (errors.AuthenticationFailed, False),
+    85: (errors.SessionExpired, True),
+    86: (errors.TooManyLogins, True),
 }
 LOCAL_CODES: dict[int, tuple[type[errors.LocalError], bool]] = {
     100: (errors.ConnectionLost, True),

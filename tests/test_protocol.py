@@ -108,7 +108,7 @@ FRAMES: dict[int, st.SearchStrategy[list[Any]]] = {
                      st.lists(payload, max_size=4),
                      st.lists(fixed(timestamp, st.integers(1, 4)), max_size=2).map(
                          lambda runs: [x for run in runs for x in run])),
-    P.SUB_ENDED: fixed(k(P.SUB_ENDED), sid, st.sampled_from([61, 62]), text),
+    P.SUB_ENDED: fixed(k(P.SUB_ENDED), sid, st.sampled_from([61, 62, 80]), text),
     P.ACK: fixed(k(P.ACK), rid, sid, generation, st.lists(offset, max_size=5), offset | k(-1)),
     P.ACKED: fixed(k(P.ACKED), rid, sid, offset, st.lists(fixed(offset, code, text), max_size=3)),
     P.FETCH: fixed(k(P.FETCH), rid, fetch_options),
@@ -128,6 +128,10 @@ FRAMES: dict[int, st.SearchStrategy[list[Any]]] = {
                                          proof=st.binary(min_size=32, max_size=32))),
     P.CHALLENGE: fixed(k(P.CHALLENGE), k(0), body(nonce=nonce)),
     P.ADOPTED: fixed(k(P.ADOPTED), rid, proof),
+    P.AUTH: fixed(k(P.AUTH), k(0), body(auth=st.fixed_dictionaries(
+        {"users": st.just([]), "session_ttl": st.floats(1, 1e4), "logins_per_minute":
+         st.integers(1, 100)}))),
+    P.READY: fixed(k(P.READY), k(0)),
 }
 any_frame = st.one_of(*FRAMES.values())
 
@@ -161,7 +165,8 @@ def test_frame_kind_numbers_are_the_published_ones() -> None:
                  "SUBSCRIBE": 20, "SUBSCRIBED": 21, "UNSUBSCRIBE": 22, "UNSUBSCRIBED": 23, "CREDIT": 24,
                  "DELIVER": 30, "SUB_ENDED": 31, "ACK": 40, "ACKED": 41, "FETCH": 50, "FETCHED": 51,
                  "COMMIT": 52, "COMMITTED": 53, "STATS": 60, "STATS_OK": 61, "REGISTER": 80,
-                 "REGISTERED": 81, "DRAIN": 82, "ADOPT": 83, "CHALLENGE": 84, "ADOPTED": 85}
+                 "REGISTERED": 81, "DRAIN": 82, "ADOPT": 83, "CHALLENGE": 84, "ADOPTED": 85,
+                 "AUTH": 86, "READY": 87}
     assert {P.KIND_NAMES[n]: n for n in P.KIND_NAMES} == published
 
 

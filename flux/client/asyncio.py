@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 from flux.client.api import ClientBase, SubscriptionBase
 from flux.client.asyncio_shell import AsyncioShell
 from flux.client.core import ClientCore
+from flux.client.credentials import Credentials, split_url
+from flux.client.tls import TlsOption, client_context
 from flux.client.types import Message
 
 __all__ = ["Client", "Subscription", "connect"]
@@ -28,7 +31,9 @@ STREAK = 64  # most buffered messages the iterator returns before it yields to t
 
 @asynccontextmanager
 async def connect(url: str = "flux://127.0.0.1:7070", *, request_timeout: float = 10.0,
-                  retry_deadline: float = 60.0, linger: float = 0.0) -> AsyncIterator[Client]:
+                  retry_deadline: float = 60.0, linger: float = 0.0, token: str | None = None,
+                  user: str | None = None, password: str | None = None,
+                  tls: TlsOption = None) -> AsyncIterator[Client]:
     """Connect to the router at ``url`` (``flux://host:port``) and yield a :class:`Client`.
 
     ``request_timeout`` bounds each request and connection attempt;
@@ -37,10 +42,18 @@ async def connect(url: str = "flux://127.0.0.1:7070", *, request_timeout: float 
     (seconds, default 0: send as soon as the connection is free) lets a partial
     batch of publishes wait that long for more, trading latency for throughput.
     Raises ConnectionLost (or RequestTimeout) if the router cannot be reached,
+    ``token``, or ``user`` and ``password``, prove who the client is when the broker
+    has ``auth`` on (they may also come in the URL: ``flux://USER:PASSWORD@host:port``
+    or ``flux://host:port?token=T``); a wrong one raises AuthenticationFailed.
+    ``tls``: True (or a ``flux+tls://`` URL) speaks TLS, verifying the broker with the
+    system's CAs; a path trusts that CA file instead; an ``ssl.SSLContext`` is used as
+    it is (client certificates). The URL may also carry ``?ca=...&cert=...&key=...``.
     ValueError for bad options.
     """
     client = Client(url, request_timeout=request_timeout, retry_deadline=retry_deadline,
-                    linger=linger)
+                    linger=linger, credentials=split_url(url, token=token, user=user,
+                                                         password=password)[1],
+                    tls=client_context(url, tls))
     try:
         await client._start()
         yield client
@@ -54,12 +67,13 @@ class Client(ClientBase):
     """A connection to a Flux cluster; make it with :func:`connect` (inside a running loop)."""
 
     def __init__(self, url: str, *, request_timeout: float, retry_deadline: float,
-                 linger: float = 0.0) -> None:
+                 linger: float = 0.0, credentials: Credentials | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._core = ClientCore(url, rng=random.Random(os.urandom(16)), now=self._loop.time(),
                                 request_timeout=request_timeout, retry_deadline=retry_deadline,
-                                linger=linger)
-        self._shell = AsyncioShell(self._core, self._loop)
+                                linger=linger, credentials=credentials)
+        self._shell = AsyncioShell(self._core, self._loop, tls)
         self._use_shell(self._shell)
 
     def __repr__(self) -> str:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import math
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -130,9 +131,11 @@ class _Connection(asyncio.Protocol):
 class AsyncioShell:
     """Drives one ClientCore on the running asyncio loop; :meth:`aclose` stops it all."""
 
-    def __init__(self, core: ClientCore, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, core: ClientCore, loop: asyncio.AbstractEventLoop,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.core = core
         self.loop = loop
+        self.tls = tls  # every connection speaks TLS with it (None: plain TCP)
         self._conns: dict[int, _Connection] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
@@ -220,7 +223,11 @@ class AsyncioShell:
     async def _open(self, conn: _Connection) -> None:
         host, port = conn.address
         try:
-            await self.loop.create_connection(lambda: conn, host, port)
+            if self.tls is None:
+                await self.loop.create_connection(lambda: conn, host, port)
+            else:
+                await self.loop.create_connection(lambda: conn, host, port, ssl=self.tls,
+                                                  server_hostname=host)
         except OSError as exc:
             conn.reason = errors.ConnectionLost(f"cannot connect to {host}:{port}: {exc}")
         except asyncio.CancelledError:

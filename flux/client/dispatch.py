@@ -41,9 +41,17 @@ class Dispatch(Pushes):
         conn = self.conns.get(conn_id)
         if conn is None or conn.state != "connecting":
             return
+        credentials = self.credentials
+        if conn.role == "shard" and credentials is not None and credentials.password \
+                and self.session is None:  # a shard takes no password: log in first
+            self._close(conn, errors.SessionExpired("no session token yet: logging in at"
+                                                    " the router first"), now)
+            return
         conn.state = "hello"
-        self._request(conn, [P.HELLO, next(self._rids), {"version": P.VERSION, "role": "client"}],
-                      "hello", None, now)
+        body: dict[str, Any] = {"version": P.VERSION, "role": "client"}
+        if self.credentials is not None:
+            body.update(self.credentials.hello(conn.role, self.session))
+        self._request(conn, [P.HELLO, next(self._rids), body], "hello", None, now)
 
     def connect_failed(self, conn_id: int, now: float, exc: errors.FluxError | None = None) -> None:
         """Opening the connection failed (refused, unreachable)."""
@@ -150,10 +158,19 @@ class Dispatch(Pushes):
     def _on_hello(self, conn: Conn, frame: list[Any], error: errors.FluxError | None,
                   now: float) -> None:
         if error is not None:
+            if conn.role == "router" and isinstance(error, (errors.SessionExpired,
+                                                            errors.AuthenticationFailed)):
+                self.session = None  # the next login at the router uses the password
+            slot = self._slot_of(conn) if conn.role == "shard" else None
             self._close(conn, error, now)
+            if slot is not None and isinstance(error, errors.AuthenticationFailed):
+                self._refuse_slot(slot, error)  # the same credentials will fail again
             return
         body = frame[2]
         if conn.role == "router":
+            session = body.get("session")
+            if isinstance(session, bytes):
+                self.session = session  # for the shards' HELLOs (a password login)
             self._install_map(ShardMap.from_hello(body), now)
             self._close(conn, None, now)  # the router is only asked for the map
             self._finish(self.ready, self.map)
@@ -168,6 +185,21 @@ class Dispatch(Pushes):
             return
         slot.failures = 0
         self._flush_slot(slot, now)
+
+    def _refuse_slot(self, slot: ShardSlot, error: errors.FluxError) -> None:
+        """Fail everything waiting for ``slot``'s shard: it refused our credentials."""
+        while slot.publishes:
+            self._fail(slot.publishes.popleft(), error)
+        while slot.calls:
+            self._fail(slot.calls.popleft(), error)
+        for sub in list(slot.subs.values()):
+            if sub.info is None:
+                self._fail(sub.ready, error)
+                sub.status = "closed"
+            else:
+                sub.end(error)
+                self._wake(sub)
+            self._forget_sub(sub)
 
     def _install_map(self, new: ShardMap, now: float) -> None:
         old = self.map

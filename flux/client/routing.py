@@ -18,6 +18,7 @@ from typing import Any
 
 from flux import errors, protocol
 from flux.client.connection import Conn, PendingKind, ShardMap, ShardSlot, backoff
+from flux.client.credentials import Credentials, split_url
 from flux.client.requests import Call, PublishPart, deadline_exceeded
 from flux.client.subscription import SubState
 from flux.client.types import Waiter, Wakeable
@@ -31,12 +32,18 @@ class Routing:
 
     def __init__(self, router: str | tuple[str, int], *, rng: random.Random, now: float,
                  request_timeout: float = 10.0, retry_deadline: float = 60.0,
-                 linger: float = 0.0) -> None:
+                 linger: float = 0.0, credentials: Credentials | None = None) -> None:
         if request_timeout <= 0 or retry_deadline <= 0:
             raise ValueError("request_timeout and retry_deadline must be positive")
         if not 0 <= linger < retry_deadline:
             raise ValueError("linger must be >= 0 and below retry_deadline")
-        self.router = P.parse_address(router) if isinstance(router, str) else router
+        if isinstance(router, str):
+            address, in_url = split_url(router)
+            router = P.parse_address(address)
+            credentials = credentials or in_url
+        self.router = router
+        self.credentials = credentials   # None: HELLO proves nothing (auth off)
+        self.session: bytes | None = None  # the router's session token (password logins)
         self.rng = rng
         self.request_timeout = request_timeout
         self.retry_deadline = retry_deadline

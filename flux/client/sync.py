@@ -20,6 +20,8 @@ from typing import Any, TypeVar, cast
 from flux import errors
 from flux.client import asyncio as aio
 from flux.client import types
+from flux.client.credentials import split_url
+from flux.client.tls import TlsOption, client_context
 from flux.client.types import FetchResult, PublishAck, PublishAcks, SubscribeInfo
 
 __all__ = ["Client", "Message", "Subscription", "connect"]
@@ -92,7 +94,9 @@ def _shut_down(portal: _LoopThread, client: aio.Client) -> None:
 
 
 def connect(url: str = "flux://127.0.0.1:7070", *, request_timeout: float = 10.0,
-            retry_deadline: float = 60.0, linger: float = 0.0) -> Client:
+            retry_deadline: float = 60.0, linger: float = 0.0, token: str | None = None,
+            user: str | None = None, password: str | None = None, tls: TlsOption = None
+            ) -> Client:
     """Connect to the router at ``url`` and return a :class:`Client` (blocking).
 
     Use it as ``with connect(url) as client:``, or call ``client.close()``.
@@ -100,7 +104,7 @@ def connect(url: str = "flux://127.0.0.1:7070", *, request_timeout: float = 10.0
     RequestTimeout) if the router cannot be reached, ValueError for bad options.
     """
     return Client(url, request_timeout=request_timeout, retry_deadline=retry_deadline,
-                  linger=linger)
+                  linger=linger, token=token, user=user, password=password, tls=tls)
 
 
 class Client:
@@ -111,12 +115,15 @@ class Client:
     """
 
     def __init__(self, url: str, *, request_timeout: float = 10.0, retry_deadline: float = 60.0,
-                 linger: float = 0.0) -> None:
+                 linger: float = 0.0, token: str | None = None, user: str | None = None,
+                 password: str | None = None, tls: TlsOption = None) -> None:
+        credentials = split_url(url, token=token, user=user, password=password)[1]
+        context = client_context(url, tls)
         self._portal = _LoopThread("flux-client")
         try:
             self._client = self._portal.run(
                 self._open(url, request_timeout=request_timeout, retry_deadline=retry_deadline,
-                           linger=linger))
+                           linger=linger, credentials=credentials, tls=context))
         except BaseException:
             self._portal.stop()
             raise

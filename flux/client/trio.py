@@ -9,6 +9,7 @@ this client unchanged.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +18,8 @@ import trio
 
 from flux.client.api import ClientBase, SubscriptionBase
 from flux.client.core import ClientCore
+from flux.client.credentials import Credentials, split_url
+from flux.client.tls import TlsOption, client_context
 from flux.client.trio_shell import TrioShell
 from flux.client.types import Message
 from flux.host import Host, RealHost
@@ -32,7 +35,9 @@ CANCEL_EVERY = 8
 @asynccontextmanager
 async def connect(url: str = "flux://127.0.0.1:7070", *, request_timeout: float = 10.0,
                   retry_deadline: float = 60.0, linger: float = 0.0,
-                  host: Host | None = None) -> AsyncIterator[Client]:
+                  host: Host | None = None, token: str | None = None,
+                  user: str | None = None, password: str | None = None,
+                  tls: TlsOption = None) -> AsyncIterator[Client]:
     """Connect to the router at ``url`` (``flux://host:port``) and yield a :class:`Client`.
 
     ``request_timeout`` bounds each request and connection attempt;
@@ -40,15 +45,24 @@ async def connect(url: str = "flux://127.0.0.1:7070", *, request_timeout: float 
     retried; keep it below the broker's ``message.dedup_window``. ``linger``
     (seconds, default 0: send as soon as the connection is free) lets a partial
     batch of publishes wait that long for more, trading latency for throughput.
+    ``token``, or ``user`` and ``password``, prove who the client is when the broker
+    has ``auth`` on (they may also come in the URL: ``flux://USER:PASSWORD@host:port``
+    or ``flux://host:port?token=T``); a wrong one raises AuthenticationFailed.
+    ``tls``: True (or a ``flux+tls://`` URL) speaks TLS, verifying the broker with the
+    system's CAs; a path trusts that CA file instead; an ``ssl.SSLContext`` is used as
+    it is (client certificates). The URL may also carry ``?ca=...&cert=...&key=...``.
     Raises ConnectionLost (or RequestTimeout) if the router cannot be reached,
     ValueError for bad options.
     """
+    credentials = split_url(url, token=token, user=user, password=password)[1]
+    context = client_context(url, tls)
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         client: Client | None = None
         try:
             client = Client(url, request_timeout=request_timeout, retry_deadline=retry_deadline,
-                            linger=linger, host=host or RealHost("flux-client"), nursery=nursery)
+                            linger=linger, host=host or RealHost("flux-client"), nursery=nursery,
+                            credentials=credentials, tls=context)
             await client._start()
             yield client
         except BaseException as exc:  # re-raised below, outside the nursery (no group)
@@ -64,12 +78,14 @@ class Client(ClientBase):
     """A connection to a Flux cluster; make it with :func:`connect`."""
 
     def __init__(self, url: str, *, request_timeout: float, retry_deadline: float,
-                 linger: float = 0.0, host: Host, nursery: trio.Nursery) -> None:
+                 linger: float = 0.0, host: Host, nursery: trio.Nursery,
+                 credentials: Credentials | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self._host = host
         self._core = ClientCore(url, rng=host.random, now=host.now(),
                                 request_timeout=request_timeout, retry_deadline=retry_deadline,
-                                linger=linger)
-        self._shell = TrioShell(self._core, host, nursery)
+                                linger=linger, credentials=credentials)
+        self._shell = TrioShell(self._core, host, nursery, tls)
         self._use_shell(self._shell)
 
     def __repr__(self) -> str:

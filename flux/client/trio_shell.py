@@ -9,6 +9,7 @@ parked on its waiters. The user API is :mod:`flux.client.trio`.
 from __future__ import annotations
 
 import math
+import ssl
 from typing import Any
 
 import trio
@@ -35,12 +36,21 @@ class _ConnIO:
         self.reason: errors.FluxError | None = None
 
 
+def _why(exc: BaseException) -> str:
+    """What went wrong, for a person: trio's TLS errors keep the reason in their cause."""
+    if str(exc) or exc.__cause__ is None:
+        return str(exc) or type(exc).__name__
+    return f"{type(exc.__cause__).__name__}: {exc.__cause__}"
+
+
 class TrioShell:
     """Drives one ClientCore: every task it starts lives in ``nursery``."""
 
-    def __init__(self, core: ClientCore, host: Host, nursery: trio.Nursery) -> None:
+    def __init__(self, core: ClientCore, host: Host, nursery: trio.Nursery,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.core = core
         self.host = host
+        self.tls = tls  # every connection speaks TLS with it (None: plain TCP)
         self._nursery = nursery
         self._io: dict[int, _ConnIO] = {}
         self._timer_scope: trio.CancelScope | None = None
@@ -116,8 +126,15 @@ class TrioShell:
             with io.scope:
                 try:
                     stream = await self.host.connect(host, port)
+                    if self.tls is not None:
+                        stream = trio.SSLStream(stream, self.tls, server_hostname=host)
+                        await stream.do_handshake()
                 except _IO_ERRORS as exc:
-                    io.reason = errors.ConnectionLost(f"cannot connect to {host}:{port}: {exc}")
+                    io.reason = errors.ConnectionLost(f"cannot connect to {host}:{port}:"
+                                                      f" {_why(exc)}")
+                    if stream is not None:  # the TLS handshake failed
+                        await trio.aclose_forcefully(stream)
+                        stream = None
                 else:
                     self.core.connected(io.id, self.host.now())
                     self.pump()

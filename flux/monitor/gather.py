@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import ssl
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import trio
@@ -208,9 +209,13 @@ class StatsGatherer:
     """Gathers every registered shard's STATS each ``interval`` seconds into a cache."""
 
     def __init__(self, host: Host, directory: ShardDirectory, interval: float,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None,
+                 hello: Callable[[], dict[str, Any]] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host = host
+        self.tls = tls      # its links speak TLS to the shards with this context
         self.directory = directory
+        self.hello = hello  # credential fields of its links' HELLOs (with auth on)
         self.interval = interval
         self.timeout = timeout if timeout is not None else max(1.0, interval)
         self.history = RateHistory()
@@ -284,7 +289,7 @@ class StatsGatherer:
         if link is None or link.address != entry.address:
             if link is not None:
                 await link.aclose()
-            link = ShardLink(self.host, entry.address, self.timeout)
+            link = ShardLink(self.host, entry.address, self.timeout, self.hello, self.tls)
             self._links[entry.index] = link
         return link
 

@@ -18,9 +18,11 @@ from flux import protocol
 from flux.config import Config
 from flux.errors import first_of
 from flux.host import Host
+from flux.monitor.access import AdminOnly
 from flux.monitor.app import build_app
 from flux.monitor.gather import ShardEntry, StatsGatherer
 from flux.shard.server import format_address
+from flux.tls import internal_context
 
 if TYPE_CHECKING:
     from flux.router.router import Router
@@ -67,7 +69,8 @@ async def serve_monitor(host: Host, config: Config, router: Router, *,
     Reports the base URL (``http://host:port/``) through ``task_status`` once the
     port is bound; raises OSError if it cannot be.
     """
-    gatherer = StatsGatherer(host, RouterDirectory(router), config.http.stats_interval)
+    gatherer = StatsGatherer(host, RouterDirectory(router), config.http.stats_interval,
+                             hello=router.broker_hello, tls=internal_context(config.tls))
     hyper = HypercornConfig()
     hyper.bind = [format_address(config.http.host, config.http_port)]
     hyper.accesslog = None
@@ -77,7 +80,9 @@ async def serve_monitor(host: Host, config: Config, router: Router, *,
     try:
         async with trio.open_nursery() as nursery:
             try:
-                binds: list[str] = await nursery.start(serve, build_app(gatherer), hyper)
+                app = AdminOnly(build_app(gatherer), lambda: router.config.auth, router.logins,
+                                lambda: router.secret)
+                binds: list[str] = await nursery.start(serve, app, hyper)
             except (OSError, BaseExceptionGroup) as exc:
                 error = first_of(exc, OSError)
                 if error is None:

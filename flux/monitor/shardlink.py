@@ -9,6 +9,8 @@ and typed errors for the monitor's reads. Not here: what is asked or cached
 from __future__ import annotations
 
 import itertools
+import ssl
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -23,10 +25,14 @@ MAX_REPLY_BYTES = 1 << 28  # a STATS reply of a shard holding very many topics m
 class ShardLink:
     """A lazily dialled request/reply connection to the shard at ``address``."""
 
-    def __init__(self, host: Host, address: str, timeout: float) -> None:
+    def __init__(self, host: Host, address: str, timeout: float,
+                 hello: Callable[[], dict[str, Any]] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host = host
+        self.tls = tls      # the shards' client ports speak TLS (flux.tls.internal_context)
         self.address = address
         self.timeout = timeout
+        self.hello = hello  # the HELLO's credential fields (the broker's own, with auth)
         self._stream: trio.abc.Stream | None = None
         self._decoder = protocol.FrameDecoder(MAX_REPLY_BYTES)
         self._lock = trio.Lock()
@@ -74,10 +80,15 @@ class ShardLink:
     async def _exchange(self, frame: list[Any]) -> list[Any]:
         if self._stream is None:
             host, port = protocol.parse_address(self.address)
-            self._stream = await self.host.connect(host, port)
+            stream: trio.abc.Stream = await self.host.connect(host, port)
+            if self.tls is not None:
+                stream = trio.SSLStream(stream, self.tls, server_hostname=host)
+                await stream.do_handshake()
+            self._stream = stream
             self._decoder = protocol.FrameDecoder(MAX_REPLY_BYTES)
-            hello = await self._roundtrip([protocol.HELLO, 0, {"version": protocol.VERSION,
-                                                               "role": "monitor"}])
+            body = {"version": protocol.VERSION, "role": "monitor",
+                    **(self.hello() if self.hello is not None else {})}
+            hello = await self._roundtrip([protocol.HELLO, 0, body])
             if hello[0] == protocol.ERROR:
                 hello[1] = 0
                 return hello

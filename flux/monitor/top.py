@@ -97,7 +97,9 @@ async def _wait_for_quit(fd: int) -> None:
             return
 
 
-async def run_top(url: str, interval: float = 1.0, console: Console | None = None) -> None:
+async def run_top(url: str, interval: float = 1.0, console: Console | None = None, *,
+                  token: str | None = None, user: str | None = None,
+                  password: str | None = None, tls: Any = None) -> None:
     """Show the live view of the broker at ``url`` until ``q`` (or Ctrl-C).
 
     Raises ConnectionLost or RetryDeadlineExceeded when the broker cannot be reached.
@@ -108,7 +110,8 @@ async def run_top(url: str, interval: float = 1.0, console: Console | None = Non
     history = RateHistory(keep_seconds=60.0)
     console = console or Console()
     with _keys() as fd:
-        async with connect(url, retry_deadline=10.0) as client, trio.open_nursery() as nursery:
+        async with connect(url, retry_deadline=10.0, token=token, user=user,
+                           password=password, tls=tls) as client, trio.open_nursery() as nursery:
             if fd is not None:
                 async def quit_on_key() -> None:
                     await _wait_for_quit(fd)

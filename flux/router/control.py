@@ -200,7 +200,9 @@ async def register(router: Router, link: ControlLink, rid: int, frame: list[Any]
     slot.link, slot.last_seen = link, now
     if isinstance(router.config.shard.ports, str):
         slot.port = protocol.parse_address(address)[1]  # a restart keeps the known address
-    await link.send([protocol.REGISTERED, rid, {"proof": answer}])
+    # the auth section in force: a shard adopted by a restarted router takes this one
+    await link.send([protocol.REGISTERED, rid, {"proof": answer,
+                                                "auth": router.config.auth.to_dict()}])
     router.notify()
     return slot
 

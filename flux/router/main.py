@@ -22,7 +22,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import trio
 
@@ -34,8 +34,12 @@ from flux.router.router import Router, RouterInfo
 from flux.router.state import FileStateStore, StateStore
 
 
-def serve_forever(config: Config) -> int:
-    """Run a broker until SIGINT/SIGTERM, then drain every shard; returns the exit status."""
+def serve_forever(config: Config, reload: Callable[[], Config] | None = None) -> int:
+    """Run a broker until SIGINT/SIGTERM, then drain every shard; returns the exit status.
+
+    On SIGHUP, ``reload()`` reads the configuration again and its ``auth`` section is
+    put in force (nothing else is reloaded); a config that fails to load is logged and
+    the running one kept."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="flux router [%(levelname)s] %(message)s")
     if config.storage.dir is not None:
@@ -47,7 +51,7 @@ def serve_forever(config: Config) -> int:
             print(f"flux: {exc}", file=sys.stderr)
             return 2
     try:
-        trio.run(_serve, config)
+        trio.run(_serve, config, reload)
     except (OSError, ExceptionGroup) as exc:
         error = first_of(exc, OSError)
         if error is None:
@@ -73,7 +77,7 @@ def describe(info: RouterInfo, shard_count: int) -> list[str]:
     return lines
 
 
-async def _serve(config: Config) -> None:
+async def _serve(config: Config, reload: Callable[[], Config] | None) -> None:
     host = RealHost("router")
     stop = trio.Event()
 
@@ -81,11 +85,14 @@ async def _serve(config: Config) -> None:
         return FileStateStore(config.host, port)
 
     async def on_signal(signals: AsyncIterator[int]) -> None:
-        async for _ in signals:
-            stop.set()
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                await _reload_auth(broker, reload)
+            else:
+                stop.set()
 
     # the receiver is open before anything starts, so an early Ctrl-C also drains
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
             broker = Router(host, config, ProcessLauncher(host), state)
@@ -106,6 +113,20 @@ async def _serve(config: Config) -> None:
             if url is not None:
                 _say(f"flux: http listening on {url}")
     _say("flux: stopped")
+
+
+async def _reload_auth(broker: Router, reload: Callable[[], Config] | None) -> None:
+    """SIGHUP: read the config again and put its ``auth`` section in force."""
+    log = logging.getLogger("flux.router")
+    if reload is None:
+        log.warning("SIGHUP: this broker was started without a reloadable config; ignored")
+        return
+    try:
+        fresh = reload()
+    except ConfigError as exc:
+        log.error("SIGHUP: the config does not load, keeping the running auth: %s", exc)
+        return
+    await broker.reload_auth(fresh.auth)
 
 
 def _say(line: str) -> None:

@@ -19,6 +19,9 @@ from typing import Any
 import trio
 
 from flux import control_proof, errors, protocol
+from flux.auth import sessions
+from flux.auth.login import Logins
+from flux.auth.users import AuthConfig
 from flux.config import Config
 from flux.host import Host, Launcher, ShardProcess, ShardSpec
 from flux.router.control import ControlLink, ShardInfo, serve_control
@@ -32,6 +35,7 @@ from flux.shard.server import (
     format_address,
     move_on_at,
 )
+from flux.tls import server_context
 
 log = logging.getLogger("flux.router")
 
@@ -102,6 +106,8 @@ class Router:
         self.clients = 0  # open client connections on the public port
         self.control = ""
         self.secret = ""  # the broker's (flux.control_proof); set before any shard starts
+        self.logins = Logins(host)  # password logins (G13), rate-limited per address
+        self.tls = server_context(config.tls)  # None: the public port speaks plain TCP
         self.stopping = False
         self.may_launch = False
         self.saving = False
@@ -354,6 +360,27 @@ class Router:
                     continue
                 slot.killing = proc.pid
                 proc.kill()
+
+    def broker_hello(self) -> dict[str, Any]:
+        """HELLO fields of the broker's own connections to its shards (the monitor): with
+        auth on, a session token of the broker itself (flux.auth.sessions)."""
+        auth = self.config.auth
+        if not auth.enabled:
+            return {}
+        expires = self.host.wall_time() + auth.session_ttl
+        return {"session": sessions.issue(self.secret, sessions.BROKER, b"", expires)}
+
+    async def reload_auth(self, auth: AuthConfig) -> None:
+        """Put a reloaded ``auth`` section in force (SIGHUP): here, in every registered
+        shard (AUTH on its control link) and in the shards started from now on."""
+        self.config = dataclasses.replace(self.config, auth=auth)
+        frame = [protocol.AUTH, 0, {"auth": auth.to_dict()}]
+        for slot in self.slots:
+            if slot.link is not None:  # a shard that misses it gets it when it registers
+                async with move_on_at(self.host, self.host.now() + SEND_TIMEOUT):
+                    with contextlib.suppress(*BROKEN):
+                        await slot.link.send(frame)
+        log.info("auth reloaded: %d users", len(auth.users))
 
     async def wait_registered(self, deadline: float, indices: list[int] | None = None) -> bool:
         """Wait until every shard (or those of ``indices``) is registered.

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from flux import errors
+from flux.shard.access import BEFORE_HELLO, Access
 from flux.shard.cleanup import Cleanup
 from flux.shard.delivery import Delivery
 from flux.shard.journal import TopicJournal
@@ -38,14 +39,15 @@ __all__ = ["Session", "ShardCore", "Topic"]
 _WHILE_RECOVERING = P.CONTROL_KINDS | {P.CREDIT, P.STATS}
 
 
-class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
+class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
     """All state of one shard incarnation (one generation), and its frame handlers."""
 
-    def connect(self, now: float) -> int:
+    def connect(self, now: float, certificate: str | None = None) -> int:
         """Register a new connection; returns its id for later calls. It must send
-        HELLO within ``limits.hello_timeout`` (see :meth:`next_deadline`)."""
+        HELLO within ``limits.hello_timeout`` (see :meth:`next_deadline`).
+        ``certificate``: the common name of its TLS client certificate, if any."""
         conn = next(self._conn_ids)
-        self.sessions[conn] = Session(conn, now, now)
+        self.sessions[conn] = Session(conn, now, now, certificate=certificate)
         self._next_session_check = min(self._next_session_check,
                                        now + self.config.limits.hello_timeout)
         return conn
@@ -124,6 +126,9 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
             session.out.append(P.error_frame(rid, errors.InvalidRequest(
                 f"unknown frame kind {kind}")))
             return
+        if self.auth is not None and session.identity is None and kind not in BEFORE_HELLO:
+            session.out.append(P.error_frame(rid, self._not_yet(kind)))
+            return
         try:
             handler(self, session, frame, now)
         except errors.FluxError as exc:
@@ -144,13 +149,24 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
                                                f" supported; this shard speaks {P.VERSION}")))
             session.close = True
             return
+        try:
+            self._authenticate(session, body, now)
+        except (errors.AuthenticationFailed, errors.SessionExpired) as exc:
+            # failed authentication closes (DESIGN.md), its ERROR ahead of held replies
+            (session.ready if session.holds else session.out).append(P.error_frame(rid, exc))
+            session.close = True
+            self._end_session_attachments(session, now)
+            return
         session.hello = True
-        session.out.append([P.HELLO_OK, rid, {
+        reply = {
             "version": P.VERSION, "role": "shard", "index": self.index,
             "shard_count": self.shard_count, "generation": self.generation,
             "heartbeat": self.config.subscriber.heartbeat,
             "max_frame_bytes": self.config.max_frame_bytes,
-        }])
+        }
+        if session.identity is not None:
+            reply["user"] = session.identity.user
+        session.out.append([P.HELLO_OK, rid, reply])
 
     def _ping(self, session: Session, frame: list[Any], now: float) -> None:
         session.out.append([P.PONG, frame[1]])
@@ -160,12 +176,15 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         raise P.control_refused(frame[0])
 
     def _stats(self, session: Session, frame: list[Any], now: float) -> None:
-        session.out.append([P.STATS_OK, frame[1], self.stats(now)])
+        session.out.append([P.STATS_OK, frame[1], self.stats(now, self._visible(session))])
 
-    def stats(self, now: float) -> dict[str, Any]:
-        """What this shard holds: topics, messages, bytes, subscriptions."""
+    def stats(self, now: float, visible: Callable[[str], bool] | None = None) -> dict[str, Any]:
+        """What this shard holds: topics, messages, bytes, subscriptions (only the topics
+        ``visible`` allows, if given: a non-admin user's)."""
         topics: dict[str, Any] = {}
         for name, topic in self.topics.items():
+            if visible is not None and not visible(name):
+                continue
             topics[name] = {
                 "oldest": topic.log.oldest, "next_offset": topic.log.next_offset,
                 "held": len(topic.log), "held_bytes": topic.held_bytes(now),

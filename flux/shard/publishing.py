@@ -57,6 +57,8 @@ class Publishing(ShardState):
                 continue
             try:
                 name = self._check_owned(name)
+                if session.identity is not None:  # auth (G13): one check per group
+                    self._authorize(session, "publish", name)
             except errors.FluxError as exc:  # every item of the group is refused
                 message = str(exc)
                 results.append([[P.REFUSED] * n, [],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -20,9 +21,12 @@ import trio
 
 from flux import config as config_mod
 from flux import control_proof, errors, protocol
+from flux.auth.users import parse_auth
 from flux.host import Host, ShardSpec
 from flux.shard.core import ShardCore
 from flux.shard.disk import ShardStorage
+from flux.tls import accept as tls_accept
+from flux.tls import server_context
 
 log = logging.getLogger("flux.shard")
 
@@ -114,6 +118,22 @@ async def close_with_error(host: Host, stream: trio.abc.Stream, exc: errors.Flux
     await trio.aclose_forcefully(stream)
 
 
+async def secure(host: Host, stream: trio.abc.Stream, context: ssl.SSLContext, timeout: float
+                 ) -> tuple[trio.abc.Stream, str | None] | None:
+    """TLS over an accepted client ``stream`` (flux.tls.accept), bounded by ``timeout``
+    (the HELLO deadline); None, the stream closed, when it fails (a plain client got a
+    plain ERROR first)."""
+    secured: tuple[trio.abc.Stream, str | None] | None = None
+    async with move_on_at(host, host.now() + timeout):
+        try:
+            secured = await tls_accept(stream, context)
+        except (*BROKEN, errors.ProtocolError) as exc:
+            log.info("a TLS handshake failed: %s", exc if str(exc) else repr(exc.__cause__))
+    if secured is None:
+        await trio.aclose_forcefully(stream)
+    return secured
+
+
 def format_address(host: str, port: int) -> str:
     """``host:port``, with brackets around an IPv6 host."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -201,6 +221,10 @@ class ShardServer:
         now = host.now()
         self.core = ShardCore(config, index=spec.index, shard_count=spec.shard_count,
                               generation=generation, now=now, epoch=host.wall_time() - now)
+        self.core.secret = spec.secret  # session tokens are signed with it (flux.auth)
+        self._auth = config.auth        # the auth section in force (a reload replaces it)
+        self.tls = server_context(config.tls)  # None: the client port speaks plain TCP
+        self._handshakes = 0  # TLS handshakes under way (they count as connections)
         self.storage: ShardStorage | None = None
         if config.storage.dir is not None:
             self.storage = ShardStorage(host, config, spec.index, spec.shard_count,
@@ -292,12 +316,23 @@ class ShardServer:
             await trio.aclose_forcefully(stream)
             return
         limit = self.config.limits.max_connections
-        if len(self.conns) >= limit:
+        if len(self.conns) + self._handshakes >= limit:
             await close_with_error(self.host, stream, errors.TooManyConnections(
                 f"shard {self.spec.index} holds {limit} connections (limits.max_connections);"
                 " retry later"))
             return
-        conn = self.core.connect(self.host.now())
+        certificate = None
+        if self.tls is not None:  # within the HELLO deadline, and counted as a connection
+            self._handshakes += 1
+            try:
+                secured = await secure(self.host, stream, self.tls,
+                                       self.config.limits.hello_timeout)
+            finally:
+                self._handshakes -= 1
+            if secured is None:
+                return
+            stream, certificate = secured
+        conn = self.core.connect(self.host.now(), certificate)
         self._rearm()  # its HELLO deadline may come before the ticker's next wake-up
         try:
             async with trio.open_nursery() as nursery:
@@ -672,10 +707,31 @@ class ShardServer:
                          self.control)
             self.registered = True
             link.registered.set()
+            self._reload_auth(frame)  # a restarted router may hold a newer auth section
+        elif kind == protocol.AUTH:
+            self._reload_auth(frame)
         elif kind == protocol.DRAIN:
             log.info("shard %d: the router asked it to drain", self.spec.index)
             self.stop()
         return True
+
+
+    def _reload_auth(self, frame: list[Any]) -> None:
+        """Apply the router's ``auth`` section (REGISTERED, or AUTH after a SIGHUP)."""
+        body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
+        if "auth" not in body:
+            return
+        try:
+            auth = parse_auth(body["auth"])
+        except errors.ConfigError as exc:
+            log.error("shard %d: the router sent an invalid auth section: %s", self.spec.index,
+                      exc)
+            return
+        if auth != self._auth:
+            log.info("shard %d: auth reloaded (%d users)", self.spec.index, len(auth.users))
+            self._auth = auth
+            self.core.reload_auth(auth, self.host.now())
+            self._dispatch()
 
 
 class _RouterLink:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flux import errors, protocol
+from flux.auth.identity import Identity
+from flux.auth.users import AuthConfig
 from flux.config import Config
 from flux.hashing import shard_for
 from flux.histogram import LatencyHistogram
@@ -87,6 +89,8 @@ class Session:
     opened_at: float
     last_seen: float
     hello: bool = False
+    identity: Identity | None = None  # who HELLO proved (None: auth is off)
+    certificate: str | None = None    # the common name of its TLS client certificate
     paused: bool = False  # the shell does not read it: its output is not being read
     subs: dict[int, Subscription] = field(default_factory=dict)  # client sid -> subscription
     out: list[list[Any]] = field(default_factory=list)  # frames to send (behind any hold)
@@ -110,6 +114,9 @@ class ShardState:
         self.generation = generation
         self.epoch = epoch  # wall time = epoch + now (message timestamps only)
         self.check_ownership = check_ownership
+        # users and permissions (G13): None while auth is off; a reload replaces it
+        self.auth: AuthConfig | None = config.auth if config.auth.enabled else None
+        self.secret = ""  # the broker secret, which signs session tokens (set by the shell)
         self.topics: dict[str, Topic] = {}
         # the next offset of each topic forgotten while empty (see Cleanup._retire):
         # a topic used again continues from there, so no offset is reused (G1)
@@ -156,6 +163,14 @@ class ShardState:
         (session.ready if session.holds else session.out).append(P.error_frame(0, exc))
         session.close = True
         self._end_session_attachments(session, now)
+
+    def _authorize(self, session: Session, operation: str, topic: str) -> str:
+        """``topic`` if the session may do ``operation`` on it; else NotAuthorized."""
+        identity = session.identity
+        if identity is not None and not identity.permissions.may(operation, topic):
+            raise errors.NotAuthorized(
+                f"user {identity.user!r} may not {operation} on topic {topic!r}")
+        return topic
 
     def _end_session_attachments(self, session: Session, now: float) -> None:
         for sub in list(session.subs.values()):

@@ -29,7 +29,7 @@ class Subscribing(ShardState):
         rid, sid, opts = frame[1], frame[2], _map(frame, 3)
         if type(sid) is not int:
             raise errors.InvalidRequest("SUBSCRIBE sid must be an integer")
-        name = self._check_owned(opts.get("topic"))
+        name = self._authorize(session, "subscribe", self._check_owned(opts.get("topic")))
         sub_name = opts.get("name")
         mode = opts.get("mode", "push")
         if mode not in ("push", "pull"):

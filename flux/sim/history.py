@@ -408,6 +408,21 @@ class BadRequestUnanswered(Event):
     sent: float
 
 
+# -- who may do what (G13) ---------------------------------------------------------------
+
+@_event
+@dataclass(frozen=True, slots=True)
+class AuthChecked(Event):
+    """A client tried ``operation`` ("publish", "subscribe", "fetch", "commit") on
+    ``topic`` as its user: ``outcome`` is "accepted" or the error's class name."""
+
+    kind: ClassVar[str] = "auth_checked"
+    client: str
+    operation: str
+    topic: str
+    outcome: str
+
+
 # -- the world -------------------------------------------------------------------------
 
 @_event

@@ -84,6 +84,8 @@ def run(seed: int, scenario: str = "default", plan: FaultPlan | None = None, *,
                       "pull": s.behaviour == "puller"}
                      for s in workload.subscribers if s.live],
         "canaries": [[t, f"canary-{t}"] for t in workload.topics],
+        # the user each client logs in as (G13; "*": every client not named)
+        "logins": {client: login["as"] for client, login in workload.logins.items()},
     })
     failures: list[str] = []
     tracebacks: list[str] = []
@@ -153,6 +155,8 @@ async def _drive(world: World, workload: Workload, plan: FaultPlan, seed: int) -
             clients.start_soon(actors.vandal, name, name=f"vandal {name}")
         for name in workload.auditors:
             clients.start_soon(actors.auditor, name, name=f"auditor {name}")
+        for name in workload.intruders:
+            clients.start_soon(actors.intruder, name, name=f"intruder {name}")
         async with trio.open_nursery() as faults:
             faults.start_soon(world.run_plan, list(plan))
             world.record(h.Phase(trio.current_time(), "faults"))

@@ -11,8 +11,9 @@ import random
 from collections.abc import Callable
 from dataclasses import replace
 
+from flux.auth.credentials import hash_password, token_digest
 from flux.sim.faults import FaultMix
-from flux.sim.workload import ROUTER_PORT, ProducerSpec, SubscriberSpec, Workload
+from flux.sim.workload import INTRUDER_TOPICS, ROUTER_PORT, ProducerSpec, SubscriberSpec, Workload
 
 ALL_FAULTS = (("crash", 1.0), ("pause", 1.5), ("router", 0.7), ("partition", 1.5),
               ("stall", 1.5), ("reset", 1.0), ("slow", 0.7))
@@ -338,6 +339,40 @@ def disk_errors(rng: random.Random) -> Workload:
                                 count=(3, 10), pause=(0.5, 4.0)))
 
 
+def auth(rng: random.Random) -> Workload:
+    """Auth on (G13): the workload's clients log in as "app" (a token) or "ops" (a
+    password: the router's login and session tokens), and an intruder whose user may
+    use only a sandbox and one topic of each kind tries everything, under every fault.
+    Whatever a user may not do is refused with NotAuthorized; what it may is not."""
+    w = default(rng)
+    config = dict(w.config)
+    intruder_publish = rng.choice(w.topics)
+    intruder_subscribe = rng.choice(w.topics)
+    secret = {"app": "app-" + rng.randbytes(8).hex(), "intruder": "in-" + rng.randbytes(8).hex()}
+    # a cheap scrypt (N=2) with a salt from the seed: the run stays fast and replays
+    password = hash_password("ops-pw", n=2, salt=rng.randbytes(16))
+    config["auth"] = {"logins_per_minute": 100_000, "users": [
+        {"name": "app", "token_sha256": token_digest(secret["app"]),
+         "publish": {"allow": [">"], "deny": ["sandbox.>"]},
+         "subscribe": {"allow": [">"], "deny": ["sandbox.>"]}},
+        {"name": "ops", "password": password, "publish": [">"], "subscribe": [">"],
+         "admin": [">"]},
+        {"name": "intruder", "token_sha256": token_digest(secret["intruder"]),
+         "publish": {"allow": ["sandbox.>", intruder_publish], "deny": ["sandbox.locked"]},
+         "subscribe": ["sandbox.*", intruder_subscribe]},
+    ]}
+    logins: dict[str, dict[str, str]] = {"*": {"token": secret["app"], "as": "app"}}
+    for p in w.producers[::2]:  # every other producer logs in with a password
+        logins[p.name] = {"user": "ops", "password": "ops-pw", "as": "ops"}
+    for s in w.subscribers[1::2]:
+        logins[s.name] = {"user": "ops", "password": "ops-pw", "as": "ops"}
+    intruders = ("x0",)
+    for name in intruders:
+        logins[name] = {"token": secret["intruder"], "as": "intruder"}
+    assert all(t not in w.topics for t in INTRUDER_TOPICS)
+    return replace(w, scenario="auth", config=config, logins=logins, intruders=intruders)
+
+
 def with_client_ids(workload: Workload, rng: random.Random) -> Workload:
     """About half the producers let the client choose their ids, so the client's own id
     generation runs (and the checker knows their messages by payload). Drawn from a
@@ -356,5 +391,5 @@ SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
-    "disk-errors": disk_errors,
+    "disk-errors": disk_errors, "auth": auth,
 }

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import trio
 
@@ -17,6 +18,7 @@ from flux.host import Disk, StreamHandler
 from flux.sim.disk import SimDisk
 from flux.sim.network import Network, SimStream
 
+T = TypeVar("T")
 EPOCH = 1_700_000_000.0  # wall time of simulated time 0
 
 
@@ -76,6 +78,10 @@ class SimHost:
         await self.gate.passage()
         await trio.sleep_until(deadline)
         await self.gate.passage()
+
+    async def run_slow(self, fn: Callable[..., T], *args: Any) -> T:
+        await self.gate.passage()
+        return fn(*args)
 
     async def connect(self, host: str, port: int) -> SimStream:
         return await self.network.connect(self, port)

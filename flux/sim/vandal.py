@@ -58,8 +58,9 @@ class Vandal:
     """One vandal client on its tapped ``host``; ``record`` adds history events."""
 
     def __init__(self, host: TappedHost, topics: tuple[str, ...], rng: random.Random,
-                 router_port: int, record: Any) -> None:
+                 router_port: int, record: Any, hello: dict[str, Any] | None = None) -> None:
         self.host = host
+        self.hello = {"version": P.VERSION, "role": "client", **(hello or {})}  # its credential
         self.topics = topics
         self.rng = rng
         self.router_port = router_port
@@ -88,7 +89,7 @@ class Vandal:
         stream = await self.host.connect("127.0.0.1", int(address.rsplit(":", 1)[1]))
         link = _Link(stream)
         try:
-            reply = await link.request([P.HELLO, 1, {"version": P.VERSION, "role": "client"}])
+            reply = await link.request([P.HELLO, 1, self.hello])
             if reply is None or reply[0] != P.HELLO_OK:
                 return
             for _ in range(self.rng.randint(1, 4)):
@@ -133,7 +134,7 @@ class Vandal:
         stream = await self.host.connect("127.0.0.1", self.router_port)
         try:
             reply = await _Link(stream).request(
-                [P.HELLO, 1, {"version": P.VERSION, "role": "client"}])
+                [P.HELLO, 1, self.hello])
         finally:
             await trio.aclose_forcefully(stream)
         if not isinstance(reply, list) or reply[0] != P.HELLO_OK:

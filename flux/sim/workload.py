@@ -97,6 +97,10 @@ class Workload:
     give_up_after: float = 20.0  # a producer's own retries of one id (with retry_deadline < dedup)
     vandals: tuple[str, ...] = ()  # clients that send bad input on purpose (G8)
     auditors: tuple[str, ...] = ()  # clients that read every topic back from its oldest
+    # with auth on (G13): each client's credential (keyword arguments of connect), by
+    # client name; "*" for any client not named. Intruders try what their user may not.
+    logins: dict[str, dict[str, str]] = field(default_factory=dict)
+    intruders: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -118,14 +122,21 @@ class Actors:
         self.inactive_time = float(sub.get("inactive_time", 300.0))
         self.heartbeat = float(sub.get("heartbeat", 5.0))
 
+    def login(self, client: str) -> dict[str, str]:
+        """The credential ``client`` connects with (none without auth)."""
+        logins = self.w.logins
+        return logins.get(client, logins.get("*", {}))
+
     def rng(self, name: str) -> random.Random:
         return random.Random(derive_seed(self.seed, "actor", name))
 
     @asynccontextmanager
     async def _client(self, host: TappedHost) -> AsyncIterator[Client]:
         try:
+            login = self.login(host.name)
             async with connect(ROUTER_URL, host=host, request_timeout=self.w.request_timeout,
-                               retry_deadline=self.w.retry_deadline) as client:
+                               retry_deadline=self.w.retry_deadline, token=login.get("token"),
+                               user=login.get("user"), password=login.get("password")) as client:
                 yield client
         finally:
             host.drop_connections()
@@ -176,6 +187,10 @@ class Actors:
                     tuple(a.offset for a in acks), tuple(a.generation for a in acks),
                     tuple(a.duplicate for a in acks)))
                 return
+            except errors.NotAuthorized as exc:  # never retried: the same user stays refused
+                self.world.record(h.PublishReturned(trio.current_time(), spec.name, call,
+                                                    topic, (), (), (), (), type(exc).__name__))
+                return
             except (errors.TopicFull, errors.Busy, errors.RetryDeadlineExceeded,
                     errors.ConnectionLost, errors.RequestTimeout, errors.ShuttingDown,
                     errors.WrongShard) as exc:
@@ -189,7 +204,28 @@ class Actors:
         """Bad input on purpose until the heal (:mod:`flux.sim.vandal`)."""
         host = self.world.client_host(name)
         await Vandal(host, self.w.topics, self.rng(name), ROUTER_PORT,
-                     self.world.record).run(self.healed)
+                     self.world.record, self.login(name)).run(self.healed)
+
+    async def intruder(self, name: str) -> None:
+        """Until the heal, try to publish, subscribe, fetch and commit on topics its
+        user may and may not use (G13), recording each outcome."""
+        rng = self.rng(name)
+        host = self.world.client_host(name)
+        topics = self.w.topics + INTRUDER_TOPICS
+        serial = 0
+        while not self.healed.is_set():
+            with contextlib.suppress(errors.FluxError, OSError):
+                async with self._client(host) as client:
+                    while not self.healed.is_set():
+                        serial += 1
+                        operation = rng.choice(("publish", "subscribe", "fetch", "commit"))
+                        topic = rng.choice(topics)
+                        outcome = await _try(client, operation, topic, f"{name}-{serial}")
+                        self.world.record(h.AuthChecked(trio.current_time(), name, operation,
+                                                        topic, outcome))
+                        await trio.sleep(rng.uniform(0.05, 0.5))
+            with trio.move_on_after(0.5):
+                await self.healed.wait()
 
     async def auditor(self, name: str) -> None:
         """Until the heal, read every topic back from its oldest held offset without a
@@ -437,6 +473,27 @@ class _PullState:
     generation: int | None = None   # the generation it knows (passed on SUBSCRIBE and FETCH)
     left: bool = False              # its last connection ended on purpose
     checkpoint: tuple[int, int] | None = None   # (generation, offset) of a commit it made
+
+
+# topics only intruders use (their users' rules name them), beside the workload's
+INTRUDER_TOPICS = ("sandbox.box", "sandbox.locked", "sandbox.deep.box")
+
+
+async def _try(client: Client, operation: str, topic: str, tag: str) -> str:
+    """One attempt of an intruder: "accepted", or the class name of what refused it."""
+    try:
+        if operation == "publish":
+            await client.publish(topic, tag.encode(), id=tag)
+        elif operation == "subscribe":
+            async with client.subscribe(topic, read_old=True):  # ephemeral: gone at once
+                pass
+        elif operation == "fetch":
+            await client.fetch(topic, 0, 5)
+        else:
+            await client.commit(topic, "intruder", 0, None)
+    except errors.FluxError as exc:
+        return type(exc).__name__
+    return "accepted"
 
 
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import trio
 
 from flux import errors
+from flux.client.tls import client_context
 from flux.client.trio import Client, connect
 from flux.spark import offsets
 from flux.spark.offsets import Position, Range, TopicStatus
@@ -25,13 +26,20 @@ FETCH_BATCH = 5000
 FULL_BACKOFF = (0.05, 2.0)  # seconds between re-sends while a topic is full
 
 
-def call(url: str, timeout: float, step: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run ``step(client, *args)`` with a fresh client; raises what the step raises,
+def call(url: str, timeout: float, step: Callable[..., Awaitable[T]], *args: Any,
+         credentials: dict[str, str] | None = None) -> T:
+    """Run ``step(client, *args)`` with a fresh client (proving ``credentials``: token,
+    or user and password; with TLS files ca, cert, key); raises what the step raises,
     or ``RequestTimeout`` when it takes longer than ``timeout`` seconds."""
+
+    given = credentials or {}
+    tls = client_context(url, None, ca=given.get("ca"), cert=given.get("cert"),
+                         key=given.get("key"))
 
     async def main() -> T:
         with trio.move_on_after(timeout) as scope:
-            async with connect(url) as client:
+            async with connect(url, token=given.get("token"), user=given.get("user"),
+                               password=given.get("password"), tls=tls) as client:
                 return await step(client, *args)
         assert scope.cancelled_caught
         raise errors.RequestTimeout(f"a call to flux at {url} did not finish within {timeout:g}s"

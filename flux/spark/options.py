@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import xxhash
 
 from flux import errors, protocol
+from flux.client.credentials import Credentials, split_url
 from flux.spark import offsets
 
 DEFAULT_URL = "flux://127.0.0.1:7070"
@@ -36,6 +37,8 @@ class SourceOptions:
     min_partitions: int
     fail_on_data_loss: bool
     timeout: float
+    # token, or user and password (auth, G13); ca, cert, key: TLS files (tlsCa, ...)
+    credentials: dict[str, str]
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -56,11 +59,12 @@ class SourceOptions:
             min_partitions=_int(get, "minPartitions", 1) or 1,
             fail_on_data_loss=_bool(get, "failOnDataLoss", True),
             timeout=_float(get, "timeout", DEFAULT_TIMEOUT),
+            credentials=_credentials(get),
         )
         # fail at query definition, not in the middle of a batch
         offsets.parse_starting(opts.starting_offsets, topics)
         offsets.parse_starting(opts.ending_offsets, topics, option="endingOffsets")
-        protocol.parse_address(opts.url)
+        protocol.parse_address(split_url(opts.url)[0])
         return opts
 
 
@@ -73,6 +77,8 @@ class SinkOptions:
     batch_size: int
     write_id: str
     timeout: float
+    # token, or user and password (auth, G13); ca, cert, key: TLS files (tlsCa, ...)
+    credentials: dict[str, str]
 
     @classmethod
     def parse(cls, options: Mapping[str, str], columns: list[str]) -> SinkOptions:
@@ -92,9 +98,24 @@ class SinkOptions:
         write_id = get("writeId") or os.urandom(8).hex()
         opts = cls(url=get("url") or DEFAULT_URL, topic=topic,
                    batch_size=_int(get, "batchSize", 500) or 500, write_id=write_id,
-                   timeout=_float(get, "timeout", DEFAULT_TIMEOUT))
-        protocol.parse_address(opts.url)
+                   timeout=_float(get, "timeout", DEFAULT_TIMEOUT), credentials=_credentials(get))
+        protocol.parse_address(split_url(opts.url)[0])
         return opts
+
+
+def _credentials(get: _Get) -> dict[str, str]:
+    """Options ``token``, or ``user`` and ``password``, and the TLS files ``tlsCa``,
+    ``tlsCert``, ``tlsKey`` (as ``ca``, ``cert``, ``key``); ValueError for a wrong mix."""
+    found = {key: value for key in ("token", "user", "password") if (value := get(key))}
+    try:
+        Credentials(**found)
+    except ValueError as exc:
+        raise ValueError(f"options 'token', 'user', 'password': {exc}") from None
+    for option, key in (("tlsCa", "ca"), ("tlsCert", "cert"), ("tlsKey", "key")):
+        value = get(option)
+        if value:
+            found[key] = value
+    return found
 
 
 def default_subscription(topics: list[str]) -> str:

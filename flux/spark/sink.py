@@ -68,7 +68,8 @@ def _write(rows: Iterator[Row], opts: SinkOptions, scope: str, partition: int
     if first is None:  # an empty partition: no connection needed
         return FluxCommitMessage(partition, 0, 0)
     published, duplicates = link.call(opts.url, opts.timeout, link.publish_all,
-                                      itertools.chain([first], items), opts.batch_size)
+                                      itertools.chain([first], items), opts.batch_size,
+                                      credentials=opts.credentials)
     return FluxCommitMessage(partition, published, duplicates)
 
 

@@ -47,6 +47,7 @@ class FluxPartition(InputPartition):
         self.subscription = subscription
         self.fail_on_data_loss = opts.fail_on_data_loss
         self.timeout = opts.timeout
+        self.credentials = opts.credentials
 
     def __repr__(self) -> str:
         return (f"FluxPartition({self.topic!r}, generation={self.generation:#x},"
@@ -58,7 +59,8 @@ def read_partition(partition: FluxPartition) -> Iterator[tuple[Any, ...]]:
     ``failOnDataLoss`` is false). Raises :class:`~flux.spark.offsets.DataLoss`."""
     rng = offsets.Range(partition.topic, partition.generation, partition.start, partition.end)
     messages = link.call(partition.url, partition.timeout, link.fetch_range, rng,
-                         partition.subscription, partition.fail_on_data_loss, _warn)
+                         partition.subscription, partition.fail_on_data_loss, _warn,
+                         credentials=partition.credentials)
     generation = f"{partition.generation:#x}"
     utc = datetime.UTC
     for offset, message_id, payload, timestamp in messages:
@@ -130,7 +132,8 @@ class FluxStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to release: every call opens and closes its own connection."""
 
     def _call(self, fn: Any, *args: Any) -> Any:
-        return link.call(self.opts.url, self.opts.timeout, fn, *args)
+        return link.call(self.opts.url, self.opts.timeout, fn, *args,
+                         credentials=self.opts.credentials)
 
 
 class FluxBatchReader(DataSourceReader):
@@ -147,7 +150,8 @@ class FluxBatchReader(DataSourceReader):
         starts = offsets.parse_starting(opts.starting_offsets, opts.topics, offsets.EARLIEST)
         ends = offsets.parse_starting(opts.ending_offsets, opts.topics, offsets.LATEST,
                                       option="endingOffsets")
-        status = link.call(opts.url, opts.timeout, link.statuses, opts.topics, None, None)
+        status = link.call(opts.url, opts.timeout, link.statuses, opts.topics, None, None,
+                           credentials=opts.credentials)
         batch = offsets.batch_ranges(starts, ends, status, opts.topics,
                                      fail_on_data_loss=opts.fail_on_data_loss, warn=_warn)
         pieces = offsets.split(batch, opts.max_messages_per_partition, opts.min_partitions)

@@ -1381,3 +1381,39 @@ SCENARIO["policy-timeout-ignored"] = "policies"
 # Found as a blind spot (no rule fired in default seeds 1 and 3); G4/left-unacked sees it.
 PLANTED["resume-skips-in-flight"] = resume_skips_in_flight
 EXPECT["resume-skips-in-flight"] = ("G4/left-unacked",)
+
+
+def auth_deny_ignored() -> contextlib.AbstractContextManager[Any]:
+    """G13: a rule forgets its deny patterns, so whatever its allows match is let through
+    (the intruder's publish to its denied sandbox.locked is stored)."""
+    from flux.auth.permissions import Rule
+    from flux.policies import matches
+
+    def decide(self: Rule, topic: str) -> bool:
+        return any(matches(p.split("."), topic.split(".")) for p in self.allow)
+
+    return mock.patch.object(Rule, "decide", decide)
+
+
+def auth_one_cache() -> contextlib.AbstractContextManager[Any]:
+    """G13: one decision cache for every operation, so a topic's first decision (publish
+    or subscribe) answers the other operation too: some refusals are wrong, some
+    acceptances too."""
+    from flux.auth.permissions import Permissions
+
+    def may(self: Permissions, operation: str, topic: str) -> bool:
+        cache = self._cache["publish"]
+        decision = cache.get(topic)
+        if decision is None:
+            decision = cache[topic] = self.rules[operation].decide(topic)
+        return decision
+
+    return mock.patch.object(Permissions, "may", may)
+
+
+PLANTED["auth-deny-ignored"] = auth_deny_ignored
+EXPECT["auth-deny-ignored"] = ("G13/unauthorized-accepted",)
+SCENARIO["auth-deny-ignored"] = "auth"
+PLANTED["auth-one-cache"] = auth_one_cache
+EXPECT["auth-one-cache"] = ("G13/unauthorized-accepted", "G13/wrongly-refused")
+SCENARIO["auth-one-cache"] = "auth"

@@ -112,6 +112,10 @@ RULES: dict[str, str] = {
                      " invalid ones refused",
     "G8/unanswered": "a bad request (not framing corruption) is answered and never closes"
                      " its connection",
+    # access.py: G13 (with auth on)
+    "G13/unauthorized-accepted": "nothing a client's user may not do is accepted: stored,"
+                                 " delivered, read or committed (it gets NotAuthorized)",
+    "G13/wrongly-refused": "nothing a client's user may do is refused with NotAuthorized",
 }
 
 
@@ -179,6 +183,7 @@ def _known(guarantee: str, rule: str) -> str:
 def check(history: History) -> Report:
     """Check ``history`` against G1-G7 and liveness; the report lists every violation."""
     from flux.sim.checker import (
+        access,
         bad_input,
         calls,
         delivery,
@@ -201,6 +206,7 @@ def check(history: History) -> Report:
     pull.check(index, report)
     bad_input.check(index, report)
     durable.check(index, report)
+    access.check(index, report)
     # the same fact can break a rule more than once (e.g. one message, many sessions)
     report.violations = sorted(set(report.violations))
     return report

@@ -9,8 +9,11 @@ from flux.sim import history as h
 from flux.sim.checker import Report
 from flux.sim.checker.index import Index
 
-# errors that say "not now" rather than "never": a valid item may get one
-RETRYABLE = frozenset({"Busy", "TopicFull", "ShuttingDown", "WrongShard", "StorageUnavailable"})
+# errors that say "not now" rather than "never": a valid item may get one; and
+# NotAuthorized, a typed refusal of a well-formed item whose user may not publish there
+# (whether it was right is G13's to judge, in access.py)
+RETRYABLE = frozenset({"Busy", "TopicFull", "ShuttingDown", "WrongShard", "StorageUnavailable",
+                       "NotAuthorized"})
 UNTYPED = frozenset({"RemoteError", "FluxError", "LocalError"})
 
 
