@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 VS          ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv browser serve test lint sim chaos fuzz bench mutate clean distclean
+.PHONY: help venv browser serve test lint sim chaos fuzz soak bench mutate clean distclean
 
 help:
 	@echo "make serve  [ARGS=...]        run a broker (.venv/bin/flux serve ARGS)"
@@ -32,6 +32,7 @@ help:
 	@echo "make sim    [ARGS=...]        simulate seeds 0:500"
 	@echo "make chaos  [ARGS=...]        real processes under injected faults"
 	@echo "make fuzz   [ARGS=...]        the wire fuzzer against a real broker (1M frames)"
+	@echo "make soak   [ARGS=...]        10 minutes at 80 % load: memory, latency, nothing lost"
 	@echo "make bench  [VS=nats|all]     benchmarks, optionally beside peer brokers"
 	@echo "make mutate [ARGS=...]        mutation testing of the shard and client cores (ARGS: run|rerun|report ...)"
 	@echo "make clean | distclean        remove caches and build output (distclean: and .venv)"
@@ -83,6 +84,9 @@ chaos: $(STAMP)
 
 fuzz: $(STAMP)
 	$(BIN)/python -m fuzz $(ARGS)
+
+soak: $(STAMP)
+	$(BIN)/python -m flux.bench.soak $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/flux bench $(if $(VS),--vs $(VS)) $(ARGS)
