@@ -112,6 +112,10 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                           " may reach; recovered: what its last recovery read")
     disk.columns[-1].no_wrap = False  # the note wraps: the other columns stay whole
     disk.columns[-1].overflow = "fold"
+    caches = _table("Payload cache (disk topics)", ("shard", "cached", "of", "chunks",
+                                                     "read back", "evicted"),
+                    caption="payloads kept in memory once durable (storage.cache_bytes);"
+                            " read back: records read from disk")
     subs = _table("Subscriptions", ("topic", "name", "mode", "state", "cursor", "lag",
                                     "in flight"), left=("topic", "name", "mode", "state"),
                   caption="lag: messages from the cursor to the topic's next offset not acked")
@@ -120,6 +124,11 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
         shards.add_row(str(index), f"{reply['generation']:#018x}", _duration(reply["uptime"]),
                        str(reply["sessions"]), str(len(reply["topics"])),
                        f"{_bytes(reply.get('memory', 0))} / {_bytes(reply.get('max_memory', 0))}")
+        cache = reply.get("payload_cache") or {}
+        if any(t.get("storage") for t in reply["topics"].values()):
+            caches.add_row(str(index), _bytes(cache.get("bytes", 0)),
+                           _bytes(cache.get("max_bytes", 0)), f"{cache.get('chunks', 0):,}",
+                           f"{cache.get('reads', 0):,}", f"{cache.get('evicted', 0):,}")
         counted = reply.get("counters", {})
         counters.add_row(str(index), *(f"{counted.get(key, 0):,}" for key in COUNTERS))
         for name in sorted(reply["topics"]):
@@ -143,7 +152,7 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
     retired = sum(reply.get("retired_topics", 0) for reply in stats.values())
     if retired:
         topics.title = f"Topics ({retired:,} more retired: empty, only their next offset kept)"
-    return [t for t in (shards, counters, topics, policies, disk, subs) if t.row_count]
+    return [t for t in (shards, counters, topics, policies, disk, caches, subs) if t.row_count]
 
 
 def show(stats: dict[int, dict[str, Any]], pattern: str = "*",
