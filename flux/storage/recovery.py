@@ -31,7 +31,7 @@ from flux.storage.segment import (
 )
 from flux.storage.table import OpenSegment, SegmentTable
 
-CHUNK = 1024 * 1024
+CHUNK = 4 * 1024 * 1024   # bytes a scan reads at once (a record boundary starts each read)
 RESYNC_TRIES = 1 << 20      # candidate record starts tried after a bad spot before giving up
 _NONZERO = re.compile(rb"[^\x00]")
 
@@ -104,6 +104,7 @@ async def recover(disk: Disk, directory: str, *, owner: str,
         last = i == len(names) - 1
         file = disk.open(path)
         size = file.size()
+        file.will_read()   # the disk reads ahead while the records are checked
         report.bytes += size
         expected = table.end if table.segments else first
         try:
@@ -185,12 +186,17 @@ def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] |
     """Read every record of ``segment``; returns (position, reason) of the first bad one."""
     file = segment.file
     offset = segment.header_size     # the file offset of buf[0]
-    position = segment.first         # the log position of buf[at]
-    buf = b""
-    at = 0
+    position = segment.first         # the log position of buf[0]
     records: list[Record] = []
-    while True:
-        at = record.decode_run(buf, at, position, records)
+    need = CHUNK
+    while offset < size:
+        # each read starts at a record boundary: a record cut by the last read is read
+        # again whole (no copying of what was read into a growing buffer)
+        want = min(need, size - offset)
+        buf = file.read_at(offset, want)
+        if len(buf) < want:   # the file is shorter than it was: it ends where the read did
+            size = offset + len(buf)
+        at = record.decode_run(buf, 0, position, records)
         if records:
             report.records += len(records)
             position = records[-1].end
@@ -199,26 +205,22 @@ def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] |
                 for rec in records:
                     on_record(rec)
             records.clear()
-        loaded = offset + len(buf)
-        if loaded >= size:
-            if at == len(buf):
-                return None
+        offset += at
+        if at == len(buf):
+            need = CHUNK
+            continue
+        if offset + len(buf) - at >= size:   # what is left of the file is not a record
             return position, _what_is_wrong(buf, at)
         try:
             record.decode(buf, at, position)
         except record.Torn:
-            pass                         # the next read completes it
+            pass                         # the next read, from its start, completes it
         except record.Bad as e:
             return position, str(e)
-        need = CHUNK
-        if len(buf) - at >= record.HEADER_SIZE:
+        need = max(CHUNK, record.HEADER_SIZE)
+        if len(buf) - at >= record.HEADER_SIZE:   # a record bigger than a chunk
             need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
-        more = file.read_at(loaded, min(need, size - loaded))
-        if not more:
-            return position, _what_is_wrong(buf, at)
-        buf = buf[at:] + more
-        offset += at
-        at = 0
+    return None
 
 
 async def _cut_torn_tail(file: DiskFile, offset: int) -> None:
