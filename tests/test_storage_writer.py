@@ -128,6 +128,29 @@ async def test_a_failed_fsync_fails_its_group_and_the_log_and_is_never_retried(
     assert writer.stats.syncs == 1
 
 
+async def test_on_progress_runs_in_the_writer_as_each_fsync_moves_the_durable_mark(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The owner hears of a durable mark the moment the fsync returns (no task of its own
+    wakes up for it), the mark already moved; and of a failure, which wait_failed returns."""
+    disk = _slow_disk(0.01)
+    seen: list[tuple[int, float, bool]] = []
+    _, writer = await _open(disk)
+    writer.on_progress = lambda: seen.append((writer.durable, trio.current_time(),
+                                              writer.failed is not None))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        first = writer.append(1, b"a")
+        start = trio.current_time()
+        await writer.wait_durable(first.end)
+        marks = [durable for durable, _, _ in seen]
+        assert marks == sorted(marks) and marks[-1] == first.end
+        assert seen[-1][1] == trio.current_time() > start  # heard when the fsync ended
+        disk.fail_next_syncs(1)
+        writer.append(1, b"lost")
+        failed = await writer.wait_failed()
+        assert "fsync" in failed.reason and seen[-1][2] and seen[-1][0] == first.end
+
+
 async def test_a_full_disk_fails_the_group_cuts_the_short_write_and_a_new_writer_continues(
         autojump_clock: trio.testing.MockClock) -> None:
     disk = _slow_disk(0.01)

@@ -71,7 +71,8 @@ class LogWriter:
                  segment_bytes: int = 64 * 1024 * 1024,
                  now: Callable[[], float] = trio.current_time,
                  wall_time: Callable[[], float] | None = None,
-                 snapshot: Callable[[], tuple[int, bytes]] | None = None) -> None:
+                 snapshot: Callable[[], tuple[int, bytes]] | None = None,
+                 on_progress: Callable[[], None] | None = None) -> None:
         if segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
         if fsync is FsyncMode.INTERVAL and not fsync_interval > 0:
@@ -89,6 +90,10 @@ class LogWriter:
         # the record each new segment starts with (type, body): the owner's whole state,
         # so that the segments before it can be dropped without losing any of it
         self.snapshot = snapshot
+        # called (synchronously, in the writer task) each time the written, synced or
+        # durable mark moves or the log fails: the owner releases what waited right
+        # away, without a task of its own waking up for it
+        self.on_progress = on_progress
         self.stats = WriterStats()
         self.appended = table.end   # after the last record appended (queued or written)
         self.written = table.end    # after the last record write(2) took
@@ -107,6 +112,7 @@ class LogWriter:
         self._closing = False
         self._wake = trio.Event()
         self._progress = trio.Event()
+        self._failed = trio.Event()
         self._done = trio.Event()
 
     def _header(self, first: int) -> bytes:
@@ -158,6 +164,12 @@ class LogWriter:
                 raise self.failed
             await self._progress.wait()
         return self.durable
+
+    async def wait_failed(self) -> LogFailed:
+        """Wait until the log fails (it never recovers from that); returns why."""
+        await self._failed.wait()
+        assert self.failed is not None
+        return self.failed
 
     async def sync(self) -> int:
         """Fsync everything appended so far, whatever the mode; returns the synced mark.
@@ -233,12 +245,15 @@ class LogWriter:
     def _notify(self) -> None:
         self._progress.set()
         self._progress = trio.Event()
+        if self.on_progress is not None:
+            self.on_progress()
 
     def _fail(self, reason: str, cause: BaseException | None, retryable: bool = False) -> None:
         if self.failed is None:
             self.failed = LogFailed(reason, cause=cause, retryable=retryable, written=self.written)
             self._queue.clear()
             self._rolls.clear()
+            self._failed.set()
         self._notify()
 
     async def _write_queued(self) -> None:
