@@ -18,6 +18,7 @@ from flux.storage import (
 )
 from flux.storage.segment import parse_name
 from flux.storage.table import SegmentTable
+from flux.storage.writer import INLINE_WRITE_BYTES
 
 DIR = "/data/orders"
 
@@ -86,6 +87,33 @@ async def test_interval_mode_acks_once_written_and_fsyncs_every_interval(
         await trio.sleep(10)                # nothing new written: no more fsyncs
         assert writer.stats.syncs == 1
         await writer.close()
+
+
+@pytest.mark.parametrize("mode", [FsyncMode.INTERVAL, FsyncMode.NEVER])
+async def test_without_fsync_always_a_small_append_is_written_and_durable_when_append_returns(
+        mode: FsyncMode, autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.01)
+    _, writer = await _open(disk, fsync=mode, fsync_interval=2.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        first = writer.append(1, b"x")                 # starts the segment: the writer task
+        await writer.wait_durable(first.end)
+        writes = writer.stats.writes
+        small = writer.append(1, b"y" * 100)
+        assert writer.written == writer.durable == small.end      # no task had to run
+        assert writer.stats.writes == writes + 1
+        big = writer.append(1, b"z" * (INLINE_WRITE_BYTES + 1))   # too big: the writer task
+        assert writer.durable == small.end < big.end
+        behind = writer.append(1, b"w")                 # behind a queued record: queued too
+        assert writer.durable == small.end
+        await writer.wait_durable(behind.end)
+        if mode is FsyncMode.INTERVAL:                  # the interval still fsyncs it
+            await trio.sleep(2.5)
+            assert writer.synced == behind.end
+        await writer.close()
+    disk.power_loss()                                   # close() fsynced every record
+    _, report = await recover(disk, DIR, owner="orders")
+    assert (report.end, report.records, report.damage) == (behind.end, 4, None)
 
 
 async def test_never_mode_fsyncs_only_when_asked_and_at_close(

@@ -1,12 +1,14 @@
 """The log writer: appends into a buffer, one task writes and syncs (group commit).
 
 ``append`` is synchronous and cheap: it encodes the record, gives it its position
-and queues it. The writer task (:meth:`LogWriter.run`) takes everything queued,
-writes it with one ``write`` per segment, and syncs as the fsync mode says; one
-fsync covers every record written before it, and records appended while it runs
-form the next group. Waiters learn the *durable mark* (DESIGN.md G9): with
-``always`` the position up to which everything is fsynced, with ``interval`` and
-``never`` the position up to which everything is written.
+and queues it (with ``interval`` and ``never``, a small record appended when
+everything before it is written is written at once: its caller finds it durable).
+The writer task (:meth:`LogWriter.run`) takes everything queued, writes it with one
+``write`` per segment, and syncs as the fsync mode says; one fsync covers every
+record written before it, and records appended while it runs form the next group.
+Waiters learn the *durable mark* (DESIGN.md G9): with ``always`` the position up to
+which everything is fsynced, with ``interval`` and ``never`` the position up to which
+everything is written.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ from flux.storage import record
 from flux.storage.errors import LogFailed
 from flux.storage.segment import SegmentHeader, encode_header, segment_name
 from flux.storage.table import OpenSegment, SegmentTable
+
+# ``interval`` and ``never``: a record up to this size, appended when everything before it
+# is written, is written at once by ``append`` (one small write(2) on the event loop)
+# rather than by the writer task, so its reply need not wait for that task to run
+INLINE_WRITE_BYTES = 64 * 1024
 
 
 class FsyncMode(enum.StrEnum):
@@ -139,7 +146,16 @@ class LogWriter:
             if self.snapshot is not None:
                 self._queue_record(record.encode(*self.snapshot()))
         position = self._queue_record(data)
-        self._wake.set()
+        if (self.fsync is not FsyncMode.ALWAYS and position == self.written
+                and len(data) <= INLINE_WRITE_BYTES and not self._rolls):
+            # everything before it is written and no roll is due: write it now, so that
+            # the caller finds it durable at once (nothing is held back for it)
+            self._queue.clear()
+            if self._write([data]):
+                self.durable = self.written
+                self._progress.set()
+                self._progress = trio.Event()
+        self._wake.set()   # the writer task writes what is queued, or re-arms its interval
         return Appended(position, self.appended)
 
     def _queue_record(self, data: bytes) -> int:
