@@ -204,11 +204,6 @@ class DiskFile(Protocol):
         """Up to ``length`` bytes from ``offset`` (fewer only at the end of the file)."""
         ...
 
-    def will_read(self) -> None:
-        """A hint: the whole file is about to be read in order (the OS may start reading
-        it ahead while the caller works on its first bytes). Never raises."""
-        ...
-
     async def sync(self) -> None:
         """Make everything written so far durable (fsync), without blocking the event loop."""
         ...
@@ -333,10 +328,6 @@ class RealDiskFile:
 
     def read_at(self, offset: int, length: int) -> bytes:
         return os.pread(self._check(), length, offset)
-
-    def will_read(self) -> None:
-        with contextlib.suppress(OSError, AttributeError):  # a hint: not every OS has it
-            os.posix_fadvise(self._check(), 0, 0, os.POSIX_FADV_WILLNEED)
 
     async def sync(self) -> None:
         # abandon_on_cancel=False (the default): a cancelled caller still waits for

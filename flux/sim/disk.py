@@ -270,9 +270,6 @@ class SimDiskFile:
     def read_at(self, offset: int, length: int) -> bytes:
         return bytes(self._check().data[offset:offset + length])
 
-    def will_read(self) -> None:
-        pass   # a hint only: the simulated disk has no page cache to fill
-
     async def sync(self) -> None:
         inode = self._check()
         disk = self._disk

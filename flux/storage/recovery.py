@@ -104,7 +104,6 @@ async def recover(disk: Disk, directory: str, *, owner: str,
         last = i == len(names) - 1
         file = disk.open(path)
         size = file.size()
-        file.will_read()   # the disk reads ahead while the records are checked
         report.bytes += size
         expected = table.end if table.segments else first
         try:
