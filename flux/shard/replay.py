@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -64,8 +65,8 @@ class TopicReplay:
         self.records += 1
         rtype = rec.type
         if rtype == J.PUBLISH:  # ids and payload lengths only: the payloads stay in the log
-            first, wall, ids, lens = read_publish(rec.body)
-            self._publish(first, wall, ids, lens, rec.position, rec.end)
+            first, wall, ids, size, lens = read_publish(rec.body)
+            self._publish(first, wall, ids, size, lens, rec.position, rec.end)
             self.published.append((rec.end, first + len(ids), wall))
             return
         body = msgpack.unpackb(rec.body, raw=False, use_list=True)
@@ -91,8 +92,8 @@ class TopicReplay:
             raise ReplayError(f"topic {self.name!r}: unknown record type {rtype} at"
                               f" position {rec.position}")
 
-    def _publish(self, first: int, wall: float, ids: tuple[str, ...], lens: bytes | array[int],
-                 position: int, end: int) -> None:
+    def _publish(self, first: int, wall: float, ids: Sequence[str], size: int,
+                 lens: bytes | array[int], position: int, end: int) -> None:
         log = self.log
         if log is None or first > log.next_offset:
             if log is not None:  # offsets skipped (never expected in one log): start anew
@@ -102,9 +103,9 @@ class TopicReplay:
             return  # already applied (never expected either)
         stored_at = wall - self.epoch
         chunk = ids
-        log.extend_placed(chunk, lens, stored_at, position, end)
+        log.extend_placed(chunk, lens, stored_at, position, end, size)
         if self.dedup.window > 0 and stored_at > self.forgotten_by:
-            self.dedup.remember_all(chunk, first, stored_at)
+            self.dedup.remember_all(chunk, first, stored_at, size)
         self.messages += len(chunk)
 
     def build(self, generation: int, now: float, *, reset: bool = False) -> Topic:
