@@ -99,9 +99,13 @@ async def recover(disk: Disk, directory: str, *, owner: str,
             report.ignored.append(name)
     names.sort()
     table = SegmentTable(directory, start=names[0][0] if names else 0)
+    if names:
+        disk.read_ahead(table.path_for(names[0][1]))
     for i, (first, name) in enumerate(names):
         path = table.path_for(name)
         last = i == len(names) - 1
+        if not last:   # the disk reads the next segment while this one is checked
+            disk.read_ahead(table.path_for(names[i + 1][1]))
         file = disk.open(path)
         size = file.size()
         report.bytes += size
