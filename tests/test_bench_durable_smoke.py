@@ -90,6 +90,8 @@ def test_quick_durable_bench_prints_every_row(tmp_path: Path) -> None:
         assert row["e2e"] is not None or row["unavailable"].startswith("not available: "), row
     assert rows["flux-memory"]["ack_latency"]["p50"] > 0
     assert data["fsync"]["fsync_p50_ms"] > 0
+    probes = data["fsync"]["probe_p50_ms"]   # just before and just after the always run
+    assert len(probes) == 2 and data["fsync"]["fsync_p50_ms"] == pytest.approx(sum(probes) / 2)
     assert len(data["goals"]) == 6
     output = " ".join(result.output.split())
     assert "512 publishes in flight" in output
@@ -106,6 +108,8 @@ def test_recovery_bench_reports_a_time_or_why_not(tmp_path: Path) -> None:
     output = " ".join(result.output.split())
     assert "recovery of 0.1 MiB" in output
     assert any(s in output for s in ("served after", "not available:", "not recovered:")), output
+    if "served after" in output:  # with the restarted shard's own recovery time, from STATS
+        assert "the shard's own recovery" in output, output
 
 
 def test_recovery_of_a_memory_topic_says_it_was_lost() -> None:

@@ -36,9 +36,10 @@ def test_plan_counts_every_step_it_reports() -> None:
     plan = Plan(["flux", "nats"], sizes=(100,), repeat=2, shard_counts=(1, 2), sections=("main",))
     assert plan.steps() == (2 * 1 * 2 + 2) * 2 + 2
     # durable: five rows (Flux memory, always, interval; JetStream default, always) per
-    # repeat, the fsync probe, two latency runs; recovery: one run per dedup window
+    # repeat, the fsync probe before and after the fsync-always latency run, two latency
+    # runs; recovery: one run per dedup window
     plan.sections = ("main", "durable", "recovery")
-    assert plan.steps() == (2 * 1 * 2 + 2) * 2 + 2 + 5 * 2 + 1 + 2 + 2
+    assert plan.steps() == (2 * 1 * 2 + 2) * 2 + 2 + 5 * 2 + 2 + 2 + 2
 
 
 @pytest.mark.parametrize("client", ["asyncio", "trio"])

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from flux.sim.disk import DiskFaults, SimDisk
-from flux.storage import ForeignLog, FsyncMode, LogFailed, LogWriter, Record, recover
+from flux.storage import ForeignLog, FsyncMode, LogFailed, LogWriter, Record, recover, recovery
 from flux.storage.record import encode
 from flux.storage.segment import SegmentHeader, encode_header
 from flux.storage.table import SegmentTable
@@ -44,11 +44,17 @@ ops = st.lists(st.one_of(
 ), max_size=40)
 modes = st.sampled_from(list(FsyncMode))
 segment_sizes = st.sampled_from([4096, 8192, 1 << 20])
+# bytes a scan reads at once: small ones cut records (and headers) at every read
+chunks = st.sampled_from([recovery.CHUNK, 7, 64, 333])
 prop = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _run(main: Callable[[], Awaitable[Any]]) -> Any:
-    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+def _run(main: Callable[[], Awaitable[Any]], chunk: int = recovery.CHUNK) -> Any:
+    saved, recovery.CHUNK = recovery.CHUNK, chunk
+    try:
+        return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        recovery.CHUNK = saved
 
 
 def _body(i: int, size: int) -> bytes:
@@ -63,9 +69,11 @@ def _writer(disk: SimDisk, table: SegmentTable, mode: FsyncMode, segment_bytes: 
 async def _play(disk: SimDisk, writer: LogWriter, script: list[tuple[str, int, int]],
                 entries: list[Entry]) -> None:
     """Run ``script`` against a running writer; the caller cancels it mid-flight (the crash).
-    Stops early when the log fails (a failed fsync, a full disk)."""
+    Stops early when the log fails (a failed fsync), or when a full disk keeps what it
+    waits for from becoming durable (the writer tries again and again meanwhile)."""
     try:
-        await _play_until_failed(writer, script, entries)
+        with trio.move_on_after(30):
+            await _play_until_failed(writer, script, entries)
     except LogFailed:
         assert writer.failed is not None
 
@@ -121,10 +129,10 @@ faults = st.one_of(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mode=modes, segment_bytes=segment_sizes, script=ops, power=st.booleans(), seed=st.integers(0, 2**32),
-       disk_faults=faults)
+       disk_faults=faults, chunk=chunks)
 def test_recovery_after_a_crash_or_power_loss_keeps_what_it_must_and_nothing_else(
         mode: FsyncMode, segment_bytes: int, script: list[tuple[str, int, int]], power: bool,
-        seed: int, disk_faults: DiskFaults) -> None:
+        seed: int, disk_faults: DiskFaults, chunk: int) -> None:
     async def main() -> None:
         disk = SimDisk(seed, disk_faults)
         table, _, _ = await _recover(disk)
@@ -157,17 +165,17 @@ def test_recovery_after_a_crash_or_power_loss_keeps_what_it_must_and_nothing_els
             assert report.damage is None
         await _continue_cleanly(disk, table, got, mode, segment_bytes)
 
-    _run(main)
+    _run(main, chunk)
 
 
 @prop
 @given(segment_bytes=segment_sizes, sizes=st.lists(st.integers(0, 400), min_size=1, max_size=60),
-       seed=st.integers(0, 2**32))
+       seed=st.integers(0, 2**32), chunk=chunks)
 # a flip in the last segment's header length read as a header cut short: the segment
 # was removed as one that held nothing, and its synced records lost unreported
-@example(segment_bytes=4096, sizes=[0, 176], seed=97)
+@example(segment_bytes=4096, sizes=[0, 176], seed=97, chunk=recovery.CHUNK)
 def test_a_flipped_bit_in_synced_data_is_never_returned_and_is_reported(
-        segment_bytes: int, sizes: list[int], seed: int) -> None:
+        segment_bytes: int, sizes: list[int], seed: int, chunk: int) -> None:
     async def main() -> None:
         disk = SimDisk(seed, DiskFaults(sync_delay=(0.001, 0.002)))
         table, _, _ = await _recover(disk)
@@ -193,7 +201,7 @@ def test_a_flipped_bit_in_synced_data_is_never_returned_and_is_reported(
         assert report.damage.path == path
         await _continue_cleanly(disk, table, got, FsyncMode.ALWAYS, segment_bytes)
 
-    _run(main)
+    _run(main, chunk)
 
 
 def test_corruption_in_the_middle_is_set_aside_not_wiped_and_says_where() -> None:

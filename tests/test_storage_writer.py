@@ -18,6 +18,7 @@ from flux.storage import (
 )
 from flux.storage.segment import parse_name
 from flux.storage.table import SegmentTable
+from flux.storage.writer import INLINE_WRITE_BYTES
 
 DIR = "/data/orders"
 
@@ -88,6 +89,33 @@ async def test_interval_mode_acks_once_written_and_fsyncs_every_interval(
         await writer.close()
 
 
+@pytest.mark.parametrize("mode", [FsyncMode.INTERVAL, FsyncMode.NEVER])
+async def test_without_fsync_always_a_small_append_is_written_and_durable_when_append_returns(
+        mode: FsyncMode, autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.01)
+    _, writer = await _open(disk, fsync=mode, fsync_interval=2.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        first = writer.append(1, b"x")                 # starts the segment: the writer task
+        await writer.wait_durable(first.end)
+        writes = writer.stats.writes
+        small = writer.append(1, b"y" * 100)
+        assert writer.written == writer.durable == small.end      # no task had to run
+        assert writer.stats.writes == writes + 1
+        big = writer.append(1, b"z" * (INLINE_WRITE_BYTES + 1))   # too big: the writer task
+        assert writer.durable == small.end < big.end
+        behind = writer.append(1, b"w")                 # behind a queued record: queued too
+        assert writer.durable == small.end
+        await writer.wait_durable(behind.end)
+        if mode is FsyncMode.INTERVAL:                  # the interval still fsyncs it
+            await trio.sleep(2.5)
+            assert writer.synced == behind.end
+        await writer.close()
+    disk.power_loss()                                   # close() fsynced every record
+    _, report = await recover(disk, DIR, owner="orders")
+    assert (report.end, report.records, report.damage) == (behind.end, 4, None)
+
+
 async def test_never_mode_fsyncs_only_when_asked_and_at_close(
         autojump_clock: trio.testing.MockClock) -> None:
     disk = _slow_disk(0.01)
@@ -126,6 +154,29 @@ async def test_a_failed_fsync_fails_its_group_and_the_log_and_is_never_retried(
             writer.append(1, b"after")
     # run() returned on its own: the writer did not try the fsync again
     assert writer.stats.syncs == 1
+
+
+async def test_on_progress_runs_in_the_writer_as_each_fsync_moves_the_durable_mark(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """The owner hears of a durable mark the moment the fsync returns (no task of its own
+    wakes up for it), the mark already moved; and of a failure, which wait_failed returns."""
+    disk = _slow_disk(0.01)
+    seen: list[tuple[int, float, bool]] = []
+    _, writer = await _open(disk)
+    writer.on_progress = lambda: seen.append((writer.durable, trio.current_time(),
+                                              writer.failed is not None))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        first = writer.append(1, b"a")
+        start = trio.current_time()
+        await writer.wait_durable(first.end)
+        marks = [durable for durable, _, _ in seen]
+        assert marks == sorted(marks) and marks[-1] == first.end
+        assert seen[-1][1] == trio.current_time() > start  # heard when the fsync ended
+        disk.fail_next_syncs(1)
+        writer.append(1, b"lost")
+        failed = await writer.wait_failed()
+        assert "fsync" in failed.reason and seen[-1][2] and seen[-1][0] == first.end
 
 
 async def test_a_full_disk_cuts_the_short_write_and_tries_again_in_order_once_there_is_room(
@@ -319,3 +370,27 @@ async def test_an_empty_last_segment_is_rewritten_with_the_new_header(
     seen: list[bytes] = []
     _, report = await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body))
     assert (seen, report.generation, report.segments) == ([b"gen 8"], 8, 1)
+
+
+async def test_a_record_written_at_once_on_a_full_disk_waits_for_room_instead(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """fsync interval writes a small record inline; on a full disk it stays queued, in
+    order, and the writer task writes it once there is room."""
+    disk = _slow_disk(0.001)
+    _, writer = await _open(disk, fsync=FsyncMode.INTERVAL, fsync_interval=0.05)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"first").end)
+        disk.set_full(True)
+        stuck = writer.append(1, b"second")
+        assert writer.durable < stuck.end and writer.full is not None
+        later = writer.append(1, b"third")
+        await trio.sleep(1.0)
+        assert writer.durable < stuck.end
+        disk.set_full(False)
+        await writer.wait_durable(later.end)
+        await writer.close()
+    disk.crash()
+    seen: list[bytes] = []
+    await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body))
+    assert seen == [b"first", b"second", b"third"]

@@ -45,6 +45,7 @@ WINDOW = 16                  # publish_many calls in flight while filling
 EXPIRED_WINDOW = 5.0         # message.dedup_window of the "expired" run (seconds)
 FULL_WINDOW = 3600.0
 SETTINGS = {"message.ttl": 7 * 86400, "message.cleanup_time": 5}
+POLL_DEADLINE = 0.02         # retry deadline of each FETCH try after the kill (seconds)
 
 
 @dataclass
@@ -57,6 +58,7 @@ class RecoveryFigures:
     fill_seconds: float | None = None
     cache: str = ""
     seconds: float | None = None      # SIGKILL until a FETCH was served
+    shard_seconds: float | None = None  # the restarted shard's own recovery (its STATS)
     outcome: str = ""                 # what the restarted shard held, or why there is no time
 
     def line(self) -> str:
@@ -65,8 +67,10 @@ class RecoveryFigures:
         if self.seconds is None:
             return f"{what}{', ' + self.cache if self.cache else ''}: {self.outcome}"
         per_gib = self.seconds / (self.bytes / (1 << 30)) if self.bytes else 0.0
+        own = ("" if self.shard_seconds is None
+               else f", the shard's own recovery {self.shard_seconds:.2f} s")
         return (f"{what}, {self.cache}: served after {self.seconds:.2f} s"
-                f" ({per_gib:.2f} s per GiB); {self.outcome}")
+                f" ({per_gib:.2f} s per GiB{own}); {self.outcome}")
 
 
 def steps(plan: object) -> int:
@@ -145,7 +149,7 @@ async def _fill_kill_fetch(broker: systems.Broker, figures: RecoveryFigures, win
     killed = time.perf_counter()
     os.kill(shard, signal.SIGKILL)
     served = await _first_fetch(broker, topic, before.oldest, before.generation, killed, limit)
-    await _remember_new_shard(broker)
+    figures.shard_seconds = await _remember_new_shard(broker, topic)
     if isinstance(served, str):
         figures.outcome = served
         return
@@ -159,42 +163,48 @@ async def _fill_kill_fetch(broker: systems.Broker, figures: RecoveryFigures, win
 
 async def _first_fetch(broker: systems.Broker, topic: str, offset: int, generation: int,
                        killed: float, limit: float) -> tuple[float, FetchResult] | str:
-    """(when, FetchResult) of the first FETCH the restarted shard served, or why none was."""
+    """(when, FetchResult) of the first FETCH the restarted shard served, or why none was.
+
+    Every try is a new client that gives up at once (a short retry deadline), then the
+    next follows 5 ms later: a client's own reconnect backoff (50 ms doubling up to 2 s)
+    would otherwise add its wait to the figure after many refused tries."""
     deadline = killed + limit
     while time.perf_counter() < deadline:
         try:
-            async with connect(broker.url, retry_deadline=0.5, request_timeout=1.0) as client:
-                while time.perf_counter() < deadline:
-                    try:
-                        result = await client.fetch(topic, offset, 1, generation=generation)
-                    except errors.TopicReset as exc:
-                        return (f"not recovered: the restarted shard answered after"
-                                f" {time.perf_counter() - killed:.2f} s with another generation"
-                                f" ({exc}); its disk topics are not recovered yet")
-                    except (errors.RetryDeadlineExceeded, errors.Busy, errors.ShuttingDown,
-                            errors.RequestTimeout, errors.ConnectionLost):
-                        await trio.sleep(0.005)
-                        continue
-                    if result.messages:
-                        return time.perf_counter(), result
-                    return (f"not recovered: the restarted shard served an empty topic"
-                            f" (held [{result.oldest}, {result.next}))")
+            async with connect(broker.url, retry_deadline=POLL_DEADLINE,
+                               request_timeout=1.0) as client:
+                result = await client.fetch(topic, offset, 1, generation=generation)
+        except errors.TopicReset as exc:
+            return (f"not recovered: the restarted shard answered after"
+                    f" {time.perf_counter() - killed:.2f} s with another generation"
+                    f" ({exc}); its disk topics are not recovered yet")
         except (OSError, errors.FluxError):
             await trio.sleep(0.005)
+            continue
+        if result.messages:
+            return time.perf_counter(), result
+        return (f"not recovered: the restarted shard served an empty topic"
+                f" (held [{result.oldest}, {result.next}))")
     return f"not recovered: the shard did not serve the topic within {limit:.0f} s of the kill"
 
 
-async def _remember_new_shard(broker: systems.Broker) -> None:
-    """Add the restarted shard's pid, so stopping the broker waits for it too."""
+async def _remember_new_shard(broker: systems.Broker, topic: str) -> float | None:
+    """Add the restarted shard's pid, so stopping the broker waits for it too; returns
+    how long its recovery of ``topic`` took, as its STATS say (None: not said)."""
     try:
         async with connect(broker.url, retry_deadline=5.0) as client:
             stats = await client.stats()
     except errors.FluxError:
-        return
+        return None
+    took: float | None = None
     for reply in stats.values():
         pid = reply.get("pid")
         if isinstance(pid, int) and pid not in broker.pids:
             broker.pids.append(pid)
+        storage = (reply.get("topics", {}).get(topic) or {}).get("storage") or {}
+        if isinstance(storage.get("recovery_seconds"), (int, float)):
+            took = float(storage["recovery_seconds"])
+    return took
 
 
 def _drop_page_cache() -> str:

@@ -123,8 +123,11 @@ def print_durable(console: Console, plan: Plan, report: DurableReport) -> None:
     console.print(table)
     fsync = report.fsync
     if "fsync_p50_ms" in fsync:
+        probes = " / ".join(f"{p:.2f}" for p in fsync.get("probe_p50_ms", []))
         console.print(f"disk fsync in {fsync['directory']} (100 B appends, {fsync['in_flight']} in"
-                      f" flight): p50 {fsync['fsync_p50_ms']:.2f} ms, p99 {fsync['fsync_p99_ms']:.2f} ms")
+                      f" flight), just before and after the fsync-always latency run:"
+                      f" p50 {fsync['fsync_p50_ms']:.2f} ms"
+                      f"{f' ({probes} ms)' if probes else ''}, p99 {fsync['fsync_p99_ms']:.2f} ms")
     elif "error" in fsync:
         console.print(f"[red]{fsync['error']}[/]")
     for key in ("flux-memory", "flux-always"):

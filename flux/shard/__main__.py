@@ -1,7 +1,8 @@
 """A shard process: ``python -m flux.shard --spec '<ShardSpec as JSON>'``.
 
-The router's process launcher starts this; it pins the process to its CPU and runs
-:func:`flux.shard.server.run_shard` on a RealHost. The broker's secret is not in
+The router's process launcher starts this; it runs :func:`flux.shard.server.run_shard`
+on a RealHost and, once the shard serves, pins the process to its CPU (recovering
+disk topics before that may use every CPU). The broker's secret is not in
 the spec: the shard reads it as one line from its standard input (a pipe from the
 launcher), so no command line shows it. SIGTERM or SIGINT drains the shard and
 exits 0. Exit status 1: the port could not be bound; 2: a bad spec or no secret.
@@ -10,6 +11,8 @@ exits 0. Exit status 1: the port could not be bound; 2: a bad spec or no secret.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import gc
 import json
 import logging
@@ -26,12 +29,20 @@ from flux.shard.server import run_shard
 
 
 def pin_to_cpu(cpu: int | None) -> None:
-    """Pin this process to the ``cpu``-th CPU it may use (wrapping), where the OS allows."""
+    """Pin this process (each of its threads) to the ``cpu``-th CPU it may use (wrapping),
+    where the OS allows."""
     if cpu is None:
         return
     try:
         allowed = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {allowed[cpu % len(allowed)]})
+        target = {allowed[cpu % len(allowed)]}
+        try:
+            threads = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:  # no procfs: the calling thread (and those it starts later)
+            threads = [0]
+        for tid in threads:
+            with contextlib.suppress(ProcessLookupError):  # a thread that has ended
+                os.sched_setaffinity(tid, target)
     except (AttributeError, OSError):  # not Linux, or not permitted: run unpinned
         pass
 
@@ -47,7 +58,13 @@ async def serve(spec: ShardSpec) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(on_signal, signals)
-            await run_shard(RealHost(f"shard-{spec.index}"), spec, pid=os.getpid(), stop=stop)
+            async with trio.open_nursery() as shard:
+                await shard.start(functools.partial(
+                    run_shard, RealHost(f"shard-{spec.index}"), spec, pid=os.getpid(),
+                    stop=stop))
+                # pinned once serving: recovering disk topics before it may use every
+                # CPU (reading the log ahead on one while checking records on another)
+                pin_to_cpu(spec.cpu)
             nursery.cancel_scope.cancel()
 
 
@@ -65,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"flux shard {spec.index} [%(levelname)s] %(message)s")
-    pin_to_cpu(spec.cpu)
     # Everything imported so far lives as long as the process: moved out of the
     # collector's view, it no longer makes full collections cost tens of ms
     # (measured: 25k startup objects, 12 ms; the p99 latency followed them).

@@ -8,8 +8,9 @@ Layout (``storage.dir``)::
 
 A directory that is not Flux's, has another format, or was written with another
 shard count is refused with an error naming the path and what to do; nothing in
-it is ever wiped. Each topic's writer runs as a task of the shard; a watcher
-hands every move of its durable mark to the core (``ShardCore.storage_progress``).
+it is ever wiped. Each topic's writer runs as a task of the shard and hands every
+move of its durable mark to the core itself (``ShardCore.storage_progress``, called
+from the writer task as its fsync returns: no other task wakes up for it).
 A log that fails (an fsync or write error) fails what waits on it, and the
 shard stops so that the router restarts it and recovery runs: after a failed
 fsync the kernel's view of the file cannot be trusted (the fsync is never retried).
@@ -318,23 +319,28 @@ class ShardStorage:
     async def _serve_log(self, journal: TopicJournal, writer: LogWriter) -> None:
         core = self._core
         assert core is not None
+        mark = writer.durable
+
+        def progress() -> None:
+            # in the writer task, right after its fsync (or write): a reply held for
+            # durability goes out without another task waking up first
+            nonlocal mark
+            if writer.durable > mark:
+                mark = writer.durable
+                core.storage_progress(journal, self.host.now())
+                self._dispatch()
+
+        writer.on_progress = progress
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer.run)
             nursery.start_soon(self._retain, journal, writer)
-            mark = writer.durable
-            try:
-                while True:
-                    mark = await writer.wait_durable(mark + 1)
-                    core.storage_progress(journal, self.host.now())
-                    self._dispatch()
-            except LogFailed as exc:
-                log.error("shard %d: the log of topic %r failed: %s", core.index, journal.topic,
-                          exc)
-                core.storage_stopped(journal, str(exc), self.host.now())
-                self._dispatch()
-                if self.failure is None:
-                    self.failure = exc
-                self.failed.set()
+            exc = await writer.wait_failed()
+            log.error("shard %d: the log of topic %r failed: %s", core.index, journal.topic, exc)
+            core.storage_stopped(journal, str(exc), self.host.now())
+            self._dispatch()
+            if self.failure is None:
+                self.failure = exc
+            self.failed.set()
             nursery.cancel_scope.cancel()
 
     async def _retain(self, journal: TopicJournal, writer: LogWriter) -> None:

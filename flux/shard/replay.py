@@ -14,6 +14,8 @@ than memory holds only ids in memory.
 from __future__ import annotations
 
 import math
+from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -21,9 +23,10 @@ import msgpack
 from flux.policies import TopicSettings
 from flux.shard import journal as J
 from flux.shard.dedup import DedupWindow
+from flux.shard.publish_record import read_publish
 from flux.shard.state import Topic
 from flux.shard.subscription import Subscription
-from flux.shard.topic import TopicLog, payload_lengths
+from flux.shard.topic import TopicLog
 from flux.storage import Record
 
 
@@ -60,13 +63,14 @@ class TopicReplay:
     def feed(self, rec: Record) -> None:
         """Apply one record (in log order)."""
         self.records += 1
-        body = msgpack.unpackb(rec.body, raw=False, use_list=True)
         rtype = rec.type
-        if rtype == J.PUBLISH:
-            first, wall, ids, payloads = body
-            self._publish(first, wall, ids, payloads, rec.position, rec.end)
-            self.published.append((rec.end, body[0] + len(body[2]), body[1]))
-        elif rtype == J.IDS:
+        if rtype == J.PUBLISH:  # ids and payload lengths only: the payloads stay in the log
+            first, wall, ids, size, lens = read_publish(rec.body)
+            self._publish(first, wall, ids, size, lens, rec.position, rec.end)
+            self.published.append((rec.end, first + len(ids), wall))
+            return
+        body = msgpack.unpackb(rec.body, raw=False, use_list=True)
+        if rtype == J.IDS:
             first, wall, ids = body
             self._ids(first, wall, ids)
             self.published.append((rec.end, first + len(ids), wall))
@@ -92,8 +96,8 @@ class TopicReplay:
             raise ReplayError(f"topic {self.name!r}: unknown record type {rtype} at"
                               f" position {rec.position}")
 
-    def _publish(self, first: int, wall: float, ids: list[str], payloads: list[bytes],
-                 position: int, end: int) -> None:
+    def _publish(self, first: int, wall: float, ids: Sequence[str], size: int,
+                 lens: bytes | array[int], position: int, end: int) -> None:
         log = self.log
         if log is None or first > log.next_offset:
             if log is not None:  # offsets skipped (never expected in one log): start anew
@@ -102,10 +106,10 @@ class TopicReplay:
         elif first < log.next_offset:
             return  # already applied (never expected either)
         stored_at = wall - self.epoch
-        chunk = tuple(ids)
-        log.extend_placed(chunk, payload_lengths(payloads), stored_at, position, end)
+        chunk = ids
+        log.extend_placed(chunk, lens, stored_at, position, end, size)
         if self.dedup.window > 0 and stored_at > self.forgotten_by:
-            self.dedup.remember_all(chunk, first, stored_at)
+            self.dedup.remember_all(chunk, first, stored_at, size)
         self.messages += len(chunk)
 
     def _ids(self, first: int, wall: float, ids: list[str]) -> None:

@@ -101,7 +101,8 @@ class TopicLog:
         at that next offset and used again: offsets are never reused, G1); ``placed``:
         a disk topic's, whose chunks record where their PUBLISH records are."""
         self._first: list[int] = []                  # chunk k holds offsets from _first[k] ...
-        self._ids: list[tuple[str, ...]] = []        # ... with these ids ...
+        self._ids: list[Sequence[str]] = []          # ... with these ids (a tuple, or
+        #                                              packed ones recovery kept) ...
         # ... these payloads (a MessagePack array, or a tuple of large ones) ...
         self._packed: list[bytes | tuple[bytes, ...] | None] = []  # None: evicted
         self._lens: list[bytes | array[int]] = []    # ... of these lengths ...
@@ -164,11 +165,12 @@ class TopicLog:
                     self.store.add(offset, payload_size)
         return offset
 
-    def extend_placed(self, ids: tuple[str, ...], lens: bytes | array[int], now: float,
-                      position: int, end: int) -> int:
+    def extend_placed(self, ids: Sequence[str], lens: bytes | array[int], now: float,
+                      position: int, end: int, ids_size: int | None = None) -> int:
         """Hold a run whose payloads stay in the log (recovery): its ids and payload
         lengths (:func:`payload_lengths`), and where its durable record is. Returns the
-        offset of the first."""
+        offset of the first. ``ids_size``: the ids' characters in all, if known (so that
+        ids kept packed need not be unpacked to count them)."""
         assert self._where is not None, "only a placed log holds runs it has no payloads of"
         offset = self._next
         if ids:
@@ -179,7 +181,7 @@ class TopicLog:
             self._at.append(now)
             self._where.append((position, end, sum(lens)))
             self._next = offset + len(ids)
-            self.held_bytes += len("".join(ids))
+            self.held_bytes += len("".join(ids)) if ids_size is None else ids_size
         return offset
 
     def place(self, position: int, end: int) -> None:
@@ -243,7 +245,7 @@ class TopicLog:
         store.add(first, held, read=True)
         return loaded
 
-    def last_chunk(self) -> tuple[int, tuple[str, ...], bytes]:
+    def last_chunk(self) -> tuple[int, Sequence[str], bytes]:
         """The newest chunk (the last run stored): its first offset, its ids and its
         payloads packed as one MessagePack array (a disk topic's PUBLISH record)."""
         packed = self._packed[-1]  # just stored: in memory

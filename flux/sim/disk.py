@@ -126,6 +126,9 @@ class SimDisk:
             if posixpath.dirname(p) == path:
                 self._durable[p] = inode
 
+    def read_ahead(self, path: str) -> None:
+        pass   # a hint: nothing to read ahead into (and no threads in the simulator)
+
     def free_bytes(self, path: str) -> int:
         if self._full:
             return 0

@@ -79,7 +79,7 @@ async def compact_segment(disk: Disk, table: SegmentTable, segment: OpenSegment,
             data = b""
             if verdict is not True and verdict is not False:
                 data = record.encode(*verdict)
-                if len(data) > rec.end - rec.position:
+                if len(data) >= rec.end - rec.position:
                     verdict = True      # not smaller: keep the original in place
             if verdict is True:
                 if position != rec.position:

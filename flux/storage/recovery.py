@@ -36,7 +36,7 @@ from flux.storage.segment import (
 )
 from flux.storage.table import OpenSegment, SegmentTable
 
-CHUNK = 1024 * 1024
+CHUNK = 4 * 1024 * 1024   # bytes a scan reads at once (a record boundary starts each read)
 RESYNC_TRIES = 1 << 20      # candidate record starts tried after a bad spot before giving up
 _NONZERO = re.compile(rb"[^\x00]")
 
@@ -107,9 +107,13 @@ async def recover(disk: Disk, directory: str, *, owner: str,
             report.ignored.append(name)
     names.sort()
     table = SegmentTable(directory, start=names[0][0] if names else 0)
+    if names:
+        disk.read_ahead(table.path_for(names[0][1]))
     for i, (first, name) in enumerate(names):
         path = table.path_for(name)
         last = i == len(names) - 1
+        if not last:   # the disk reads the next segment while this one is checked
+            disk.read_ahead(table.path_for(names[i + 1][1]))
         file = disk.open(path)
         size = file.size()
         report.bytes += size
@@ -195,13 +199,18 @@ async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], N
     caller's other tasks (a shard's heartbeats to the router, its Busy answers)."""
     file = segment.file
     offset = segment.header_size     # the file offset of buf[0]
-    position = segment.first         # the log position of buf[at]
-    buf = b""
-    at = 0
+    position = segment.first         # the log position of buf[0]
     records: list[Record] = []
     jumps: list[tuple[int, int]] = []
-    while True:
-        at, position = record.decode_run(buf, at, position, records, jumps)
+    need = CHUNK
+    while offset < size:
+        # each read starts at a record boundary: a record cut by the last read is read
+        # again whole (no copying of what was read into a growing buffer)
+        want = min(need, size - offset)
+        buf = file.read_at(offset, want)
+        if len(buf) < want:   # the file is shorter than it was: it ends where the read did
+            size = offset + len(buf)
+        at, position = record.decode_run(buf, 0, position, records, jumps)
         segment.end = position
         if jumps:   # a compacted segment: note where its positions continue
             for target, after in jumps:
@@ -213,27 +222,23 @@ async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], N
                 for rec in records:
                     on_record(rec)
             records.clear()
-        loaded = offset + len(buf)
-        if loaded >= size:
-            if at == len(buf):
-                return None
+        offset += at
+        await trio.lowlevel.checkpoint()
+        if at == len(buf):
+            need = CHUNK
+            continue
+        if offset + len(buf) - at >= size:   # what is left of the file is not a record
             return position, _what_is_wrong(buf, at)
         try:
             record.decode(buf, at, position)
         except record.Torn:
-            pass                         # the next read completes it
+            pass                         # the next read, from its start, completes it
         except record.Bad as e:
             return position, str(e)
-        need = CHUNK
-        if len(buf) - at >= record.HEADER_SIZE:
+        need = max(CHUNK, record.HEADER_SIZE)
+        if len(buf) - at >= record.HEADER_SIZE:   # a record bigger than a chunk
             need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
-        await trio.lowlevel.checkpoint()
-        more = file.read_at(loaded, min(need, size - loaded))
-        if not more:
-            return position, _what_is_wrong(buf, at)
-        buf = buf[at:] + more
-        offset += at
-        at = 0
+    return None
 
 
 async def _cut_torn_tail(file: DiskFile, offset: int) -> None:

@@ -1,12 +1,14 @@
 """The log writer: appends into a buffer, one task writes and syncs (group commit).
 
 ``append`` is synchronous and cheap: it encodes the record, gives it its position
-and queues it. The writer task (:meth:`LogWriter.run`) takes everything queued,
-writes it with one ``write`` per segment, and syncs as the fsync mode says; one
-fsync covers every record written before it, and records appended while it runs
-form the next group. Waiters learn the *durable mark* (DESIGN.md G9): with
-``always`` the position up to which everything is fsynced, with ``interval`` and
-``never`` the position up to which everything is written.
+and queues it (with ``interval`` and ``never``, a small record appended when
+everything before it is written is written at once: its caller finds it durable).
+The writer task (:meth:`LogWriter.run`) takes everything queued, writes it with one
+``write`` per segment, and syncs as the fsync mode says; one fsync covers every
+record written before it, and records appended while it runs form the next group.
+Waiters learn the *durable mark* (DESIGN.md G9): with ``always`` the position up to
+which everything is fsynced, with ``interval`` and ``never`` the position up to which
+everything is written.
 
 A write that finds the disk full (``ENOSPC``, ``EDQUOT``) is cut back to the last
 whole record and tried again later (every ``full_retry`` seconds): what was
@@ -31,6 +33,11 @@ from flux.storage import record
 from flux.storage.errors import LogFailed
 from flux.storage.segment import SegmentHeader, encode_header, segment_name
 from flux.storage.table import OpenSegment, SegmentTable
+
+# ``interval`` and ``never``: a record up to this size, appended when everything before it
+# is written, is written at once by ``append`` (one small write(2) on the event loop)
+# rather than by the writer task, so its reply need not wait for that task to run
+INLINE_WRITE_BYTES = 64 * 1024
 
 
 class FsyncMode(enum.StrEnum):
@@ -77,7 +84,8 @@ class LogWriter:
                  segment_bytes: int = 64 * 1024 * 1024,
                  now: Callable[[], float] = trio.current_time,
                  wall_time: Callable[[], float] | None = None,
-                 snapshot: Callable[[], tuple[int, bytes]] | None = None) -> None:
+                 snapshot: Callable[[], tuple[int, bytes]] | None = None,
+                 on_progress: Callable[[], None] | None = None) -> None:
         if segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
         if fsync is FsyncMode.INTERVAL and not fsync_interval > 0:
@@ -95,6 +103,10 @@ class LogWriter:
         # the record each new segment starts with (type, body): the owner's whole state,
         # so that the segments before it can be dropped without losing any of it
         self.snapshot = snapshot
+        # called (synchronously, in the writer task) each time the written, synced or
+        # durable mark moves or the log fails: the owner releases what waited right
+        # away, without a task of its own waking up for it
+        self.on_progress = on_progress
         self.stats = WriterStats()
         self.appended = table.end   # after the last record appended (queued or written)
         self.written = table.end    # after the last record write(2) took
@@ -116,6 +128,7 @@ class LogWriter:
         self._closing = False
         self._wake = trio.Event()
         self._progress = trio.Event()
+        self._failed = trio.Event()
         self._done = trio.Event()
 
     def _header(self, first: int) -> bytes:
@@ -142,7 +155,18 @@ class LogWriter:
             if self.snapshot is not None:
                 self._queue_record(record.encode(*self.snapshot()))
         position = self._queue_record(data)
-        self._wake.set()
+        if (self.fsync is not FsyncMode.ALWAYS and position == self.written
+                and len(data) <= INLINE_WRITE_BYTES and not self._rolls and self.full is None):
+            # everything before it is written and no roll is due: write it now, so that
+            # the caller finds it durable at once (nothing is held back for it)
+            self._queue.clear()   # it holds just this record
+            if self._write([data]):
+                self.durable = self.written
+                self._progress.set()
+                self._progress = trio.Event()
+            elif self.failed is None:   # the disk is full: the writer task tries again
+                self._queue.append(data)
+        self._wake.set()   # the writer task writes what is queued, or re-arms its interval
         return Appended(position, self.appended)
 
     def _queue_record(self, data: bytes) -> int:
@@ -168,6 +192,12 @@ class LogWriter:
                 raise self.failed
             await self._progress.wait()
         return self.durable
+
+    async def wait_failed(self) -> LogFailed:
+        """Wait until the log fails (it never recovers from that); returns why."""
+        await self._failed.wait()
+        assert self.failed is not None
+        return self.failed
 
     async def sync(self) -> int:
         """Fsync everything appended so far, whatever the mode; returns the synced mark.
@@ -252,12 +282,15 @@ class LogWriter:
     def _notify(self) -> None:
         self._progress.set()
         self._progress = trio.Event()
+        if self.on_progress is not None:
+            self.on_progress()
 
     def _fail(self, reason: str, cause: BaseException | None, retryable: bool = False) -> None:
         if self.failed is None:
             self.failed = LogFailed(reason, cause=cause, retryable=retryable, written=self.written)
             self._queue.clear()
             self._rolls.clear()
+            self._failed.set()
         self._notify()
 
     async def _write_queued(self) -> None:

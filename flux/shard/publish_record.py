@@ -1,0 +1,195 @@
+"""A PUBLISH record's body as recovery reads it: ids and payload lengths, no payloads.
+
+Recovery keeps a disk topic's payloads in the log and holds only each message's id
+and payload length (:meth:`flux.shard.topic.TopicLog.extend_placed`). Building a
+bytes object per payload just to measure it was most of the cost of reading a long
+log, so :func:`packed_lengths` reads the lengths from the MessagePack headers of
+the payload array when every payload has the same length (the usual case), and
+:func:`read_publish` falls back to unpacking the payloads only when they do not.
+The layout is PROTOCOL.md §14.3: ``[first offset, wall time, [id, ...], [payload, ...]]``.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Sequence
+from typing import overload
+
+import msgpack
+
+from flux.shard.topic import payload_lengths
+
+# a MessagePack bin header's first byte -> (header size, bytes of its length field)
+_BIN = {0xC4: (2, 1), 0xC5: (3, 2), 0xC6: (5, 4)}
+# a MessagePack str8/str16 header's first byte -> (header size, bytes of its length field)
+_STR = {0xD9: (2, 1), 0xDA: (3, 2)}
+
+
+class PackedIds(Sequence[str]):
+    """A PUBLISH record's ids, kept as their packed MessagePack array until first wanted.
+
+    Recovery holds most of a long log's ids only for deliveries and FETCH that may
+    never come; building a str per id was most of what reading the log cost. The
+    bytes were checked when it was made (every header, every id ASCII), so unpacking
+    them later cannot fail."""
+
+    __slots__ = ("_count", "_ids", "_packed")
+
+    def __init__(self, packed: bytes, count: int) -> None:
+        self._packed = packed
+        self._count = count
+        self._ids: tuple[str, ...] | None = None
+
+    def _all(self) -> tuple[str, ...]:
+        ids = self._ids
+        if ids is None:
+            ids = self._ids = msgpack.unpackb(self._packed, raw=False, use_list=False)
+            self._packed = b""
+        return ids
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedIds):
+            other = other._all()
+        return isinstance(other, tuple) and self._all() == other
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a tuple, so not hashable as one
+
+
+def packed_ids(buf: bytes, at: int) -> tuple[PackedIds, int, int] | None:
+    """(the ids, their characters in all, where the array ends) of the MessagePack array
+    of str at ``buf[at:]``, kept packed, if every id is ASCII and they all have one
+    length (the usual case: generated ids); None otherwise (unpack them then).
+
+    Every header is checked as in :func:`packed_lengths`; the ids' bytes are checked
+    for ASCII with the header columns zeroed (so they decode later, and a str's length
+    is its byte count)."""
+    head = _array_header(buf, at)
+    if head is None:
+        return None
+    count, p = head
+    if count == 0:
+        return PackedIds(buf[at:p], 0), 0, p
+    if p >= len(buf):
+        return None
+    kind = _STR.get(buf[p])
+    if kind is None:
+        first = buf[p]
+        if not 0xA0 <= first <= 0xBF:   # fixstr
+            return None
+        size, length = 1, first & 0x1F
+    else:
+        size, field = kind
+        if p + size > len(buf):
+            return None
+        length = int.from_bytes(buf[p + 1:p + 1 + field], "big")
+    stride = size + length
+    end = p + count * stride
+    if end > len(buf):
+        return None
+    header = buf[p:p + size]
+    for j in range(size):
+        if buf[p + j:end:stride] != header[j:j + 1] * count:
+            return None
+    chars = bytearray(buf[p:end])
+    for j in range(size):
+        chars[j::stride] = bytes(count)
+    if not chars.isascii():
+        return None
+    return PackedIds(buf[at:end], count), count * length, end
+
+
+def _array_header(buf: bytes, at: int) -> tuple[int, int] | None:
+    """(element count, where the elements start) of the MessagePack array at ``buf[at]``."""
+    if at >= len(buf):
+        return None
+    first = buf[at]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F, at + 1
+    if first == 0xDC and at + 3 <= len(buf):
+        return int.from_bytes(buf[at + 1:at + 3], "big"), at + 3
+    if first == 0xDD and at + 5 <= len(buf):
+        return int.from_bytes(buf[at + 1:at + 5], "big"), at + 5
+    return None
+
+
+def packed_lengths(buf: bytes, at: int, count: int) -> bytes | array[int] | None:
+    """The payload lengths (as :func:`~flux.shard.topic.payload_lengths` gives them) of
+    the array at ``buf[at:]``, if it is exactly an array of ``count`` bins that all have
+    the same length and ends where ``buf`` does; None otherwise (unpack it then).
+
+    Every element's header is checked, not only the first: the array parses as
+    ``count`` bins of one length exactly when each header sits one stride after the
+    last and is the same bytes. The comparisons run over strided slices (C loops).
+    """
+    head = _array_header(buf, at)
+    if head is None or head[0] != count:
+        return None
+    end = len(buf)
+    p = head[1]
+    if count == 0:
+        return b"" if p == end else None
+    if p >= end:
+        return None
+    kind = _BIN.get(buf[p])
+    if kind is None:
+        return None
+    size, field = kind
+    if p + size > end:
+        return None
+    length = int.from_bytes(buf[p + 1:p + 1 + field], "big")
+    stride = size + length
+    if end - p != count * stride:
+        return None
+    header = buf[p:p + size]
+    for j in range(size):
+        if buf[p + j:end:stride] != header[j:j + 1] * count:
+            return None
+    if length < 256:
+        return bytes((length,)) * count
+    return array("I", (length,)) * count
+
+
+def read_publish(body: bytes) -> tuple[int, float, Sequence[str], int, bytes | array[int]]:
+    """(first offset, wall time, ids, their characters in all, payload lengths) of a
+    PUBLISH record's body. The ids are a :class:`PackedIds` when they can stay packed,
+    else a tuple.
+
+    Raises ValueError or another msgpack error for a body that is not a PUBLISH record's."""
+    head = msgpack.Unpacker(raw=False, use_list=False)
+    head.feed(body[:32])   # the array's header, the first offset and the wall time: <= 23
+    if head.read_array_header() != 4:
+        raise ValueError("a PUBLISH record's body is an array of 4")
+    first = head.unpack()
+    wall = head.unpack()
+    at = head.tell()
+    ids: Sequence[str]
+    kept = packed_ids(body, at)
+    if kept is not None:
+        ids, size, at = kept
+    else:
+        rest = msgpack.Unpacker(raw=False, use_list=False)
+        rest.feed(body[at:])
+        ids = rest.unpack()
+        if not isinstance(ids, tuple):
+            raise ValueError("a PUBLISH record's ids are an array")
+        size = len("".join(ids))
+        at += rest.tell()
+    lens = packed_lengths(body, at, len(ids))
+    if lens is None:  # raises ExtraData (a ValueError) if anything follows the payloads
+        lens = payload_lengths(msgpack.unpackb(body[at:], raw=False, use_list=False))
+    return first, wall, ids, size, lens
