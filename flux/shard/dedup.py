@@ -41,8 +41,8 @@ class DedupWindow:
     by its low bits, which must not be alike within a partition), and stays so until
     the window is empty. So a call that makes a table grow rehashes the ids of one
     partition only: one big table would rehash every id at once (100 ms and more at
-    millions of ids). A dict of strings and ints
-    is never walked by the garbage collector (CPython untracks it).
+    millions of ids). A dict of strings and ints is never walked by the garbage
+    collector (CPython untracks it).
 
     Forgetting is lazy and bounded: a call forgets at most ``EXPIRE_SLICE`` ids
     (the cleanup passes forget the rest in slices), because forgetting a burst at
