@@ -45,13 +45,6 @@ EQUIVALENT: dict[str, str] = {
     _S + "cleanup.xǁCleanupǁ_cleanup_messages__mutmut_71":
         "a slice stops before a topic it has no room for, so the budget is above 0 after"
         " every finished visit: this check is never true, with <= or with <.",
-    _S + "dedup.xǁDedupWindowǁ_drop_blocks__mutmut_10":
-        "a block is dropped one forgetting later: membership is the set of known ids and a"
-        " re-accepted id is found in a newer block first, so only memory is held longer.",
-    _S + "dedup.xǁDedupWindowǁexpire__mutmut_61":
-        "changes when the forgotten prefix of the marks is compacted, not what is remembered.",
-    _S + "dedup.xǁDedupWindowǁremember_all__mutmut_21":
-        "changes how large an index block grows, not which ids are known or their offsets.",
     _S + "delivery.xǁDeliveryǁ_deliver__mutmut_9":
         "summing the lengths of a PackedPayloads gives its `size`: only the speed differs.",
     _S + "publishing.xǁPublishingǁ_publish_fast__mutmut_30":
@@ -62,11 +55,6 @@ EQUIVALENT: dict[str, str] = {
     _S + "subscription.xǁSubscriptionǁ_reset_push_state__mutmut_1":
         "deadlines and re-pushes are cleared in the same step, so no timer entry of an earlier"
         " epoch is left for the epoch to tell apart.",
-    _S + "dedup.xǁDedupWindowǁ__init____mutmut_6":
-        "the first remember finds no block, starts one and sets `_filled` to 0 before any read.",
-    _S + "dedup.xǁDedupWindowǁremember_all__mutmut_20":
-        "each call then starts its own index block: it changes how large a block grows, not"
-        " which ids are known or their offsets (as remember_all__mutmut_21).",
     _S + "delivery.xǁDeliveryǁ_deliver__mutmut_19":
         "where 40 bytes an item fit the budget and 41 do not, the split path counts 40 an item"
         " too and sends the same one frame.",
@@ -142,9 +130,6 @@ EQUIVALENT: dict[str, str] = {
     _C + "types.xǁPublishAcksǁ__iter____mutmut_11":
         "`map` stops with its shortest iterable, the zip of n columns: an unbounded repeat"
         " gives the same n acks.",
-    _S + "dedup.xǁDedupWindowǁ__init____mutmut_13":
-        "mark numbers are only compared with each other and with `_base`: starting them at 1"
-        " shifts every number alike and never leaves the window.",
     _S + "inflight.xǁInFlightǁdrop_through__mutmut_12":
         "the deque only drives the pops; without maxlen 0 it keeps the popped Nones until it is"
         " dropped at once, and nothing reads it.",

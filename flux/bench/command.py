@@ -37,7 +37,8 @@ PEERS = {"nats": ["nats", "jetstream"], "redis": ["redis"], "all": ["nats", "jet
 @click.option("--sections", default="main,durable", show_default=True,
               help="What to run, comma-separated: main (the figures above), durable (disk topics"
                    " beside JetStream file storage and Redis AOF), recovery (a killed shard"
-                   " restarting over a full disk topic).")
+                   " restarting over a full disk topic), dedup (one topic's dedup window alone"
+                   " at 1M, 4M and 10M ids: worst call, p99.9, bytes per id).")
 @click.option("--in-flight", "in_flight", type=click.IntRange(min=1), default=2048, show_default=True,
               help="Publishes kept in flight on every durable row (calls of 256 messages).")
 @click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
@@ -63,7 +64,8 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
     count. Durable topics (Flux disk topics with fsync always and interval, a
     memory topic, JetStream file storage, Redis AOF): end to end with the same
     publishes in flight, Flux's publish latency beside the disk's fsync time.
-    Recovery (--sections recovery): a shard killed over a full disk topic.
+    Recovery (--sections recovery): a shard killed over a full disk topic. Dedup
+    (--sections dedup): one topic's dedup window alone, its worst call and bytes per id.
     Producers and consumers run in their own processes. Every system's
     configuration is pinned and printed. Results: OUT/bench.json and PNG plots.
     """
@@ -83,10 +85,17 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
     except ValueError:
         raise click.BadParameter("a comma-separated list of byte counts", param_hint="--sizes") from None
     chosen = tuple(s.strip() for s in sections.split(",") if s.strip())
-    unknown = [s for s in chosen if s not in ("main", "durable", "recovery")]
+    unknown = [s for s in chosen if s not in ("main", "durable", "recovery", "dedup")]
     if unknown or not chosen:
-        raise click.BadParameter(f"expected main, durable and/or recovery, got {sections!r}",
-                                 param_hint="--sections")
+        raise click.BadParameter(f"expected main, durable, recovery and/or dedup, got"
+                                 f" {sections!r}", param_hint="--sections")
+    if "dedup" in chosen:  # a micro-benchmark of its own, no broker: first, and printed at once
+        from flux.bench import dedup
+        for line in dedup.run([100_000, 400_000] if quick else list(dedup.SIZES), dedup.GROUP):
+            click.echo(line.line())
+        chosen = tuple(s for s in chosen if s != "dedup")
+        if not chosen:
+            return
     try:
         recovery_size = parse_bytes(recovery_bytes)
     except ValueError as exc:

@@ -9,35 +9,22 @@ the cleanup passes.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import platform
+import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import contains, rshift, setitem
 
 EXPIRE_SLICE = 1024  # most dedup ids one publish or lookup forgets on its way
-# ids a block of the id -> mark index holds at most (unless one mark is larger): what a
-# dict of 2**15 slots takes before it would grow to 2**16, so blocks are full dicts
-BLOCK_IDS = 21845
-
-_untrack = (ctypes.pythonapi.PyObject_GC_UnTrack
-            if platform.python_implementation() == "CPython" else None)
-if _untrack is not None:
-    _untrack.argtypes, _untrack.restype = [ctypes.py_object], None
-
-
-def untracked_set() -> set[str]:
-    """An empty set of ids that the cycle collector never walks.
-
-    A set of strings refers only to objects that refer to nothing, so it can never be
-    part of a reference cycle; CPython untracks such tuples and dicts by itself, but
-    not sets. Walking one costs the collector a cache miss an id: a full collection
-    would stall the shard for about 200 ms at 4.5M ids. Only ``str`` goes in.
-    """
-    ids: set[str] = set()
-    if _untrack is not None:
-        _untrack(ids)  # the C API's PyObject_GC_UnTrack; refcounting still frees it
-    return ids
+# the index of a window holding more ids than this is spread over PARTITIONS dicts (at
+# most a few milliseconds' work, once): a dict rehashes all its ids at once when it
+# grows, about 35 ns an id of a big table here, so a partition's growth stays under
+# 20 ms up to some 150M ids in a window (far more than a shard's memory holds)
+PART_IDS = 32768
+PARTITION_BITS = 8
+PARTITIONS = 1 << PARTITION_BITS
+HASH_BITS = sys.hash_info.width
 
 
 class DedupWindow:
@@ -47,15 +34,15 @@ class DedupWindow:
     acceptance order, as *marks*: a tuple of ids remembered together, with its
     first offset, expiry time and id bytes in flat lists beside it.
 
-    Two structures answer for the ids. A set of every remembered id answers "is
-    it known?" for each new id with one probe of one table. An index finds a
-    known id's mark, so a duplicate's offset is found at once however old it is:
-    *blocks* of about ``block_ids`` ids, each a dict of id -> mark number (one int
-    shared by the mark's ids), searched newest first. A block is small enough to
-    stay in cache while it fills, and it is dropped whole once all of its marks are
-    forgotten, so forgetting an id costs one set probe and no dict deletion.
-    Neither the set (see :func:`untracked_set`), the dicts (strings and ints) nor
-    the tuples are walked by the garbage collector.
+    An *index* maps every remembered id to the number of its mark (one int shared
+    by the mark's ids), so both "is it known?" and a duplicate's offset take one
+    probe of one table. Once it holds more than ``part_ids`` ids, the index is spread
+    over ``PARTITIONS`` dicts by the top bits of the ids' hashes (a dict places an id
+    by its low bits, which must not be alike within a partition), and stays so until
+    the window is empty. So a call that makes a table grow rehashes the ids of one
+    partition only: one big table would rehash every id at once (100 ms and more at
+    millions of ids). A dict of strings and ints is never walked by the garbage
+    collector (CPython untracks it).
 
     Forgetting is lazy and bounded: a call forgets at most ``EXPIRE_SLICE`` ids
     (the cleanup passes forget the rest in slices), because forgetting a burst at
@@ -63,20 +50,25 @@ class DedupWindow:
     forgotten everywhere: :meth:`get` with ``now`` does not find them, and
     :meth:`live_bytes` does not count them. An id accepted again meanwhile is
     blanked ("") in its old mark, so each id is a live string in one mark only
-    (and the newest block holding it names that mark).
+    (the one the index names).
     """
 
-    __slots__ = ("_at", "_base", "_blocks", "_bytes", "_due", "_due_bytes", "_filled", "_head",
-                 "_ids", "_known", "_offset", "_starts", "block_ids", "held_bytes", "window")
+    __slots__ = ("_asked", "_at", "_base", "_bytes", "_count", "_dir", "_due", "_due_bytes",
+                 "_head", "_ids", "_offset", "_shift", "held_bytes", "part_ids", "window")
 
-    def __init__(self, window: float, block_ids: int = BLOCK_IDS) -> None:
+    def __init__(self, window: float, part_ids: int = PART_IDS) -> None:
         self.window = window
-        self.block_ids = block_ids
-        self._known = untracked_set()           # every id of the marks not forgotten
-        # lists, not deques: a deque costs 760 bytes even empty, and a topic has two
-        self._blocks: list[dict[str, int]] = []  # id -> mark number, oldest block first
-        self._starts: list[int] = []            # the number of each block's first mark
-        self._filled = 0                        # ids in the newest block
+        self.part_ids = part_ids
+        # the index: id -> mark number, in partition dir[hash(id) >> _shift], the slot
+        # of the hash's top bits (a list index below 0 counts from the end, so the slot
+        # is those bits read unsigned); one partition is [part, part]
+        self._dir: list[dict[str, int]] = []
+        self._shift = HASH_BITS - 1
+        self._count = 0                         # ids in the index
+        # the last ids known_any looked up and their partitions (until the index changes)
+        self._asked: tuple[object, list[dict[str, int]]] = (None, [])
+        self._reset_index()
+        # lists, not deques: a deque costs 760 bytes even empty, and a topic has several
         self._ids: list[tuple[str, ...]] = []   # mark k: these ids, ...
         self._offset: list[int] = []            # ... at consecutive offsets from this one, ...
         self._at: list[float] = []              # ... forgotten at this time, ...
@@ -87,8 +79,24 @@ class DedupWindow:
         self._due_bytes = 0                     # ... and hold this many bytes
         self.held_bytes = 0                     # id bytes of every mark, due ones too
 
+    def _reset_index(self) -> None:
+        """One empty partition (the index holds no id)."""
+        self._asked = (None, [])
+        part: dict[str, int] = {}
+        self._dir = [part, part]
+        self._shift = HASH_BITS - 1
+
     def __len__(self) -> int:
-        return len(self._known)
+        return self._count
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions the index has now."""
+        return 1 if self._dir[0] is self._dir[-1] else len(self._dir)
+
+    def _parts(self, ids: Iterable[str]) -> Iterator[dict[str, int]]:
+        """The partition of each of ``ids``, in order (at C speed)."""
+        return map(self._dir.__getitem__, map(rshift, map(hash, ids), repeat(self._shift)))
 
     def due_at(self) -> float:
         """When the oldest remembered id's window ends (``inf`` when none is)."""
@@ -115,23 +123,13 @@ class DedupWindow:
     def get(self, message_id: str, now: float | None = None) -> int | None:
         """Like :meth:`lookup` without forgetting any ids first. Without ``now``, the
         caller made sure nothing due is left (it ran :meth:`expire` to the end)."""
-        mark = self._mark_of(message_id)
+        mark = self._dir[hash(message_id) >> self._shift].get(message_id)
         if mark is None:
             return None
         k = mark - self._base
         if now is not None and self._at[k] <= now:
             return None  # past its window, not forgotten yet
         return self._offset[k] + self._ids[k].index(message_id)
-
-    def _mark_of(self, message_id: str) -> int | None:
-        """The number of the mark ``message_id`` is live in, if it is remembered."""
-        if message_id not in self._known:
-            return None
-        for block in reversed(self._blocks):  # a newer block names the live mark
-            mark = block.get(message_id)
-            if mark is not None:
-                return mark
-        raise AssertionError(f"dedup id {message_id!r} is in no block")  # pragma: no cover
 
     def finder(self, now: float) -> Callable[[str], int | None]:
         """:meth:`get` at ``now`` as a plain function, for a loop over many ids."""
@@ -141,7 +139,11 @@ class DedupWindow:
     def known_any(self, ids: Iterable[str]) -> bool:
         """Whether any of ``ids`` is remembered (maybe past its window): the publish
         fast path asks this once per group and leaves any hit to :meth:`finder`."""
-        return not self._known.isdisjoint(ids)
+        if self._dir[0] is self._dir[-1]:  # one partition
+            return not self._dir[0].keys().isdisjoint(ids)
+        parts = list(self._parts(ids))
+        self._asked = (ids, parts)  # remember_all(keys=ids) reuses them
+        return any(map(contains, parts, ids))
 
     def live_bytes(self, now: float) -> int:
         """Id bytes of the ids still in their window at ``now``."""
@@ -156,33 +158,51 @@ class DedupWindow:
         just before). None may be in its window."""
         if self.window <= 0 or not ids:
             return
+        added = 0
         if keys is None:
             self.expire(now, EXPIRE_SLICE)  # (it never changes next_mark)
             keys = self.keys_for(ids)
-            if not self._known.isdisjoint(keys):
-                self._blank([i for i in keys if i in self._known])
+            again = [i for i, part in zip(keys, self._parts(keys), strict=True) if i in part]
+            if again:
+                self._blank(again)
+                added -= len(again)
         if size is None:
             size = len("".join(ids))
-        if not self._blocks or (self._filled and self._filled + len(keys) > self.block_ids):
-            self._blocks.append({})  # a new block starts with this mark
-            self._starts.append(self.next_mark)
-            self._filled = 0
-        self._blocks[-1].update(keys)
-        self._filled += len(keys)
-        self._known.update(keys)
+        if self._dir[0] is self._dir[-1]:  # one partition
+            self._dir[0].update(keys)
+            if self._count + added + len(keys) > self.part_ids:
+                self._partition()
+        else:
+            asked, parts = self._asked
+            if asked is not keys:
+                parts = list(self._parts(keys))
+            deque(map(setitem, parts, keys, repeat(self.next_mark)), 0)
+        self._asked = (None, [])
+        self._count += added + len(keys)
         self._ids.append(tuple(ids))
         self._offset.append(first)
         self._at.append(now + self.window)
         self._bytes.append(size)
         self.held_bytes += size
 
+    def _partition(self) -> None:
+        """Spread the ids of the one partition over ``PARTITIONS`` of them."""
+        part = self._dir[0]
+        shift = HASH_BITS - PARTITION_BITS
+        slots = list(map(rshift, map(hash, part), repeat(shift)))
+        # a key of another type (None, in no mark) makes a dict keep each key's hash
+        # beside it: a probe compares hashes without reading strings (cache misses)
+        dir_: list[dict[str, int]] = [{None: -1} for _ in range(PARTITIONS)]  # type: ignore[dict-item]
+        deque(map(setitem, map(dir_.__getitem__, slots), part, part.values()), 0)
+        self._dir, self._shift = dir_, shift
+        self._asked = (None, [])
+
     def _blank(self, again: list[str]) -> None:
         """Ids past their window, accepted again: blank them in their old marks."""
         marks = self._ids
+        dir_, shift = self._dir, self._shift
         for message_id in again:
-            mark = self._mark_of(message_id)
-            assert mark is not None
-            k = mark - self._base
+            k = dir_[hash(message_id) >> shift][message_id] - self._base
             ids = marks[k]
             i = ids.index(message_id)
             marks[k] = (*ids[:i], "", *ids[i + 1:])
@@ -209,7 +229,7 @@ class DedupWindow:
         if head >= len(ats) or ats[head] > now:
             return 0  # nothing is due (windows end in mark order): the usual case
         self._advance_due(now)
-        marks, known = self._ids, self._known
+        marks = self._ids
         k = self._head
         budget = most if most is not None else 1 << 62
         count = 0
@@ -224,12 +244,11 @@ class DedupWindow:
                 marks[k] = ()
                 freed = self._bytes[k]
                 k += 1
-            deque(map(known.discard, ids), 0)  # forget them ("" is in no set), at C speed
+            self._forget(ids)
             self.held_bytes -= freed
             self._due_bytes -= freed
             count += len(ids)
             budget -= len(ids)
-        self._drop_blocks(self._base + k)
         if k == len(marks):
             self._base += k
             for column in (marks, self._offset, self._at, self._bytes):
@@ -245,14 +264,12 @@ class DedupWindow:
         self._head = k
         return count
 
-    def _drop_blocks(self, forgotten: int) -> None:
-        """Drop the blocks whose marks are all forgotten (numbers below ``forgotten``)."""
-        starts = self._starts
-        drop = 0
-        while drop + 1 < len(starts) and starts[drop + 1] <= forgotten:
-            drop += 1
-        if drop:  # (few blocks: a window holds at most a few hundred)
-            del starts[:drop], self._blocks[:drop]
-        if starts and forgotten >= self.next_mark:  # every mark is forgotten
-            starts.clear()
-            self._blocks.clear()
+    def _forget(self, ids: tuple[str, ...]) -> None:
+        """Take ``ids`` out of the index ("" is a blanked id: in no partition), at C speed."""
+        if self._dir[0] is self._dir[-1]:  # one partition
+            gone = list(map(self._dir[0].pop, ids, repeat(None)))
+        else:
+            gone = list(map(dict.pop, self._parts(ids), ids, repeat(None)))
+        self._count -= len(gone) - gone.count(None)
+        if not self._count and len(self._dir) > 2:
+            self._reset_index()  # the window is empty: its partitions go

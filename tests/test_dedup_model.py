@@ -1,0 +1,137 @@
+"""The dedup window against a plain dict model (G3): remembering groups of ids through
+the publish path's two ways (the fast path's ``known_any`` then ``remember_all`` with
+keys, and the per-item path's ``remember_all``), lookups, forgetting in slices, and
+ids accepted again after their window; with a small ``part_ids``, so that the index
+is partitioned and reset to one partition often.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from flux.shard.dedup import EXPIRE_SLICE, PARTITIONS, DedupWindow
+
+WINDOW = 5.0
+POOL = [f"id-{i}" for i in range(60)] + ["x" * 32, "y" * 255]
+
+
+class DedupModel(RuleBasedStateMachine):
+    """Every id ever accepted -> (offset, end of its window), beside a DedupWindow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model: dict[str, tuple[int, float]] = {}
+        self.now = 0.0
+        self.next_offset = 0
+        self.dedup = DedupWindow(WINDOW)
+
+    @initialize(part_ids=st.integers(1, 6))
+    def start(self, part_ids: int) -> None:
+        self.dedup = DedupWindow(WINDOW, part_ids=part_ids)
+
+    def live(self, message_id: str) -> int | None:
+        entry = self.model.get(message_id)
+        return entry[0] if entry is not None and entry[1] > self.now else None
+
+    def _accepted(self, ids: list[str]) -> None:
+        for i, message_id in enumerate(ids):
+            self.model[message_id] = (self.next_offset + i, self.now + WINDOW)
+        self.next_offset += len(ids)
+
+    @rule(step=st.sampled_from([0.0, 0.25, 1.0, 2.5, 4.99, 5.0, 7.0]))
+    def advance(self, step: float) -> None:
+        self.now += step
+
+    @rule(ids=st.lists(st.sampled_from(POOL), min_size=1, max_size=12, unique=True))
+    def publish_fast(self, ids: list[str]) -> None:
+        """The fast path: a slice of expiry, then the group only if none is known."""
+        self.dedup.expire(self.now, EXPIRE_SLICE)
+        keys = self.dedup.keys_for(ids)
+        if self.dedup.known_any(keys):
+            assert any(message_id in self.model for message_id in ids)
+            return
+        assert all(self.live(message_id) is None for message_id in ids)
+        chunk = tuple(ids)
+        self.dedup.remember_all(chunk, self.next_offset, self.now, len("".join(ids)), keys)
+        self._accepted(ids)
+
+    @rule(ids=st.lists(st.sampled_from(POOL), min_size=1, max_size=12, unique=True))
+    def publish_per_item(self, ids: list[str]) -> None:
+        """The per-item path: duplicates get their original offset, the rest is stored."""
+        find = self.dedup.finder(self.now)
+        self.dedup.expire(self.now, EXPIRE_SLICE)
+        new = []
+        for message_id in ids:
+            assert find(message_id) == self.live(message_id)
+            if self.live(message_id) is None:
+                new.append(message_id)
+        if new:
+            self.dedup.remember_all(tuple(new), self.next_offset, self.now)
+            self._accepted(new)
+
+    @rule(message_id=st.sampled_from(POOL))
+    def lookup(self, message_id: str) -> None:
+        assert self.dedup.lookup(message_id, self.now) == self.live(message_id)
+
+    @rule(most=st.integers(1, 8))
+    def expire_slice(self, most: int) -> None:
+        before = len(self.dedup)
+        forgotten = self.dedup.expire(self.now, most)
+        assert 0 <= forgotten <= most
+        assert len(self.dedup) <= before
+
+    @rule()
+    def expire_all(self) -> None:
+        self.dedup.expire(self.now)
+        live = sorted(i for i in self.model if self.live(i) is not None)
+        assert len(self.dedup) == len(live)
+        for message_id in live:
+            assert self.dedup.get(message_id) == self.live(message_id)
+        if not live:
+            assert self.dedup.partitions == 1
+            assert self.dedup.held_bytes == 0
+
+    @invariant()
+    def agrees(self) -> None:
+        now = self.now
+        for message_id in POOL:
+            assert self.dedup.get(message_id, now) == self.live(message_id)
+        assert self.dedup.live_bytes(now) == sum(
+            len(i) for i in self.model if self.live(i) is not None)
+        for part in self.dedup._dir:  # the GC never walks the index
+            assert not gc.is_tracked(part)
+
+
+TestDedupModel = DedupModel.TestCase
+TestDedupModel.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+@given(n=st.integers(0, 3000), part_ids=st.integers(1, 64), seed=st.integers(0, 2**32))
+@settings(max_examples=40, deadline=None)
+def test_many_ids_partition_the_index_and_each_keeps_its_offset(n: int, part_ids: int,
+                                                                seed: int) -> None:
+    dedup = DedupWindow(WINDOW, part_ids=part_ids)
+    ids = [f"{seed:x}-{i}" for i in range(n)]
+    for first in range(0, n, 7):  # groups of 7, as the fast path stores them
+        group = ids[first:first + 7]
+        keys = dedup.keys_for(group)
+        assert not dedup.known_any(keys)
+        dedup.remember_all(tuple(group), first, 0.0, len("".join(group)), keys)
+    assert len(dedup) == n
+    assert dedup.partitions == (PARTITIONS if n > part_ids else 1)
+    for offset, message_id in enumerate(ids):
+        assert dedup.get(message_id, 1.0) == offset
+    assert dedup.get("not-an-id", 1.0) is None
+    forgotten = 0
+    while True:
+        got = dedup.expire(WINDOW, EXPIRE_SLICE)
+        if not got:
+            break
+        forgotten += got
+    assert forgotten == n and len(dedup) == 0 and dedup.partitions == 1
+    for message_id in ids[:50]:
+        assert dedup.get(message_id) is None
