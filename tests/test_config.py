@@ -55,6 +55,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "limits": {"max_connections": 10000, "hello_timeout": 5.0, "max_subscriptions": 10000,
                "max_output_bytes": 16777216},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
+    "message": {"max_delay": 2592000.0},  # DESIGN.md G12
 }
 
 

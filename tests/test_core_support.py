@@ -284,8 +284,8 @@ def item_rows(groups: list[list[Any]], reply: list[Any]) -> list[list[Any]]:
     results = reply[3]
     assert len(results) == len(groups), (groups, reply)
     rows: list[list[Any]] = []
-    for (_, ids, _), result in zip(groups, results, strict=True):
-        offsets, duplicates, refused = result
+    for (_, ids, *_), result in zip(groups, results, strict=True):
+        offsets, duplicates, refused = result[:3]
         if type(offsets) is int:  # a first offset: every item stored new
             assert offsets >= 0 and not duplicates and not refused, result
             offsets = list(P.offsets_of(offsets, len(ids)))

@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 from flux import errors
+from flux.shard.delayed import Delays
 from flux.shard.journal import TRIM
-from flux.shard.state import (
-    ShardState,
-    Topic,
-)
+from flux.shard.state import Topic
 
 # Messages trimmed plus ids forgotten per slice of a cleanup pass. Forgetting an id of
 # a big dedup window costs up to ~0.6 us (cache misses in the dict and the allocator),
@@ -21,7 +19,7 @@ CLEANUP_SLICE = 1024
 VISIT_COST = 4
 
 
-class Cleanup(ShardState):
+class Cleanup(Delays):
     """Heartbeat checks and the two cleanup passes."""
 
     def _check_sessions(self, now: float) -> None:
@@ -83,6 +81,9 @@ class Cleanup(ShardState):
                 for sub in topic.subs.values():
                     if sub.cursor < below:
                         below = sub.cursor
+                hold = self._delay_hold(topic, now) if topic.delayed else None
+                if hold is not None and hold < below:
+                    below = hold  # a delayed message is held until ttl after it is due
                 first = log.oldest
                 dropped = log.trim(below, now - ttl, budget)
                 if dropped:

@@ -67,6 +67,7 @@ class Pull(ShardState):
         ids: list[str] = []
         payloads: Sequence[bytes] = []
         times: list[float | int] = []
+        meta: dict[str, Any] | None = None
         if topic is not None:
             log = topic.log
             oldest, next_offset = log.oldest, topic.exposed  # nothing not durable (G9)
@@ -75,9 +76,13 @@ class Pull(ShardState):
             first = span.start
             if span:
                 ids, payloads, times = log.span(span.start, span.stop, self.epoch)
-        session.out.append([P.FETCHED, rid, {
-            "generation": generation, "oldest": oldest, "next": next_offset},
-            first, ids, payloads, times])
+                if log.metas:  # keys, headers and due times (G12: whatever is due)
+                    meta = log.meta_columns(span, self.epoch)
+        reply = [P.FETCHED, rid, {"generation": generation, "oldest": oldest,
+                                  "next": next_offset}, first, ids, payloads, times]
+        if meta is not None:
+            reply.append(meta)
+        session.out.append(reply)
 
     def _commit(self, session: Session, frame: list[Any], now: float) -> None:
         rid, opts = frame[1], _map(frame, 2)

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 
+from flux.message_meta import make_meta
 from flux.policies import TopicSettings
 from flux.shard import journal as J
 from flux.shard.dedup import DedupWindow
@@ -56,6 +57,7 @@ class TopicReplay:
         self.messages = 0
         self.gaps = 0
         self.published: list[tuple[int, int, float]] = []  # (end, next offset, wall) each
+        self.delayed: dict[int, float] = {}  # offset -> due (monotonic) of delayed messages
 
     def feed(self, rec: Record) -> None:
         """Apply one record (in log order)."""
@@ -63,8 +65,10 @@ class TopicReplay:
         body = msgpack.unpackb(rec.body, raw=False, use_list=True)
         rtype = rec.type
         if rtype == J.PUBLISH:
-            first, wall, ids, payloads = body
-            self._publish(first, wall, ids, payloads, rec.position, rec.end)
+            first, wall, ids, payloads = body[:4]
+            # a fifth field holds keys, headers and due times (absent from older records)
+            meta = body[4] if len(body) > 4 else None
+            self._publish(first, wall, ids, payloads, rec.position, rec.end, meta)
             self.published.append((rec.end, body[0] + len(body[2]), body[1]))
         elif rtype == J.CURSOR:
             name, cursor, acked = body
@@ -89,7 +93,7 @@ class TopicReplay:
                               f" position {rec.position}")
 
     def _publish(self, first: int, wall: float, ids: list[str], payloads: list[bytes],
-                 position: int, end: int) -> None:
+                 position: int, end: int, fields: dict[str, Any] | None = None) -> None:
         log = self.log
         if log is None or first > log.next_offset:
             if log is not None:  # offsets skipped (never expected in one log): start anew
@@ -99,7 +103,15 @@ class TopicReplay:
             return  # already applied (never expected either)
         stored_at = wall - self.epoch
         chunk = tuple(ids)
-        log.extend_placed(chunk, payload_lengths(payloads), stored_at, position, end)
+        meta = None
+        if fields:
+            epoch, n = self.epoch, len(chunk)
+            dues = fields.get("due")
+            if dues is not None:  # wall due times, back on this incarnation's clock
+                dues = [None if d is None else d - epoch for d in dues]
+                self.delayed.update((first + i, d) for i, d in enumerate(dues) if d is not None)
+            meta = make_meta(fields.get("keys"), fields.get("headers"), dues, n)
+        log.extend_placed(chunk, payload_lengths(payloads), stored_at, position, end, meta)
         if self.dedup.window > 0 and stored_at > self.forgotten_by:
             self.dedup.remember_all(chunk, first, stored_at)
         self.messages += len(chunk)
@@ -115,6 +127,8 @@ class TopicReplay:
             log.trim(self.oldest, math.inf)
         self.dedup.expire(now)
         topic = Topic(self.name, log, self.dedup, self.settings, generation=generation)
+        oldest = log.oldest
+        topic.delayed = {o: due for o, due in self.delayed.items() if o >= oldest}
         for name, (mode, start, created, cursor, acked) in self.subs.items():
             if reset:
                 cursor, start, acked = log.oldest, log.oldest, set()
