@@ -58,11 +58,17 @@ def check_headers(headers: object) -> dict[str, str]:
     return headers
 
 
+def check_time(value: object, what: str = "deliver_at") -> float:
+    """Return ``value`` if it is a finite number (seconds), else raise InvalidDelay."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise errors.InvalidDelay(f"{what} must be a finite number of seconds, not {value!r}")
+    return float(value)
+
+
 def check_delay(delay: object, max_delay: float, what: str = "delay") -> float:
     """Return ``delay`` (seconds) if it is a finite number from 0 to ``max_delay``, else
     raise InvalidDelay."""
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
-        raise errors.InvalidDelay(f"{what} must be a finite number of seconds, not {delay!r}")
+    delay = check_time(delay, what)
     if delay < 0:
         raise errors.InvalidDelay(f"{what} must be >= 0, got {delay!r}")
     if delay > max_delay:
@@ -142,3 +148,41 @@ def read_columns(extra: Any, count: int) -> tuple[list[Any], list[Any], list[Any
             raise ValueError(f"column {name!r} must be an array of {count}")
         out.append(column)
     return out[0], out[1], out[2]
+
+
+def group_options(count: int, keys: Sequence[str | None] | None,
+                  headers: Sequence[dict[str, str] | None] | dict[str, str] | None,
+                  delay: object, deliver_at: object) -> tuple[dict[str, Any] | None, int]:
+    """A client's PUBLISH group options (PROTOCOL.md §6.4) for ``count`` messages, checked
+    here so bad input fails before anything is sent, and the bytes they add; (None, 0)
+    when the messages carry none (the usual group, the fast path)."""
+    options: dict[str, Any] = {}
+    size = 0
+    if keys is not None:
+        keys = list(keys)
+        if len(keys) != count:
+            raise errors.InvalidRequest(f"{len(keys)} keys for {count} messages")
+        for key in keys:
+            if key is not None:
+                size += len(check_key(key).encode())
+        if any(k is not None for k in keys):
+            options["keys"] = keys
+    if headers is not None:
+        column = [headers] * count if isinstance(headers, dict) else list(headers)
+        if len(column) != count:
+            raise errors.InvalidRequest(f"{len(column)} header maps for {count} messages")
+        for item in column:
+            if item is not None:
+                size += meta_size(None, check_headers(item))
+        if any(column):
+            options["headers"] = [item or None for item in column]
+    if delay is not None and deliver_at is not None:
+        raise errors.InvalidDelay("give delay or deliver_at, not both")
+    if delay is not None:
+        # the shard checks message.max_delay (a topic policy); here only the type and sign
+        check_delay(delay, math.inf)
+        if delay:
+            options["delay"] = float(delay)  # type: ignore[arg-type]
+    if deliver_at is not None:
+        options["deliver_at"] = check_time(deliver_at)
+    return (options or None), size + 16 * len(options)

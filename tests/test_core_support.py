@@ -319,6 +319,6 @@ def deliver_messages(frame: list[Any]) -> list[tuple[int, str, bytes, float]]:
     assert frame[0] == P.DELIVER, frame
     count = P.check_deliver(frame)
     assert count > 0, frame
-    offsets, ids, payloads, times = frame[4:]
+    offsets, ids, payloads, times = frame[4:8]
     return list(zip(P.offsets_of(offsets, count), ids, payloads, P.times_of(times),
                     strict=True))

@@ -256,30 +256,33 @@ class SubState(Wakeable):
     # -- messages in -------------------------------------------------------------------
 
     def deliver(self, sid: int, generation: int, attempt: int, offsets: Sequence[int],
-                ids: list[str], payloads: list[bytes],
-                timestamps: Iterable[float]) -> tuple[bool, int]:
+                ids: list[str], payloads: list[bytes], timestamps: Iterable[float],
+                meta: tuple[list[Any], list[Any], list[Any]] | None = None) -> tuple[bool, int]:
         """A DELIVER frame (parallel columns, one attempt; ``timestamps`` may be an
-        iterator); returns (buffer was empty and now is not, credit to give back)."""
+        iterator; ``meta`` the keys, headers and due times, if any message has one);
+        returns (buffer was empty and now is not, credit to give back)."""
         session = self.session
         if session is None or session.sid != sid:
             return False, 0
         buffer = self.buffer
         was_empty = not buffer
+        count = len(offsets)
+        nones = repeat(None, count)
+        keys, headers, dues = meta if meta is not None else (nones, nones, nones)
         if attempt == 1 and not self.ack_on_arrival:
             # the usual case, first deliveries only: one bulk step per array (hot path)
             session.deliver_first(offsets)
-            count = len(offsets)
             # Message(...) of each, built by C code (tuple.__new__ is Message.__new__'s body)
             buffer.extend(map(tuple.__new__, repeat(Message, count), zip(
                 repeat(self.topic, count), offsets, repeat(generation, count), ids, payloads,
                 timestamps, repeat(1, count), repeat(session, count), repeat(self.acker, count),
-                strict=True)))
+                keys, headers, dues, strict=True)))
             return was_empty and bool(buffer), 0
         credit_back = 0
         # offsets waiting unconsumed: a re-push of one of them is dropped
         buffered = {msg.offset for msg in buffer} if attempt > 1 else set()
-        for offset, message_id, payload, timestamp in zip(offsets, ids, payloads, timestamps,
-                                                          strict=True):
+        for offset, message_id, payload, timestamp, key, header, due in zip(
+                offsets, ids, payloads, timestamps, keys, headers, dues, strict=True):
             if attempt == 1 and offset in self.ack_on_arrival:
                 # the user acked it in an earlier session; ack it here instead of again
                 self.ack_on_arrival.discard(offset)
@@ -291,7 +294,7 @@ class SubState(Wakeable):
                 continue  # still waiting unconsumed here, or already acked: drop it
             session.deliver(offset)
             buffer.append(Message(self.topic, offset, generation, message_id, payload,
-                                  timestamp, attempt, session, self.acker))
+                                  timestamp, attempt, session, self.acker, key, header, due))
             buffered.add(offset)
         return was_empty and bool(buffer), credit_back
 

@@ -159,23 +159,31 @@ class Client:
 
     # -- the API of the async flavours, blocking ---------------------------------------
 
-    def publish(self, topic: str, payload: bytes, id: str | None = None) -> PublishAck:
+    def publish(self, topic: str, payload: bytes, id: str | None = None, *,
+                key: str | None = None, headers: dict[str, str] | None = None,
+                delay: float | None = None, deliver_at: float | None = None) -> PublishAck:
         """Publish one message and wait for its ack (see :meth:`flux.client.trio.Client.publish`).
 
-        Raises InvalidTopic, InvalidMessageId, MessageTooLarge, InvalidRequest,
-        TopicFull, RetryDeadlineExceeded, ClientClosed.
+        Raises InvalidTopic, InvalidMessageId, InvalidKey, InvalidHeaders, InvalidDelay,
+        MessageTooLarge, InvalidRequest, TopicFull, RetryDeadlineExceeded, ClientClosed.
         """
-        return self._run(self._client.publish(topic, payload, id))
+        return self._run(self._client.publish(topic, payload, id, key=key, headers=headers,
+                                              delay=delay, deliver_at=deliver_at))
 
     def publish_many(self, topic: str, payloads: Iterable[bytes],
-                     ids: Iterable[str] | None = None) -> PublishAcks:
+                     ids: Iterable[str] | None = None, *,
+                     keys: Iterable[str | None] | None = None,
+                     headers: Iterable[dict[str, str] | None] | dict[str, str] | None = None,
+                     delay: float | None = None, deliver_at: float | None = None
+                     ) -> PublishAcks:
         """Publish several messages to one topic in batched frames; returns their acks.
 
         Every item is attempted; the first error (in item order) is raised after
         all finished. Raises like :meth:`publish`.
         """
-        return self._run(self._client.publish_many(topic, list(payloads),
-                                                  list(ids) if ids is not None else None))
+        return self._run(self._client.publish_many(
+            topic, list(payloads), list(ids) if ids is not None else None, keys=keys,
+            headers=headers, delay=delay, deliver_at=deliver_at))
 
     def subscribe(self, topic: str, name: str | None = None, read_old: bool = False,
                   from_offset: int | None = None, max_in_flight: int | None = None,

@@ -18,7 +18,7 @@ import heapq
 from typing import Any
 
 from flux import errors
-from flux.message_meta import Meta, check_delay, check_headers, check_key
+from flux.message_meta import Meta, check_delay, check_headers, check_key, check_time
 from flux.shard.state import ShardState, Topic
 from flux.shard.subscription import Subscription
 
@@ -52,9 +52,8 @@ class GroupOptions:
         if delay is not None and at is not None:
             raise errors.InvalidDelay("give delay or deliver_at, not both")
         if at is not None:
-            check_delay(at, float("inf"), "deliver_at")
             # a time in the past means now (G12); one too far away is refused
-            delay = max(0.0, at - (epoch + now))
+            delay = max(0.0, check_time(at) - (epoch + now))
             check_delay(delay, max_delay, "deliver_at (from now)")
         elif delay is not None:
             delay = check_delay(delay, max_delay)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from itertools import pairwise
-
-from flux import errors
 from typing import Any
 
+from flux import errors
 from flux.shard.delayed import Delays
 from flux.shard.state import (
     P,
@@ -43,7 +42,7 @@ class Delivery(Delays):
         # the cursor can jump past next_push over offsets acked before this attachment
         # (they are no longer in ``acked``): never push those
         start = max(sub.next_push, sub.cursor, log.oldest)
-        if room <= 0 or start >= end:
+        if room <= 0 or (start >= end and not sub.due_heap):
             return
         assert sub.session is not None
         session = self.sessions.get(sub.session[0])
@@ -141,8 +140,8 @@ class Delivery(Delays):
             size += 2 * sum(map(len, map(str, meta.values())))  # (rough, and rare)
         # joining the ids (at most 128 bytes each) counts them faster than len() per id
         if n * 40 + len("".join(ids)) + size <= budget:
-            frame = [P.DELIVER, sid, generation, attempt, P.offsets_field(offsets), ids,
-                     payloads, times]
+            frame: list[Any] = [P.DELIVER, sid, generation, attempt, P.offsets_field(offsets),
+                                ids, payloads, times]
             if meta is not None:
                 frame.append(meta)
             session.out.append(frame)
@@ -159,7 +158,7 @@ class Delivery(Delays):
         each = list(P.times_of(times))
         for a, b in pairwise(cuts):
             frame = [P.DELIVER, sid, generation, attempt, P.offsets_field(offsets[a:b]),
-                     ids[a:b], payloads[a:b], P.time_runs(each[a:b])]
+                     ids[a:b], payloads[a:b], P.time_runs(each[a:b])]  # (typed above)
             if meta is not None:
                 frame.append({name: column[a:b] for name, column in meta.items()})
             session.out.append(frame)
