@@ -239,8 +239,8 @@ class Call(Waiter):
                 # offsets may have holes (DESIGN.md "Offsets with gaps")
                 offsets = P.offsets_of(first, count)
                 meta = read_columns(frame[7] if len(frame) > 7 else None, count)
-                nones = repeat(None, count)
-                keys, headers, dues = meta if meta is not None else (nones, nones, nones)
+                keys, headers, dues = meta if meta is not None else (
+                    repeat(None, count), repeat(None, count), repeat(None, count))
                 # FetchedMessage(...) of each, built by C code, as Message is
                 messages = list(map(tuple.__new__, repeat(FetchedMessage, count), zip(
                     repeat(topic, count), offsets, repeat(gen, count),

@@ -267,8 +267,8 @@ class SubState(Wakeable):
         buffer = self.buffer
         was_empty = not buffer
         count = len(offsets)
-        nones = repeat(None, count)
-        keys, headers, dues = meta if meta is not None else (nones, nones, nones)
+        keys, headers, dues = meta if meta is not None else (
+            repeat(None, count), repeat(None, count), repeat(None, count))
         if attempt == 1 and not self.ack_on_arrival:
             # the usual case, first deliveries only: one bulk step per array (hot path)
             session.deliver_first(offsets)

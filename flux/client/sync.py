@@ -227,14 +227,15 @@ class Client:
 
 class Message:
     """A pushed message: ``topic``, ``offset``, ``generation``, ``id``, ``payload``,
-    ``timestamp`` and ``attempt`` (1 for a first delivery in this session).
+    ``timestamp``, ``attempt`` (1 for a first delivery in this session), ``key``,
+    ``headers`` and ``due`` (a delayed message's due time, else None).
 
     ``msg.ack()`` queues the ack without blocking; it never raises: a refused
     ack surfaces from the subscription's iterator.
     """
 
-    __slots__ = ("_client", "_msg", "attempt", "generation", "id", "offset", "payload",
-                 "timestamp", "topic")
+    __slots__ = ("_client", "_msg", "attempt", "due", "generation", "headers", "id", "key",
+                 "offset", "payload", "timestamp", "topic")
 
     def __init__(self, client: Client, msg: types.Message) -> None:
         self._client = client
@@ -246,6 +247,9 @@ class Message:
         self.payload = msg.payload
         self.timestamp = msg.timestamp
         self.attempt = msg.attempt
+        self.key = msg.key
+        self.headers = msg.headers
+        self.due = msg.due
 
     def ack(self) -> None:
         """Queue the ack of this message (sent coalesced with others)."""
