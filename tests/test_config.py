@@ -372,7 +372,7 @@ def test_readme_configuration_table_lists_every_key_with_its_default() -> None:
             if isinstance(value, dict):
                 out.update(flat(value, f"{prefix}{key}."))
             else:
-                text = f"{value:g}" if isinstance(value, float) else str(value)
+                text = f"{value:.15g}" if isinstance(value, float) else str(value)
                 out[f"{prefix}{key}"] = text.lower() if isinstance(value, bool) else text
         return out
 
