@@ -205,3 +205,18 @@ def test_a_duplicate_of_a_delayed_message_reports_the_originals_due_time() -> No
     again = _publish(client, ["a"], {"delay": 1.0})
     assert again[1] == [0] and again[4] == [shard.core.epoch + 8.0]
     assert GEN
+
+
+def test_a_cumulative_ack_never_covers_a_delayed_message_pushed_after_a_higher_offset() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC)
+    _publish(client, ["d"], {"delay": 2.0})
+    _publish(client, ["a", "b"])
+    assert [o for o, *_ in _delivered(client)] == [1, 2]
+    shard.advance(2.0)  # offset 0 is pushed now, while the client acks through 2
+    assert [o for o, *_ in _delivered(client)] == [0]
+    cursor, refused = client.ack(1, through=2)
+    assert (cursor, refused) == (0, [])  # 1 and 2 acked, not 0: the client never saw it
+    cursor, refused = client.ack(1, 0)
+    assert (cursor, refused) == (3, [])

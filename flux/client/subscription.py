@@ -36,8 +36,8 @@ class AckSession:
     an ack costs a set insert and an append, not a walk.
     """
 
-    __slots__ = ("acked", "confirmed", "generation", "head", "next_offset", "order", "queued",
-                 "sent_top", "sid")
+    __slots__ = ("acked", "confirmed", "delayed", "generation", "head", "next_offset", "order",
+                 "queued", "sent_top", "sid")
 
     def __init__(self, sid: int, generation: int, cursor: int) -> None:
         self.sid = sid
@@ -49,6 +49,9 @@ class AckSession:
         self.sent_top = -1                 # the highest ack taken for an ACK frame
         self.confirmed = cursor            # the shard's cursor: everything below is acked
         self.next_offset = cursor          # one past the highest offset delivered
+        # delivered delayed messages (DELIVER gave them a due time, G12): pushed out of
+        # offset order, so a cumulative ack never covers them; they are acked by offset
+        self.delayed: set[int] = set()
 
     def __repr__(self) -> str:
         return (f"<AckSession sid={self.sid} gen={self.generation:#x} confirmed={self.confirmed}"
@@ -135,10 +138,17 @@ class AckSession:
         queued.sort()   # each offset once: ack() queues an offset only the first time
         if queued[-1] > self.sent_top:
             self.sent_top = queued[-1]
+        explicit: list[int] = []
+        if self.delayed:  # the shard applies ``through`` to no delayed message: by offset
+            explicit = [o for o in queued if o in self.delayed]
+            if explicit:
+                queued = [o for o in queued if o not in self.delayed]
+                if not queued:
+                    return explicit, -1
         below = bisect_left(queued, self.low())
         if below >= 2:
-            return queued[below:], queued[below - 1]
-        return queued, -1
+            return sorted(queued[below:] + explicit), queued[below - 1]
+        return sorted(queued + explicit) if explicit else queued, -1
 
     def confirm(self, cursor: int) -> None:
         """The shard's cursor after an ACKED: forget acks below it."""
@@ -269,6 +279,9 @@ class SubState(Wakeable):
         count = len(offsets)
         keys, headers, dues = meta if meta is not None else (
             repeat(None, count), repeat(None, count), repeat(None, count))
+        if meta is not None and any(d is not None for d in meta[2]):
+            session.delayed.update(o for o, d in zip(offsets, meta[2], strict=True)
+                                   if d is not None)
         if attempt == 1 and not self.ack_on_arrival:
             # the usual case, first deliveries only: one bulk step per array (hot path)
             session.deliver_first(offsets)

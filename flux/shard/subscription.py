@@ -92,7 +92,9 @@ class Subscription:
         return True
 
     def ack_through(self, through: int) -> int:
-        """Ack every in-flight offset <= ``through``; returns how many."""
+        """Ack every in-flight offset <= ``through`` except delayed messages (G12: pushed
+        out of offset order, a client may not have seen one when it sent ``through``);
+        returns how many."""
         # in_flight is in increasing offset order: first pushes go out in offset order
         # (G1) and a re-push updates its entry in place; unless a delayed message was
         # pushed out of offset order (G12): then every entry is looked at
@@ -116,12 +118,14 @@ class Subscription:
             self.cursor = through + 1
             return through + 1 - first
         due: list[int] = []
+        pushed_late = self.due_pushed
         for offset in in_flight:
             if offset > through:
                 if ordered:
                     break
                 continue
-            due.append(offset)
+            if offset not in pushed_late:  # a delayed message is acked by its offset only
+                due.append(offset)
         ack = self.ack
         for offset in due:
             ack(offset)

@@ -23,6 +23,8 @@ from flux.router.router import Router, Slot
 from flux.shard import server as shard_server
 from flux.shard.core import ShardCore
 from flux.shard.dedup import DedupWindow
+from flux.shard.delayed import Delays
+from flux.shard.replay import TopicReplay
 from flux.shard.server import ShardServer
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
@@ -1298,3 +1300,45 @@ SCENARIO["policy-timeout-ignored"] = "policies"
 # Found as a blind spot (no rule fired in default seeds 1 and 3); G4/left-unacked sees it.
 PLANTED["resume-skips-in-flight"] = resume_skips_in_flight
 EXPECT["resume-skips-in-flight"] = ("G4/left-unacked",)
+
+
+def delayed_pushed_at_once() -> contextlib.AbstractContextManager[Any]:
+    """G12: the shard stores a delayed message and acks its due time, but never indexes
+    it as delayed: it is pushed at once, like any other."""
+    return _wrap(Delays, "_hold_delayed", lambda f: lambda self, topic, first, dues: None)
+
+
+def due_order_by_offset() -> contextlib.AbstractContextManager[Any]:
+    """G12: the first pushes picked from the due heap and the offset cursor go out sorted
+    by offset, so a delayed message due late overtakes messages due before it."""
+    def make(f: Any) -> Any:
+        def due_order(self: Any, sub: Any, topic: Any, start: int, end: int,
+                      room: int) -> tuple[list[int], int]:
+            picks, next_push = f(self, sub, topic, start, end, room)
+            return sorted(picks), next_push
+        return due_order
+    return _wrap(Delays, "_due_order", make)
+
+
+def replay_drops_meta() -> contextlib.AbstractContextManager[Any]:
+    """Keys and headers: recovery reads a PUBLISH record's ids and payloads but not its
+    fifth field, so a disk topic's messages lose their keys and headers (and due times)
+    at a restart."""
+    def make(f: Any) -> Any:
+        def publish(self: TopicReplay, first: int, wall: float, ids: list[str],
+                    payloads: list[bytes], position: int, end: int,
+                    fields: dict[str, Any] | None = None) -> None:
+            f(self, first, wall, ids, payloads, position, end, None)
+        return publish
+    return _wrap(TopicReplay, "_publish", make)
+
+
+PLANTED["delayed-pushed-at-once"] = delayed_pushed_at_once
+EXPECT["delayed-pushed-at-once"] = ("G12/pushed-early",)
+SCENARIO["delayed-pushed-at-once"] = "delays"
+PLANTED["due-order-by-offset"] = due_order_by_offset
+EXPECT["due-order-by-offset"] = ("G12/due-order",)
+SCENARIO["due-order-by-offset"] = "delays"
+PLANTED["replay-drops-meta"] = replay_drops_meta
+EXPECT["replay-drops-meta"] = ("G2/meta-changed",)
+SCENARIO["replay-drops-meta"] = "delays"

@@ -73,6 +73,14 @@ FOUND = [
     # old generation: the next recovery kept it, and offsets acked in it came again
     ("storage-faults", 382, "flip:shard-0@12.879,crash:shard-0@13.161,flip:shard-0@24.713,"
                             "crash:shard-0@24.726"),
+    # a cumulative ack crossed the push of a delayed message of a lower offset (G12:
+    # pushed out of offset order), and the shard took it as acked though the client had
+    # not seen it yet; now an ack_through never covers a delayed message
+    ("delays", 92, None),
+    # two delayed messages whose due times print as one wall time but differ on the
+    # shard's clock matured in two steps, higher offset first: the checker judged them
+    # by offset (a checker bug; equal reported due times are not ordered by offset now)
+    ("default", 93, None),
 ]
 
 CASES = [(scenario, seed, None) for scenario in SCENARIOS
