@@ -34,11 +34,10 @@ async def test_keys_and_headers_reach_subscribers_and_fetch(
 async def test_a_delayed_message_is_acked_at_once_and_delivered_after_the_next_one(
         flavour: Flavour, suite_broker: Any, topic: str) -> None:
     with anyio.fail_after(TIMEOUT):
-        async with flavour.connect(suite_broker.url) as client:
-            async with client.subscribe(topic) as sub:
-                ack = await client.publish(topic, b"later", delay=1.0)
-                now = await client.publish(topic, b"now")
-                got = await take(sub, 2)
+        async with flavour.connect(suite_broker.url) as client, client.subscribe(topic) as sub:
+            ack = await client.publish(topic, b"later", delay=1.0)
+            now = await client.publish(topic, b"now")
+            got = await take(sub, 2)
     assert ack.due is not None and now.due is None and ack.offset < now.offset
     assert [m.payload for m in got] == [b"now", b"later"]
     assert got[1].due == ack.due and got[1].timestamp < ack.due
