@@ -81,20 +81,28 @@ class Cleanup(Delays):
                 for sub in topic.subs.values():
                     if sub.cursor < below:
                         below = sub.cursor
-                hold = self._delay_hold(topic, now) if topic.delayed else None
-                if hold is not None and hold < below:
-                    below = hold  # a delayed message is held until ttl after it is due
+                keep = None
+                if topic.delayed:  # held until ttl after it is due (G12)
+                    if topic.journal is None:  # out of line: the others are trimmed (G5)
+                        keep = self._delay_keep(topic, now)
+                    else:  # a disk topic's log trims a prefix: hold from the first
+                        hold = self._delay_hold(topic, now)
+                        if hold is not None and hold < below:
+                            below = hold
                 first = log.oldest
-                dropped = log.trim(below, now - ttl, budget)
+                dropped = log.trim(below, now - ttl, budget, keep)
                 if dropped:
                     if topic.journal is not None:  # trimmed messages stay gone after a restart
                         topic.journal.append(TRIM, [log.oldest])
                     self._recount(topic)
-                    self.counters["trimmed"] += dropped
-                    self._emit("trimmed", topic.name, first, dropped)
+                    for start, count in _runs(first, dropped, keep):
+                        self.counters["trimmed"] += count
+                        self._emit("trimmed", topic.name, start, count)
                     budget -= dropped
                     if budget <= 0:
                         return False
+            if log.lowest < log.oldest:  # kept delayed messages whose time has come
+                self._release_kept(topic, now)
             if topic.journal is not None:  # whole log segments with nothing live may go
                 topic.journal.retain(log.oldest, self.epoch + now - dedup.window)
             if not topic.subs and not len(log) and not len(dedup) and topic.journal is None:
@@ -127,3 +135,18 @@ class Cleanup(Delays):
                     sub.inactive_since = sub.last_activity + idle
                 if not sub.active and now - sub.inactive_since >= inactive_time:
                     self._delete_subscription(sub)
+
+
+def _runs(first: int, count: int, keep: dict[int, float] | None) -> list[tuple[int, int]]:
+    """The runs of offsets ``first`` .. ``first + count - 1`` not in ``keep``."""
+    if not keep:
+        return [(first, count)]
+    runs: list[tuple[int, int]] = []
+    start = first
+    for o in sorted(o for o in keep if first <= o < first + count):
+        if o > start:
+            runs.append((start, o - start))
+        start = o + 1
+    if start < first + count:
+        runs.append((start, first + count - start))
+    return runs

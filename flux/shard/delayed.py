@@ -15,6 +15,7 @@ shard used). Cleanup holds a delayed message until ``ttl`` after it is due.
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Any
 
 from flux import errors
@@ -150,13 +151,42 @@ class Delays(ShardState):
         delayed = topic.delayed
         if not delayed:
             return None
-        oldest, limit = topic.log.oldest, now - topic.settings.ttl
-        for o in [o for o in delayed if o < oldest]:  # (in offset order: a prefix)
-            del delayed[o]
+        limit = now - topic.settings.ttl
+        self._forget_gone(topic)
         for o, due in delayed.items():
             if due > limit:
                 return o
         return None
+
+    def _delay_keep(self, topic: Topic, now: float) -> dict[int, float]:
+        """The delayed messages of a memory topic that cleanup must keep out of line if it
+        trims past them: those not ``ttl`` past their due time (forgets trimmed ones)."""
+        limit = now - topic.settings.ttl
+        self._forget_gone(topic)
+        oldest = topic.log.oldest
+        return {o: due for o, due in topic.delayed.items() if o >= oldest and due > limit}
+
+    def _release_kept(self, topic: Topic, now: float) -> None:
+        """Delete the kept delayed messages now ``ttl`` past their due time and acked by
+        every subscription (below every cursor)."""
+        log, delayed = topic.log, topic.delayed
+        below = min((sub.cursor for sub in topic.subs.values()), default=log.next_offset)
+        limit = now - topic.settings.ttl
+        gone = log.release(lambda o: o < below and delayed.get(o, -math.inf) <= limit)
+        for o in gone:
+            delayed.pop(o, None)
+            self.counters["trimmed"] += 1
+            self._emit("trimmed", topic.name, o, 1)
+        if gone:
+            self._recount(topic)
+
+    def _forget_gone(self, topic: Topic) -> None:
+        """Forget the delayed offsets no longer held (a prefix, in offset order)."""
+        delayed, log = topic.delayed, topic.log
+        lowest, oldest = log.lowest, log.oldest
+        for o in [o for o in delayed if o < oldest]:
+            if o < lowest or log.get(o) is None:
+                del delayed[o]
 
     def _pending_of(self, topic: Topic, sub: Subscription, now: float) -> int:
         """Delayed messages not due yet that ``sub`` has not acked (its lag leaves them

@@ -22,7 +22,7 @@ import msgpack
 
 from flux import errors
 from flux import protocol as P
-from flux.message_meta import Meta, columns
+from flux.message_meta import Meta, columns, meta_size
 
 _packer = msgpack.Packer(use_bin_type=True)
 _ONE_BYTE = [bytes((n,)) for n in range(256)]  # the lengths of one short payload, shared
@@ -94,8 +94,8 @@ class TopicLog:
     ``held_bytes`` counts only payloads held in memory (and every id).
     """
 
-    __slots__ = ("_at", "_first", "_head", "_ids", "_lens", "_meta", "_next", "_packed",
-                 "_skip", "_where", "held_bytes", "metas", "store")
+    __slots__ = ("_at", "_first", "_head", "_ids", "_kept", "_lens", "_meta", "_next",
+                 "_packed", "_skip", "_where", "held_bytes", "metas", "store")
 
     def __init__(self, start: int = 0, *, placed: bool = False) -> None:
         """An empty log whose first message gets offset ``start`` (a topic retired
@@ -117,6 +117,10 @@ class TopicLog:
         self._next = start   # the offset the next message gets
         self.held_bytes = 0  # payload + id (+ key and header) bytes of held messages
         self.metas = 0       # chunks ever stored with a Meta (0: no message has one)
+        # messages trimmed from the chunks but still held, below ``oldest``, by offset (in
+        # increasing order): delayed messages not yet ``ttl`` past their due time (G12, G5
+        # per message), with their (key, headers, due)
+        self._kept: dict[int, tuple[Entry, tuple[Any, Any, Any]]] = {}
 
     @property
     def oldest(self) -> int:
@@ -131,7 +135,24 @@ class TopicLog:
         return self._next
 
     def __len__(self) -> int:
-        return self._next - self.oldest
+        return self._next - self.oldest + len(self._kept)
+
+    @property
+    def lowest(self) -> int:
+        """The lowest held offset, a kept one included (``oldest`` when none is kept)."""
+        return next(iter(self._kept)) if self._kept else self.oldest
+
+    def kept_from(self, offset: int) -> list[int]:
+        """The kept offsets at or above ``offset`` (all below ``oldest``), increasing."""
+        return [o for o in self._kept if o >= offset] if self._kept else []
+
+    def release(self, done: Any) -> list[int]:
+        """Drop the kept messages whose offset ``done(offset)`` is true; returns them."""
+        gone = [o for o in self._kept if done(o)]
+        for o in gone:
+            entry, (key, headers, _) = self._kept.pop(o)
+            self.held_bytes -= len(entry.id) + len(entry.payload) + meta_size(key, headers)
+        return gone
 
     def oldest_at(self) -> float:
         """When the oldest held message was stored (``inf`` when none is held)."""
@@ -273,6 +294,8 @@ class TopicLog:
     def meta_of(self, offset: int) -> tuple[str | None, dict[str, str] | None, float | None]:
         """The key, headers and due time (monotonic; None: due when stored) of the held
         message at ``offset``."""
+        if offset < self.oldest and offset in self._kept:
+            return self._kept[offset][1]
         if not self.metas:
             return None, None, None
         k = self._chunk(offset)
@@ -299,6 +322,17 @@ class TopicLog:
             headers.append(header)
             dues.append(None if due is None else epoch + due)
         return columns(keys, headers, dues)
+
+    def _keep(self, k: int, a: int, b: int, keep: dict[int, Any]) -> None:
+        """Items ``a`` to ``b - 1`` of chunk ``k`` are trimmed: hold those in ``keep`` out
+        of line (their bytes stay counted)."""
+        first = self._first[k]
+        for o in (o for o in keep if first + a <= o < first + b):
+            i = o - first
+            entry = Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])
+            key, headers, due = self.meta_of(o)
+            self._kept[o] = (entry, (key, headers, due))
+            self.held_bytes += len(entry.id) + len(entry.payload) + meta_size(key, headers)
 
     def _chunk(self, offset: int) -> int:
         """Index of the chunk holding ``offset`` (held, or the newest chunk's next)."""
@@ -329,12 +363,15 @@ class TopicLog:
 
     def stored_at(self, offset: int) -> float:
         """When the message at ``offset`` (held) was stored."""
+        if offset < self.oldest and offset in self._kept:
+            return self._kept[offset][0].stored_at
         return self._at[self._chunk(offset)]
 
     def get(self, offset: int) -> Entry | None:
         """The entry at ``offset`` if it is held."""
         if not self.oldest <= offset < self._next:
-            return None
+            kept = self._kept.get(offset) if self._kept else None
+            return kept[0] if kept is not None else None
         k = self._chunk(offset)
         i = offset - self._first[k]
         return Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])
@@ -414,10 +451,13 @@ class TopicLog:
             k += 1
         return range(offset, stop)
 
-    def trim(self, below: int, stored_before: float, most: int | None = None) -> int:
+    def trim(self, below: int, stored_before: float, most: int | None = None,
+             keep: dict[int, Any] | None = None) -> int:
         """Drop held messages with offset < ``below`` stored at or before
         ``stored_before`` (at most ``most`` of them); stops at the first that must
-        stay (store times are walked in order). Returns the count."""
+        stay (store times are walked in order). The offsets in ``keep`` (a log whose
+        payloads are all in memory) leave the chunks but stay held, out of line. Returns
+        the count dropped, kept ones included."""
         firsts, ats, ids, packed, lengths, metas = (self._first, self._at, self._ids,
                                                     self._packed, self._lens, self._meta)
         store = self.store
@@ -431,6 +471,8 @@ class TopicLog:
             if b <= a:
                 break
             resident = packed[k] is not None
+            if keep:
+                self._keep(k, a, b, keep)
             if a == 0 and b == len(chunk_ids):
                 self.held_bytes -= len("".join(chunk_ids)) + (sum(lens) if resident else 0)
             else:
