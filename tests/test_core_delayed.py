@@ -220,3 +220,36 @@ def test_a_cumulative_ack_never_covers_a_delayed_message_pushed_after_a_higher_o
     assert (cursor, refused) == (0, [])  # 1 and 2 acked, not 0: the client never saw it
     cursor, refused = client.ack(1, 0)
     assert (cursor, refused) == (3, [])
+
+
+def test_a_pending_message_does_not_hold_back_the_cleanup_of_others() -> None:
+    shard = Shard({"message.ttl": 20.0})
+    client = shard.connect()
+    _publish(client, ["d"], {"delay": 100.0})  # offset 0, due at 100
+    _publish(client, ["a", "b"])              # offsets 1, 2
+    shard.advance(10.0)
+    _publish(client, ["c"])                   # offset 3, stored at 10
+    shard.advance(26.0)                       # 1 and 2 past their ttl; 0 is not due yet
+    stats = shard.topic_stats()
+    assert (stats["held"], stats["oldest"]) == (2, 3)
+    fetched = client.fetch(offset=0)
+    assert fetched[2]["oldest"] == 0 and fetched[3] == [0, 3] and fetched[4] == ["d", "c"]
+    assert read_columns(fetched[7], 2)[2] == [100.0, None]
+    client.subscribe(1, topic=TOPIC, read_old=True)
+    shard.advance(100.0)
+    assert {o for o, *_ in _delivered(client)} == {3}  # 0 is below the subscription's start
+    client.unsubscribe(1)
+    shard.advance(125.0)                       # ttl past its due time: gone
+    assert shard.topic_stats()["held"] == 0
+
+
+def test_a_kept_message_counts_toward_the_topics_bytes_until_it_goes() -> None:
+    shard = Shard({"message.ttl": 5.0})
+    client = shard.connect()
+    _publish(client, ["d"], {"delay": 50.0, "keys": ["key"]})
+    _publish(client, ["x"])
+    held = shard.topic_stats()["held_bytes"]
+    shard.advance(11.0)
+    assert shard.topic_stats()["held_bytes"] == held - 2  # x went (payload and id); d stays
+    shard.advance(60.0)
+    assert shard.topic_stats()["held"] == 0

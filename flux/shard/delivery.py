@@ -113,17 +113,7 @@ class Delivery(Delays):
     def _columns(self, log: TopicLog, offsets: Sequence[int]
                  ) -> tuple[list[str], list[bytes], list[float | int]]:
         """Ids, payloads and store-time runs of held ``offsets`` (not a contiguous run)."""
-        ids: list[str] = []
-        payloads: list[bytes] = []
-        times: list[float] = []
-        epoch = self.epoch
-        for o in offsets:
-            entry = log.get(o)
-            assert entry is not None  # held: at or above the cursor
-            ids.append(entry.id)
-            payloads.append(entry.payload)
-            times.append(epoch + entry.stored_at)
-        return ids, payloads, P.time_runs(times)
+        return log.columns(offsets, self.epoch)
 
     def _deliver(self, session: Session, sid: int, generation: int, attempt: int,
                  offsets: Sequence[int],

@@ -367,6 +367,21 @@ class TopicLog:
             return self._kept[offset][0].stored_at
         return self._at[self._chunk(offset)]
 
+    def columns(self, offsets: Sequence[int], epoch: float = 0.0
+                ) -> tuple[list[str], list[bytes], list[float | int]]:
+        """Ids, payloads and store-time runs (plus ``epoch``) of held ``offsets``, one by
+        one (any order, kept ones too)."""
+        ids: list[str] = []
+        payloads: list[bytes] = []
+        times: list[float] = []
+        for o in offsets:
+            entry = self.get(o)
+            assert entry is not None, o  # the caller makes sure it is held
+            ids.append(entry.id)
+            payloads.append(entry.payload)
+            times.append(epoch + entry.stored_at)
+        return ids, payloads, P.time_runs(times)
+
     def get(self, offset: int) -> Entry | None:
         """The entry at ``offset`` if it is held."""
         if not self.oldest <= offset < self._next:

@@ -311,6 +311,11 @@ class Fetched(Event):
     payloads: tuple[str, ...] = ()   # payload_key of each message (empty: not recorded)
     metas: tuple[str | None, ...] = ()  # meta_key of each message (empty: not recorded)
     offsets: tuple[int, ...] = ()    # each message's offset, when a page has holes
+    holes: bool = False              # the page gave its offsets one by one (``offsets``)
+
+    def page(self) -> tuple[int, ...] | range:
+        """The offset of each message of the page."""
+        return self.offsets if self.holes else range(self.first, self.first + len(self.ids))
 
 
 @_event

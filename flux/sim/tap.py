@@ -212,14 +212,13 @@ class WireTap:
                 body, first, ids, payloads = frame[2], frame[3], frame[4], frame[5]
                 keys, headers, _ = _columns(frame[7] if len(frame) > 7 else None, len(ids))
                 holes = type(first) is list  # a page with holes gives each offset
+                start = (first[0] if first else max(offset, body["oldest"])) if holes else first
                 self._add(h.Fetched(now, subscriber, self.client, self.shard, topic, name,
                                     body["generation"], asked, offset, max_messages,
-                                    body["oldest"], body["next"],
-                                    first[0] if holes and first else
-                                    (offset if holes else first), tuple(ids), sent,
+                                    body["oldest"], body["next"], start, tuple(ids), sent,
                                     tuple(map(h.payload_key, payloads)),
                                     tuple(map(h.meta_key, keys, headers)),
-                                    tuple(first) if holes else ()))
+                                    tuple(first) if holes else (), holes))
         elif kind == P.COMMITTED:
             pending = self.pending.pop(frame[1], None)
             if pending is not None and pending[0] == "commit":
