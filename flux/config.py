@@ -26,6 +26,7 @@ from flux.policies import (
     TopicSettings,
     check_pattern,
     resolve,
+    storage_defaults,
 )
 
 DEFAULTS: dict[str, Any] = {
@@ -49,7 +50,8 @@ DEFAULTS: dict[str, Any] = {
     "router": {"control_port": 0, "adopt_window": 5.0},
     "shard": {"ports": "auto", "advertise": [], "orphan_timeout": 60.0, "max_memory": "auto"},
     "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
-                "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864},
+                "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864,
+                "reserved_bytes": 67108864, "inactive_time": 604800.0},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
     "topics": [],
 }
@@ -118,6 +120,8 @@ class StorageConfig:
     segment_bytes: int = 67108864   # a log segment is rolled past this size
     max_bytes: int = 0              # a disk topic's log size cap (0: the disk's room)
     cache_bytes: int = 67108864     # disk topics' payloads a shard keeps in memory once durable
+    reserved_bytes: int = 67108864  # free disk kept for acks, commits and compaction
+    inactive_time: float = 604800.0  # disk topics' subscriber.inactive_time (7 days)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,8 +156,8 @@ class Config:
     topics: tuple[TopicPolicy, ...] = ()  # per-pattern settings; the first match wins
 
     @functools.cached_property
-    def global_settings(self) -> TopicSettings:
-        """The per-topic keys' global values: what a topic no policy matches uses."""
+    def plain_settings(self) -> TopicSettings:
+        """The per-topic keys' global values as written, before storage-dependent defaults."""
         m, s = self.message, self.subscriber
         return TopicSettings(match=None, ttl=m.ttl, dedup_window=m.dedup_window,
                              max_delay=m.max_delay,
@@ -163,10 +167,20 @@ class Config:
                              storage_max_bytes=self.storage.max_bytes)
 
     @functools.cached_property
+    def global_settings(self) -> TopicSettings:
+        """The per-topic keys' global values: what a topic no policy matches uses."""
+        return self._by_storage(self.plain_settings, None)
+
+    def _by_storage(self, settings: TopicSettings, policy: TopicPolicy | None) -> TopicSettings:
+        return storage_defaults(settings, policy, inactive_time=self.subscriber.inactive_time,
+                                disk_inactive_time=self.storage.inactive_time)
+
+    @functools.cached_property
     def policies(self) -> tuple[tuple[tuple[str, ...], TopicSettings], ...]:
         """Each policy's pattern tokens with its settings applied over the global ones."""
         base = self.global_settings
-        return tuple((policy.tokens, policy.apply(base)) for policy in self.topics)
+        return tuple((policy.tokens, self._by_storage(policy.apply(base), policy))
+                     for policy in self.topics)
 
     def settings_for(self, topic: str) -> TopicSettings:
         """The settings of ``topic``: the first matching policy over the global keys.
@@ -483,6 +497,8 @@ def from_dict(raw: dict[str, Any]) -> Config:
             segment_bytes=_int("storage.segment_bytes", st["segment_bytes"], minimum=4096),
             max_bytes=_int("storage.max_bytes", st["max_bytes"], minimum=0),
             cache_bytes=_int("storage.cache_bytes", st["cache_bytes"], minimum=0),
+            reserved_bytes=_int("storage.reserved_bytes", st["reserved_bytes"], minimum=0),
+            inactive_time=_seconds_or_zero("storage.inactive_time", st["inactive_time"]),
         ),
         http=_http(merged["http"]),
         topics=_topic_policies(merged["topics"]),

@@ -94,6 +94,19 @@ class TopicPolicy:
         return dataclasses.replace(base, match=self.match, **changes)
 
 
+def storage_defaults(settings: TopicSettings, policy: TopicPolicy | None, *,
+                     inactive_time: float, disk_inactive_time: float) -> TopicSettings:
+    """``settings`` with the defaults that depend on the topic's storage, for the keys
+    ``policy`` (None: the global settings) does not set: a disk topic keeps inactive
+    subscriptions ``disk_inactive_time`` (``storage.inactive_time``, G9), a memory topic
+    ``inactive_time`` (``subscriber.inactive_time``)."""
+    if policy is not None and any(path == "subscriber.inactive_time" for path, _ in policy.values):
+        return settings
+    value = disk_inactive_time if settings.storage == "disk" else inactive_time
+    return settings if value == settings.inactive_time else dataclasses.replace(
+        settings, inactive_time=value)
+
+
 def check_pattern(pattern: object) -> str:
     """Return ``pattern`` if it is a valid topic pattern, else raise ValueError saying why."""
     if not isinstance(pattern, str):

@@ -50,7 +50,8 @@ def refused(path: str, *args: Any, **kwargs: Any) -> ConfigError:
 ADDED_DEFAULTS: dict[str, Any] = {
     "shard": {"max_memory": "auto"}, "topics": [],
     "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
-                "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864},
+                "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864,
+                "reserved_bytes": 67108864, "inactive_time": 604800.0},
     # DESIGN.md G13, "Why a connection may close"
     "limits": {"max_connections": 10000, "hello_timeout": 5.0, "max_subscriptions": 10000,
                "max_output_bytes": 16777216},

@@ -200,3 +200,18 @@ def test_storage_policies_resolve_and_round_trip() -> None:
 def test_topics_must_be_a_list_of_mappings() -> None:
     refused("topics", {"match": "a"})
     refused("topics[0]", ["orders.*"])
+
+
+def test_disk_topics_keep_inactive_subscriptions_storage_inactive_time_unless_a_policy_says() -> None:
+    cfg = config.from_dict({
+        "storage": {"dir": "/data", "kind": "disk", "inactive_time": 7 * 86400.0},
+        "subscriber": {"inactive_time": 60.0},
+        "topics": [{"match": "fast.*", "subscriber": {"inactive_time": 5.0}},
+                   {"match": "mem.*", "storage": "memory"}]})
+    assert cfg.settings_for("orders.eu").inactive_time == 7 * 86400.0
+    assert cfg.settings_for("fast.eu").inactive_time == 5.0     # its policy says
+    assert cfg.settings_for("mem.eu").inactive_time == 60.0     # a memory topic
+    memory = config.from_dict({"topics": [{"match": "logs.*", "storage": "disk"}],
+                                   "storage": {"dir": "/data"}})
+    assert memory.settings_for("logs.eu").inactive_time == 604800.0   # the default: 7 days
+    assert memory.settings_for("other").inactive_time == 300.0

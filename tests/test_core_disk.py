@@ -219,6 +219,26 @@ def test_a_log_over_storage_max_bytes_refuses_publishes_with_topic_full() -> Non
     assert rows[0][0] == errors.TopicFull.code
 
 
+def test_a_full_disk_refuses_publishes_to_disk_topics_while_acks_go_on() -> None:
+    shard, disk, client = _disk_shard()
+    _publish(client, "a")
+    client.send([P.SUBSCRIBE, client.rid(), 1, {"topic": TOPIC, "name": "billing",
+                                               "read_old": True}])
+    disk.sync()
+    client.take()
+    shard.core.disk_full = "the disk holding /data has 0 bytes free"
+    rows = client.publish_rows([[TOPIC, "b", b"b"]])
+    assert rows[0][0] == errors.StorageUnavailable.code and "0 bytes free" in rows[0][1]
+    client.send([P.ACK, client.rid(), 1, GEN, [0, 0], -1])   # acks still get their record
+    disk.sync()
+    assert client.take(P.ACKED)
+    shard.core.disk_full = None
+    _publish(client, "b")
+    disk.sync()
+    [reply] = client.take(P.PUBLISHED)
+    assert reply[3] == [[1, [], []]]
+
+
 def test_the_records_rebuild_the_topic_as_the_core_held_it() -> None:
     shard, disk, client = _disk_shard(**{"message.ttl": 20.0})
     _publish(client, "a", "b", "c")

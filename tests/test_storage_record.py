@@ -20,7 +20,7 @@ from flux.storage.segment import (
 )
 
 bodies = st.binary(max_size=2000)
-types = st.integers(1, 255)
+types = st.integers(1, record.MAX_TYPE)
 
 
 @given(rtype=types, body=bodies, position=st.integers(0, 2**62))
@@ -73,8 +73,9 @@ def test_zero_filled_bytes_never_parse_as_a_record() -> None:
         decode(bytes(64), 0, 0)
 
 
-@pytest.mark.parametrize("rtype", [0, 256, -1])
-def test_record_types_outside_1_to_255_are_refused(rtype: int) -> None:
+@pytest.mark.parametrize("rtype", [0, 256, -1, record.JUMP])
+def test_record_types_outside_1_to_254_are_refused(rtype: int) -> None:
+    """Type 255 is the storage layer's own (JUMP): owners cannot write it."""
     with pytest.raises(ValueError, match="type"):
         encode(rtype, b"")
 
@@ -143,7 +144,7 @@ def test_decode_run_reads_the_whole_valid_records_and_stops_where_decode_fails(
         del raw[damage.draw(st.integers(0, len(raw))):]
     buf = b"xyz" + bytes(raw)
     out: list[record.Record] = []
-    stop = record.decode_run(buf, 3, 1000, out)
+    stop, end = record.decode_run(buf, 3, 1000, out)
     at, position, expected = 3, 1000, []
     while True:
         try:
@@ -153,4 +154,34 @@ def test_decode_run_reads_the_whole_valid_records_and_stops_where_decode_fails(
         expected.append(rec)
         at += rec.end - position
         position = rec.end
-    assert out == expected and stop == at
+    assert out == expected and stop == at and end == position
+
+
+@given(records=st.lists(st.tuples(types, bodies, st.integers(0, 500)), max_size=20))
+def test_jumps_move_positions_on_and_are_noted_not_returned(
+        records: list[tuple[int, bytes, int]]) -> None:
+    """A compacted segment: records with JUMPs between them (skipping what was left
+    out) decode at the positions the jumps give, and each jump is noted with where
+    it leaves the buffer."""
+    raw, expected, noted = bytearray(), [], []
+    position = 1000
+    for rtype, body, skip in records:
+        if skip:
+            position += skip
+            raw += record.encode_jump(position)
+            noted.append((position, len(raw)))
+        expected.append(record.Record(position, rtype, body))
+        raw += encode(rtype, body)
+        position += record.HEADER_SIZE + len(body)
+    out: list[record.Record] = []
+    jumps: list[tuple[int, int]] = []
+    stop, end = record.decode_run(bytes(raw), 0, 1000, out, jumps)
+    assert out == expected and jumps == noted and stop == len(raw) and end == position
+
+
+def test_a_jump_backwards_is_damage() -> None:
+    buf = encode(1, b"a") + record.encode_jump(5)
+    out: list[record.Record] = []
+    assert record.decode_run(buf, 0, 100, out) == (len(encode(1, b"a")), 110)
+    with pytest.raises(Bad, match="forward"):
+        decode(buf, 10, 110)

@@ -128,33 +128,71 @@ async def test_a_failed_fsync_fails_its_group_and_the_log_and_is_never_retried(
     assert writer.stats.syncs == 1
 
 
-async def test_a_full_disk_fails_the_group_cuts_the_short_write_and_a_new_writer_continues(
+async def test_a_full_disk_cuts_the_short_write_and_tries_again_in_order_once_there_is_room(
         autojump_clock: trio.testing.MockClock) -> None:
     disk = _slow_disk(0.01)
     table, writer = await _open(disk)
+    changes: list[str | None] = []
+    writer.on_full = changes.append
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         ok = writer.append(1, b"kept")
         await writer.wait_durable(ok.end)
         size_before = len(disk.contents(table.segments[0].path))
         disk.faults = DiskFaults(sync_delay=(0.01, 0.01), capacity=disk.used_bytes() + 5)
-        lost = writer.append(1, b"x" * 100)
-        with pytest.raises(LogFailed, match=r"[Nn]o space") as info:
-            await writer.wait_durable(lost.end)
-        assert info.value.retryable and info.value.written == ok.end
+        waiting = [writer.append(1, bytes([i]) * 100) for i in range(3)]
+        await trio.sleep(1.0)
+        assert writer.full is not None and "space" in writer.full and writer.failed is None
+        assert writer.durable == ok.end and writer.stats.full == 1
         assert len(disk.contents(table.segments[0].path)) == size_before  # no torn bytes left
-    disk.faults = DiskFaults(sync_delay=(0.01, 0.01))
-    again = LogWriter(disk, table, owner="orders", generation=7, boot_id=disk.boot_id())
-    async with trio.open_nursery() as nursery:
-        await nursery.start(again.run)
-        more = again.append(1, b"more")
-        assert more.position == ok.end
-        await again.wait_durable(more.end)
-        await again.close()
+        later = writer.append(1, b"later")        # queued behind what waits
+        disk.faults = DiskFaults(sync_delay=(0.01, 0.01))   # room again
+        await writer.wait_durable(later.end)
+        assert writer.full is None and changes[-1] is None and changes[0] is not None
+        await writer.close()
     disk.crash()
     seen: list[bytes] = []
     await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body))
-    assert seen == [b"kept", b"more"]
+    assert seen == [b"kept", *(bytes([i]) * 100 for i in range(3)), b"later"]
+    assert [w.position for w in waiting] == [ok.end + i * 109 for i in range(3)]
+
+
+async def test_a_full_disk_at_a_segment_roll_starts_the_segment_over_once_there_is_room(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.001)
+    table, writer = await _open(disk, segment_bytes=4096)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        first = [writer.append(1, b"a" * 1000) for _ in range(3)]
+        await writer.wait_durable(first[-1].end)
+        disk.set_full(True)
+        rolled = [writer.append(1, b"b" * 1000) for _ in range(3)]   # past 4096: a roll
+        await trio.sleep(2.0)
+        assert writer.full is not None and writer.durable == first[-1].end
+        disk.set_full(False)
+        await writer.wait_durable(rolled[-1].end)
+        await writer.close()
+    assert len(table.segments) == 2
+    disk.crash()
+    seen: list[bytes] = []
+    _, report = await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body))
+    assert report.damage is None and seen == [b"a" * 1000] * 3 + [b"b" * 1000] * 3
+
+
+async def test_closing_while_the_disk_is_still_full_fails_what_waits(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _slow_disk(0.01)
+    _, writer = await _open(disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"kept").end)
+        disk.set_full(True)
+        stuck = writer.append(1, b"x")
+        await trio.sleep(0.5)
+        with pytest.raises(LogFailed, match="still full"):
+            await writer.close()
+        with pytest.raises(LogFailed):
+            await writer.wait_durable(stuck.end)
 
 
 async def test_segments_roll_at_segment_bytes_and_are_named_by_their_first_position(

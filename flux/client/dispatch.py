@@ -130,7 +130,11 @@ class Dispatch(Pushes):
             if sub.session is not session or sub.status != "active":
                 return
             if error is not None:
-                sub.errors.append(error)
+                # a retryable refusal of the whole frame (StorageUnavailable: the shard's
+                # log failed, and it restarts) is not the user's to handle: the session
+                # ends with the shard, and what was not acked is delivered again
+                if not error.retryable:
+                    sub.errors.append(error)
             else:
                 session.confirm(int(frame[3]))
                 if frame[4]:

@@ -77,7 +77,9 @@ class Cleanup(Delays):
             log = topic.log
             ttl = topic.settings.ttl
             if log.oldest_at() <= now - ttl:
-                below = log.next_offset
+                # a disk topic's messages not yet durable were never exposed: they are
+                # held (G5) only once they are (a full disk may keep them waiting long)
+                below = log.next_offset if topic.journal is None else topic.journal.exposed
                 for sub in topic.subs.values():
                     if sub.cursor < below:
                         below = sub.cursor

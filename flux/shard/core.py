@@ -184,7 +184,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         writer = journal.writer
         info: dict[str, Any] = {"log_bytes": writer.size, "appended": writer.appended,
                                 "durable": writer.durable, "exposed": journal.exposed,
-                                "failed": journal.failed}
+                                "failed": journal.failed, "compactions": journal.compactions,
+                                "compacted_bytes": journal.compacted_bytes}
         info.update(self.recovery_info.get(topic.name, {}))
         return info
 
@@ -279,7 +280,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
             self._fire_delays(now)
         ready, moved = journal.advance()
         if ready:
-            self._release(ready)
+            self._pushes_sent(self._release(ready), now)
         if moved:
             topic = self.topics.get(journal.topic)
             if topic is not None and topic.journal is journal:
@@ -289,6 +290,10 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup):
         self._pump(now)
         if self.cache.changed or self.cache.over:
             self._settle_cache()
+
+    def storage_stopped(self, journal: TopicJournal, reason: str, now: float) -> None:
+        """``journal``'s log failed (:meth:`storage_failed`), at ``now``."""
+        self._pushes_sent(self.storage_failed(journal, reason), now)
 
     def drain(self) -> None:
         """Refuse new publishes from now on (the shard is stopping)."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from flux import errors
 from flux.shard.delayed import Delays
+from flux.shard.journal import Held
 from flux.shard.state import (
     P,
     Session,
@@ -79,7 +80,7 @@ class Delivery(Delays):
             return  # damage read back (logged; the shard stops to recover): nothing pushed
         sub.next_push = stop
         sub.in_flight.push_first(offsets)
-        sub.add_deadlines(now + topic.settings.timeout, offsets, 1)
+        self._await_ack(session, sub, now + topic.settings.timeout, offsets, 1)
         sub.credit -= n
         self.counters["delivered"] += n
         meta = log.meta_columns(offsets, self.epoch) if log.metas else None
@@ -102,7 +103,7 @@ class Delivery(Delays):
             delayed = topic.delayed
             sub.due_pushed.update(o for o in picks if o in delayed)
             sub.in_flight.push_first(picks)
-            sub.add_deadlines(now + topic.settings.timeout, sorted(picks), 1)
+            self._await_ack(session, sub, now + topic.settings.timeout, sorted(picks), 1)
             sub.credit -= len(picks)
             self.counters["delivered"] += len(picks)
             self._deliver(session, sub.session[1], topic.generation, 1, picks, ids, payloads,
@@ -194,6 +195,28 @@ class Delivery(Delays):
             self._redeliver(sub, repush)
         self._schedule(sub)
 
+    def _await_ack(self, session: Session | None, sub: Subscription, at: float,
+                   offsets: Sequence[int], pushes: int) -> None:
+        """Push ``pushes`` of ``offsets`` waits for its ack until ``at``; or, if the push
+        waits behind a held reply (a disk topic's record not yet durable, G9), until the
+        timeout after it goes out (:meth:`_pushes_sent`): G4 counts from the push the
+        client can see."""
+        if session is not None and session.holds:
+            session.holds[-1].pushes.append((sub, offsets, pushes, sub.epoch))
+        else:
+            sub.add_deadlines(at, offsets, pushes)
+
+    def _pushes_sent(self, gone: list[Held], now: float) -> None:
+        """Held replies went with the pushes queued behind them: start their timeouts."""
+        topics = self.topics
+        for held in gone:
+            for sub, offsets, pushes, epoch in held.pushes:
+                topic = topics.get(sub.topic)
+                if topic is None or sub.deleted or epoch != sub.epoch:
+                    continue
+                sub.add_deadlines(now + topic.settings.timeout, offsets, pushes)
+                self._schedule(sub)
+
     def _redeliver(self, sub: Subscription, due: list[tuple[float, int, int]]) -> None:
         """Re-push ``due`` (at, offset, pushes so far): one DELIVER per attempt number,
         each in offset order, the frames in order of their lowest offset."""
@@ -204,10 +227,10 @@ class Delivery(Delays):
         by_attempt: dict[int, list[int]] = {}
         # deadlines are added in time order: the queue must stay ordered
         for at, offset, pushes in sorted(due, key=lambda e: (e[0], e[1])):
-            if log.get(offset) is None:
+            if not log.holds(offset):
                 continue
             sub.in_flight[offset] = pushes + 1
-            sub.add_deadlines(at + timeout, [offset], pushes + 1)
+            self._await_ack(session, sub, at + timeout, [offset], pushes + 1)
             by_attempt.setdefault(pushes + 1, []).append(offset)
         if by_attempt and session is not None:
             # frames in order of their lowest offset

@@ -40,12 +40,14 @@ from flux.storage import (
     StorageError,
     recover,
 )
+from flux.storage.compaction import compact_segment
 from flux.storage.table import SegmentTable
 
 log = logging.getLogger("flux.shard")
 
 FORMAT_VERSION = 1
 MARKER = "flux-data.json"
+ROOM_CHECK = 1.0   # seconds between two looks at the data directory's free room
 
 
 async def check_data_dir(disk: Disk, directory: str, shard_count: int) -> None:
@@ -143,6 +145,7 @@ class ShardStorage:
                            now=host.now, wall_time=host.wall_time)
         if self._core is not None:  # every log of the shard counts in one histogram (STATS)
             writer.stats.sync_times = self._core.fsync_times
+        writer.on_full = lambda reason: self._check_room()
         return writer
 
     async def recover(self, core: ShardCore) -> None:
@@ -255,11 +258,49 @@ class ShardStorage:
             self._nursery = nursery
             for name, journal in self.journals.items():
                 nursery.start_soon(self._serve_log, journal, self.writers[name])
+            nursery.start_soon(self._watch_room)
             for writer in self._unsettled:
                 await writer.sync()  # raises LogFailed: the shard does not start
             self._unsettled.clear()
             task_status.started()
             await trio.sleep_forever()
+
+    def _check_room(self) -> None:
+        """Tell the core whether disk topics may take publishes: not while the disk holds
+        less than ``storage.reserved_bytes`` free (that room is for acks, commits and
+        compaction, so a full disk never deadlocks them), nor while a write found it full."""
+        core = self._core
+        if core is None:
+            return
+        reserved = self.config.storage.reserved_bytes
+        full = next((w.full for w in self.writers.values() if w.full is not None), None)
+        reason: str | None = None
+        if full is not None:
+            reason = f"the disk is full ({full})"
+        else:
+            try:
+                free = self.disk.free_bytes(self.root)
+            except OSError as exc:
+                free, reserved = 0, 1
+                log.warning("shard %d: cannot tell the free room of %s: %s", core.index,
+                            self.root, exc)
+            if free < reserved:
+                reason = (f"the disk holding {self.root} has {free} bytes free, under"
+                          f" storage.reserved_bytes={reserved}")
+        if reason != core.disk_full:
+            if reason is None:
+                log.info("shard %d: disk topics take publishes again (room on the disk)",
+                         core.index)
+            elif core.disk_full is None:
+                log.warning("shard %d: disk topics refuse publishes: %s", core.index, reason)
+            core.disk_full = reason
+
+    async def _watch_room(self) -> None:
+        """Check the disk's free room every ROOM_CHECK seconds."""
+        host = self.host
+        while True:
+            self._check_room()
+            await host.sleep_until(host.now() + ROOM_CHECK)
 
     async def _serve_log(self, journal: TopicJournal, writer: LogWriter) -> None:
         core = self._core
@@ -276,7 +317,7 @@ class ShardStorage:
             except LogFailed as exc:
                 log.error("shard %d: the log of topic %r failed: %s", core.index, journal.topic,
                           exc)
-                core.storage_failed(journal, str(exc))
+                core.storage_stopped(journal, str(exc), self.host.now())
                 self._dispatch()
                 if self.failure is None:
                     self.failure = exc
@@ -285,22 +326,63 @@ class ShardStorage:
 
     async def _retain(self, journal: TopicJournal, writer: LogWriter) -> None:
         """Every cleanup period, remove the log's whole segments that hold nothing live
-        (the cleanup pass moves ``journal.droppable``); never the one being written."""
+        (the cleanup pass moves ``journal.droppable``; never the one being written),
+        then compact the sealed segments before the first message still held."""
         period = self.config.message.cleanup_time
         host = self.host
+        tried: set[int] = set()   # segments judged once (what they hold only ages out)
         while True:
             await host.sleep_until(host.now() + period)
-            if journal.failed is None and journal.droppable > writer.table.start:
-                try:
+            if journal.failed is not None:
+                continue
+            try:
+                if journal.droppable > writer.table.start:
                     # the snapshot that starts the first segment kept must be durable
                     # before what it replaces goes (fsync never or interval included)
                     await writer.sync()
                     await writer.drop_before(journal.droppable)
-                except LogFailed:
-                    return  # the log's watcher fails what waits and stops the shard
-                except OSError as exc:  # the log itself is fine: try again next period
-                    log.warning("shard: removing old segments of topic %r failed: %s",
-                                journal.topic, exc)
+                await self._compact(journal, writer, tried)
+            except LogFailed:
+                return  # the log's watcher fails what waits and stops the shard
+            except OSError as exc:  # the log itself is fine: try again next period
+                log.warning("shard: removing or compacting old segments of topic %r failed:"
+                            " %s", journal.topic, exc)
+            except StorageError as exc:  # a sealed segment reads back damaged
+                self._damaged(journal, f"compaction read a damaged record: {exc}")
+                return
+
+    async def _compact(self, journal: TopicJournal, writer: LogWriter, tried: set[int]) -> None:
+        """Compact (G9 space) each sealed segment that lies wholly before the first message
+        still held and is not about to go whole: its payloads and cursors are left out,
+        the ids still in the dedup window kept (``TopicJournal.judge``)."""
+        table = writer.table
+        live_end = journal.first_live_end()
+        soon = journal.forgotten_before + 2 * self.config.message.cleanup_time
+        candidates = []
+        for segment in table.segments[:-1]:
+            if live_end is not None and segment.end >= live_end:
+                break
+            if segment.first in tried:
+                continue
+            last_wall = journal.last_wall_before(segment.end)
+            if last_wall is not None and last_wall < soon:
+                continue  # its ids all leave the window within two passes: it goes whole
+            candidates.append(segment)
+        if not candidates:
+            return
+        # the snapshot starting each next segment (what lets cursors go) must be durable
+        await writer.sync()
+        for segment in candidates:
+            if all(s is not segment for s in table.segments) or journal.failed is not None:
+                return
+            tried.add(segment.first)
+            done = await compact_segment(self.disk, table, segment, journal.judge)
+            if done.rewritten:
+                journal.compactions += 1
+                journal.compacted_bytes += done.before - done.after
+                log.info("shard: compacted a segment of topic %r: %d -> %d bytes (%d records:"
+                         " %d kept, %d as ids)", journal.topic, done.before, done.after,
+                         done.records, done.kept, done.replaced)
 
     async def close(self) -> None:
         """Write and fsync what every log has queued, then close them (a clean stop)."""

@@ -17,9 +17,10 @@ record is also where an evicted chunk's payloads come back from
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,6 +40,8 @@ UNSUBSCRIBED = 3   # [name]: the named subscription was deleted
 CURSOR = 4         # [name, cursor, [acked offset above the cursor, ...]]
 TRIM = 5           # [oldest]: messages below were cleaned up
 SNAPSHOT = 6       # [next offset, oldest, [[name, mode, start, created, cursor, [acked]], ...]]
+IDS = 7            # [first offset, wall time, [id, ...]]: a PUBLISH record whose messages
+                   # are all gone, kept by compaction for its ids (still in the dedup window)
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -84,6 +87,9 @@ class Held:
     # out behind it, so a connection's frames keep their order (a DELIVER or SUB_ENDED
     # never overtakes the SUBSCRIBED it follows)
     behind: list[list[Any]] = field(default_factory=list)
+    # pushes among those frames, (subscription, offsets, pushes, epoch): their ack
+    # timeout (G4) starts when they go out, not when they were made
+    pushes: list[tuple[Any, Sequence[int], int, int]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -106,6 +112,12 @@ class TopicJournal:
     on_damage: Callable[[TopicJournal, str], None] | None = None
     damaged: str | None = None             # the first damage read back, if any
     last_position: int = -1                # where the last record appended starts (-1: none)
+    # as of the last cleanup pass: the oldest offset held, and the wall time before which
+    # stored ids have left the dedup window (what compaction keeps, :meth:`judge`)
+    held_from: int = 0
+    forgotten_before: float = float("-inf")
+    compactions: int = 0                   # segments compaction rewrote, and bytes it saved
+    compacted_bytes: int = 0
 
     @property
     def generation(self) -> int:
@@ -184,12 +196,47 @@ class TopicJournal:
         (below ``oldest``) and whose ids left the dedup window (stored before
         ``forgotten_before``, wall time); returns it. Every log segment begins with a
         SNAPSHOT of the topic, so segments wholly before it can be removed."""
+        self.held_from, self.forgotten_before = oldest, forgotten_before
         published = self.published
         while published and published[0][1] <= oldest and published[0][2] < forgotten_before:
             self.droppable = max(self.droppable, published.popleft()[0])
         if not published:  # no message left in the log: everything written may go
             self.droppable = max(self.droppable, self.writer.durable)
         return self.droppable
+
+    def first_live_end(self) -> int | None:
+        """The end position of the first PUBLISH record that still holds a message (as
+        of the last cleanup pass); None if none does. Compaction stays before it."""
+        published = self.published
+        i = bisect.bisect_right(published, self.held_from, key=lambda e: e[1])
+        return published[i][0] if i < len(published) else None
+
+    def last_wall_before(self, position: int) -> float | None:
+        """The wall time of the last PUBLISH record (still tracked) ending at or before
+        ``position``; None if there is none."""
+        published = self.published
+        i = bisect.bisect_right(published, position, key=lambda e: e[0])
+        return published[i - 1][2] if i else None
+
+    def judge(self, rec: Record) -> bool | tuple[int, bytes]:
+        """Compaction's verdict on a record of a sealed segment that holds no message
+        still held (:mod:`flux.storage.compaction`): a PUBLISH record becomes an IDS
+        record while its ids are in the dedup window, and goes after; a SNAPSHOT stays
+        (the log may start at its segment); subscription changes, cursors and trims go,
+        as the SNAPSHOT that starts the next segment (durable first) holds them all."""
+        rtype = rec.type
+        if rtype in (PUBLISH, IDS):
+            unpacker = msgpack.Unpacker(raw=False)
+            unpacker.feed(rec.body)
+            unpacker.read_array_header()
+            first, wall = unpacker.unpack(), unpacker.unpack()
+            ids = unpacker.unpack()
+            if first + len(ids) > self.held_from:
+                return True   # a message still held (never expected here): keep it
+            if wall < self.forgotten_before:
+                return False
+            return True if rtype == IDS else (IDS, bytes(_pack([first, wall, ids])))
+        return rtype not in (SUBSCRIPTION, UNSUBSCRIBED, CURSOR, TRIM)
 
     def publish_body(self, first: int, wall: float, ids: Any, packed_payloads: bytes,
                      meta: dict[str, Any] | None = None) -> bytes:

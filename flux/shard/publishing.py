@@ -135,6 +135,10 @@ class Publishing(Delays):
             return errors.StorageUnavailable(
                 f"the log of topic {topic.name!r} is unavailable ({journal.failed});"
                 " retry with the same ids")
+        if self.disk_full is not None:
+            return errors.StorageUnavailable(
+                f"{self.disk_full}; disk topics take publishes again once there is room"
+                " (retry with the same ids)")
         cap = topic.settings.storage_max_bytes
         if cap and journal.writer.size >= cap:
             return errors.TopicFull(f"topic {topic.name!r} has {journal.writer.size} bytes"

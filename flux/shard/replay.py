@@ -70,6 +70,10 @@ class TopicReplay:
             meta = body[4] if len(body) > 4 else None
             self._publish(first, wall, ids, payloads, rec.position, rec.end, meta)
             self.published.append((rec.end, body[0] + len(body[2]), body[1]))
+        elif rtype == J.IDS:
+            first, wall, ids = body
+            self._ids(first, wall, ids)
+            self.published.append((rec.end, first + len(ids), wall))
         elif rtype == J.CURSOR:
             name, cursor, acked = body
             row = self.subs.get(name)
@@ -115,6 +119,13 @@ class TopicReplay:
         if self.dedup.window > 0 and stored_at > self.forgotten_by:
             self.dedup.remember_all(chunk, first, stored_at)
         self.messages += len(chunk)
+
+    def _ids(self, first: int, wall: float, ids: list[str]) -> None:
+        """Messages gone before a compaction whose ids may still be in the window."""
+        stored_at = wall - self.epoch
+        if self.dedup.window > 0 and stored_at > self.forgotten_by:
+            self.dedup.remember_all(tuple(ids), first, stored_at)
+        self.next_offset = max(self.next_offset, first + len(ids))
 
     def build(self, generation: int, now: float, *, reset: bool = False) -> Topic:
         """The recovered topic at ``now`` (monotonic), of ``generation``. ``reset``: a new

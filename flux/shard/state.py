@@ -100,6 +100,7 @@ class Session:
     ready: list[list[Any]] = field(default_factory=list)
 
 
+
 class ShardState:
     """All state of one shard incarnation (one generation)."""
 
@@ -143,6 +144,9 @@ class ShardState:
         # (name, first offset) -> journal
         self.open_journal: Callable[[str, int], TopicJournal] | None = None
         self.recovery_info: dict[str, dict[str, Any]] = {}  # disk topic -> its recovery
+        # why disk topics take no publishes now (the data directory's disk is short of
+        # ``storage.reserved_bytes``, or a write found it full); None: they do
+        self.disk_full: str | None = None
         # optional observer of internal events, e.g. ("deleted", topic, offset, count)
         self.on_event: Callable[[tuple[Any, ...]], None] | None = None
         self.counters = {"published": 0, "duplicates": 0, "delivered": 0, "redelivered": 0,
@@ -250,10 +254,12 @@ class ShardState:
         journal.append(CURSOR, [sub.name, sub.cursor, sorted(sub.acked)])
         return journal
 
-    def _release(self, held: list[Held]) -> None:
+    def _release(self, held: list[Held]) -> list[Held]:
         """Replies whose records became durable may go, each with what queued behind it,
-        as soon as every reply held before it on its connection went too."""
+        as soon as every reply held before it on its connection went too. Returns the
+        held replies that went (their ``pushes`` start their ack timeouts now)."""
         sessions = self.sessions
+        gone: list[Held] = []
         for h in held:
             h.released = True
             session = sessions.get(h.conn)
@@ -262,21 +268,24 @@ class ShardState:
             holds = session.holds
             while holds and holds[0].released:
                 first = holds.popleft()
+                gone.append(first)
                 session.ready.append(first.frame)
                 session.ready += first.behind
                 if not holds:  # the frames made since the last hold are free too
                     session.ready += session.out
                     session.out = []
+        return gone
 
-    def storage_failed(self, journal: TopicJournal, reason: str) -> None:
+    def storage_failed(self, journal: TopicJournal, reason: str) -> list[Held]:
         """``journal``'s log stopped: its waiting replies become StorageUnavailable errors;
-        its topic refuses publishes from now on (the shell restarts the shard to recover)."""
+        its topic refuses publishes from now on (the shell restarts the shard to recover).
+        Returns the held replies that went (as :meth:`_release`)."""
         exc = errors.StorageUnavailable(f"the log of topic {journal.topic!r} failed: {reason}")
         failed = journal.fail(reason)
         for held in failed:
             held.waiting = 0
             held.frame = P.error_frame(held.frame[1], exc)
-        self._release(failed)
+        return self._release(failed)
 
     def _journal_hold(self, session: Session, frame: list[Any],
                       journals: list[TopicJournal]) -> Held | None:

@@ -382,6 +382,10 @@ class TopicLog:
             times.append(epoch + entry.stored_at)
         return ids, payloads, P.time_runs(times)
 
+    def holds(self, offset: int) -> bool:
+        """Whether the message at ``offset`` is held (its payload is not read)."""
+        return self.oldest <= offset < self._next or (bool(self._kept) and offset in self._kept)
+
     def get(self, offset: int) -> Entry | None:
         """The entry at ``offset`` if it is held."""
         if not self.oldest <= offset < self._next:

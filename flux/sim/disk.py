@@ -67,6 +67,7 @@ class SimDisk:
         self._epoch = 0
         self._fail_syncs = 0
         self._full = False
+        self.slow = 0            # slow spells under way (see :meth:`_sync_delay`)
 
     # -- the Disk protocol -----------------------------------------------------------
 
@@ -225,6 +226,8 @@ class SimDisk:
 
     def _sync_delay(self) -> float:
         f = self.faults
+        if self.slow:
+            return self.random.uniform(*f.slow_sync_delay)
         if f.slow_sync_chance and self.random.random() < f.slow_sync_chance:
             return self.random.uniform(*f.slow_sync_delay)
         return self.random.uniform(*f.sync_delay)

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 #             was fsynced (an unsynced tail may survive torn or zero-filled, G9)
 #   flip      a bit of a synced block of a shard machine's disk flips, and the shard is
 #             killed (so recovery reads the damage back)
-KINDS = ("crash", "pause", "router", "partition", "stall", "reset", "slow", "power", "flip")
+#   eio       the next fsync on a shard machine's disk fails (EIO): the log stops, the
+#             shard exits and the router restarts it (G9)
+#   full      a shard machine's disk is full for `duration`: every write fails (ENOSPC)
+#   slowdisk  a shard machine's fsyncs take 0.2-2 s each for `duration`
+KINDS = ("crash", "pause", "router", "partition", "stall", "reset", "slow", "power", "flip",
+         "eio", "full", "slowdisk")
+SHARD_INSTANT = ("crash", "power", "flip", "eio")   # instant faults of a shard machine
+SHARD_SPAN = ("pause", "full", "slowdisk")            # ... and those that last a while
 
 
 @dataclass(frozen=True, order=True)
@@ -111,9 +118,9 @@ def draw_plan(rng: random.Random, mix: FaultMix, *, shards: int, clients: Sequen
     for _ in range(rng.randint(*mix.count)):
         kind = rng.choices(kinds, weights)[0]
         at = round(rng.uniform(start, end), 3)
-        if kind in ("crash", "power", "flip"):
+        if kind in SHARD_INSTANT:
             faults.append(Fault(at, kind, rng.choice(shard_hosts)))
-        elif kind == "pause":
+        elif kind in SHARD_SPAN:
             faults.append(Fault(at, kind, rng.choice(shard_hosts), _dur(rng, mix.pause)))
         elif kind == "router":
             faults.append(Fault(at, kind, "router", _dur(rng, mix.router_down)))

@@ -292,7 +292,10 @@ def disk(rng: random.Random) -> Workload:
                          # and FETCH read evicted groups back from the log (more than
                          # memory); the choice rides on a draw already made, so seeds
                          # keep the workloads they had
-                         "cache_bytes": 256 if interval == 0.01 else 1 << 26}
+                         "cache_bytes": 256 if interval == 0.01 else 1 << 26,
+                         # disk topics keep inactive subscriptions as long as memory
+                         # topics here (not 7 days), so G6's deletions are judged on them
+                         "inactive_time": w.config["subscriber"]["inactive_time"]}  # type: ignore[index]
     short_window = rng.random() < 0.5  # ids leave the window in the run: segments go
     if short_window:
         config["message"] = {**w.config["message"], "dedup_window": 4.0}  # type: ignore[dict-item]
@@ -319,6 +322,20 @@ def storage_faults(rng: random.Random) -> Workload:
     return replace(w, scenario="storage-faults", config=config, auditors=("a0",),
                    mix=FaultMix((("crash", 1.0), ("power", 1.5), ("flip", 1.5)),
                                 count=(4, 12)))
+
+
+def disk_errors(rng: random.Random) -> Workload:
+    """Disk topics on disks that fail: fsync errors (the log stops, the shard exits and
+    recovers), a full disk for a while (publishes refused with StorageUnavailable, acks
+    and deliveries go on, writes wait for room) and slow fsyncs, with some crashes."""
+    w = disk(rng)
+    config = dict(w.config)
+    config["storage"] = {**w.config["storage"], "kind": "disk"}  # type: ignore[dict-item]
+    config.pop("topics", None)
+    return replace(w, scenario="disk-errors", config=config, auditors=("a0",),
+                   mix=FaultMix((("eio", 1.0), ("full", 1.0), ("slowdisk", 0.7),
+                                 ("crash", 0.4), ("reset", 0.3)),
+                                count=(3, 10), pause=(0.5, 4.0)))
 
 
 def with_client_ids(workload: Workload, rng: random.Random) -> Workload:
@@ -357,5 +374,5 @@ SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
-    "delays": delays,
+    "disk-errors": disk_errors, "delays": delays,
 }

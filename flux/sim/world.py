@@ -19,7 +19,7 @@ from flux.config import Config
 from flux.router.launcher import TaskLauncher, TaskShard
 from flux.router.router import run_router
 from flux.router.state import MemoryStateStore
-from flux.shard.server import ShardServer, run_shard
+from flux.shard.server import ShardServer, StorageFailed, run_shard
 from flux.sim import history as h
 from flux.sim.disk import SimDisk
 from flux.sim.faults import Fault
@@ -46,6 +46,7 @@ class World:
         self.tracebacks: list[str] = []
         self._incarnations: dict[str, int] = {}
         self.disks: dict[str, SimDisk] = {}
+        self._full_spells: dict[str, int] = {}   # machine -> "disk full" faults under way
         self.shards: dict[int, tuple[SimHost, TaskShard]] = {}
         self.launcher = SimLauncher(nursery, self)
         self.router = RouterSupervisor(self, nursery)
@@ -122,6 +123,9 @@ class World:
         if self._healed:
             return  # due at the very moment of the heal, and started after it: too late
         kind, target, net = fault.kind, fault.target, self.network
+        if kind in ("eio", "full", "slowdisk"):
+            await self._disk_fault(fault)
+            return
         if kind in ("crash", "pause", "power", "flip"):
             index = int(target.rsplit("-", 1)[1])
             entry = self.shards.get(index)
@@ -169,6 +173,32 @@ class World:
                 else:
                     net.unblock(a, b)
         self.record(h.FaultInjected(trio.current_time(), kind, target, "end"))
+
+    async def _disk_fault(self, fault: Fault) -> None:
+        """A storage fault of a shard machine's disk (the shard itself keeps running)."""
+        disk = self.disk_of(fault.target)
+        now = trio.current_time
+        if fault.kind == "eio":
+            disk.fail_next_syncs(1)
+            self.record(h.FaultInjected(now(), "eio", fault.target, "instant"))
+            return
+        self.record(h.FaultInjected(now(), fault.kind, fault.target, "begin"))
+        full = fault.kind == "full"
+        spells = self._full_spells
+        try:
+            if full:
+                spells[fault.target] = spells.get(fault.target, 0) + 1
+                disk.set_full(True)
+            else:
+                disk.slow += 1
+            await trio.sleep(fault.duration)
+        finally:   # a heal ends it too (overlapping spells end with the last of them)
+            if full:
+                spells[fault.target] -= 1
+                disk.set_full(spells[fault.target] > 0)
+            else:
+                disk.slow -= 1
+        self.record(h.FaultInjected(now(), fault.kind, fault.target, "end"))
 
     def heal(self) -> None:
         """End every fault at once: links healed, shards resumed, the router running."""
@@ -238,10 +268,13 @@ def _flip_in_a_record(disk: SimDisk) -> tuple[str, int] | None:
     except (Bad, Torn):
         return None
     records: list[Record] = []
-    decode_run(data, header_size, header_size, records)
+    jumps: list[tuple[int, int]] = []
+    decode_run(data, header_size, header_size, records, jumps)
     if len(records) < 2:
         return None
-    last = records[-1].position  # (positions here are file offsets)
+    last = records[-1].position  # (positions here are file offsets, but for jumps)
+    if jumps:  # a compacted segment: its records were never the last one written
+        last = len(data)
     return disk.flip_bit(path, skip=header_size, recent=disk.random.choice((0, 4096, 4096)),
                          limit=last)
 
@@ -272,6 +305,13 @@ class SimLauncher(TaskLauncher):
         try:
             await run_shard(host, shard.spec, pid=shard.pid, stop=shard.stop, on_start=attach,
                             task_status=task_status)
+        except StorageFailed as exc:
+            # a log failed (an fsync or write error, damage read back): the shard exits
+            # so that the router restarts it and recovery runs, as designed (G9); the
+            # checker asks a storage fault on this machine to explain it
+            world.record(h.FaultInjected(trio.current_time(), "storage-failed", f"shard-{index}",
+                                         str(exc)[:300]))
+            raise
         except Exception as exc:
             what = f" (generation {started[0]:#x})" if started else ""
             world.failed(f"shard {index}{what} raised", exc)

@@ -77,27 +77,29 @@ def _scan_segment(segment: OpenSegment, position: int, stop: int) -> Iterator[Re
     """The records of one segment from ``position`` to ``stop`` (both record boundaries)."""
     buf = b""
     at = 0
-    loaded = position        # the log position just after buf's last byte
+    loaded = segment.offset_of(position)   # the file offset just after buf's last byte
+    stop_offset = segment.offset_of(stop)
     records: list[Record] = []
     while position < stop:
-        at = record.decode_run(buf, at, position, records)
+        at, position = record.decode_run(buf, at, position, records)
         if records:
-            position = records[-1].end
             yield from records
             records.clear()
             continue
+        if position >= stop:
+            break
         try:
             record.decode(buf, at, position)
         except record.Torn:
             pass
         except record.Bad as e:
             raise CorruptRecord(segment.path, position, str(e)) from None
-        if loaded >= stop:
+        if loaded >= stop_offset:
             raise CorruptRecord(segment.path, position, "record runs past the end")
         need = CHUNK
         if len(buf) - at >= record.HEADER_SIZE:  # a record bigger than a chunk
             need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
-        more = segment.file.read_at(segment.offset_of(loaded), min(need, stop - loaded))
+        more = segment.file.read_at(loaded, min(need, stop_offset - loaded))
         if not more:
             raise CorruptRecord(segment.path, position, "file ends inside a record")
         buf = buf[at:] + more

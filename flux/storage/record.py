@@ -2,8 +2,10 @@
 
 A record is ``crc:u32 length:u32 type:u8 body`` in little-endian; the CRC32C
 covers everything after it (length, type, body), one contiguous run of bytes.
-Type 0 is never written, so a zero-filled tail never parses as a record. See
-PROTOCOL.md, "The on-disk log".
+Type 0 is never written, so a zero-filled tail never parses as a record. Type
+255 (:data:`JUMP`) belongs to the storage layer: compaction writes it where it left
+records out, to say at which log position the next record sits. See PROTOCOL.md,
+"The on-disk log".
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import google_crc32c
 HEADER = struct.Struct("<IIB")   # crc, length, type
 HEADER_SIZE = HEADER.size        # 9
 MAX_BODY = 64 * 1024 * 1024      # a longer length field is damage, not a record
-MAX_TYPE = 255
+MAX_TYPE = 254                   # the largest type an owner may give its records
+JUMP = 255                       # body: u64 position of the next record (compacted segments)
 
 _LENGTH_TYPE = struct.Struct("<IB")
+_U64 = struct.Struct("<Q")
+JUMP_SIZE = HEADER_SIZE + _U64.size
 
 
 class Record(NamedTuple):
@@ -47,6 +52,18 @@ def encode(rtype: int, body: bytes) -> bytes:
         raise ValueError(f"record body of {len(body)} bytes is over {MAX_BODY}")
     rest = _LENGTH_TYPE.pack(len(body), rtype) + body
     return int(google_crc32c.value(rest)).to_bytes(4, "little") + rest
+
+
+def encode_jump(target: int) -> bytes:
+    """A JUMP record: the next record of the segment sits at log position ``target``
+    (a jump takes no room among positions: the records left out did)."""
+    rest = _LENGTH_TYPE.pack(_U64.size, JUMP) + _U64.pack(target)
+    return int(google_crc32c.value(rest)).to_bytes(4, "little") + rest
+
+
+def jump_target(body: bytes) -> int:
+    """Where a JUMP record's body says the next record is."""
+    return int(_U64.unpack(body)[0])
 
 
 def body_length(buf: bytes | memoryview, at: int) -> int:
@@ -87,14 +104,20 @@ def decode(buf: bytes | memoryview, at: int, position: int) -> Record:
     covered = bytes(buf[at + 4:end])    # the C checksum takes bytes, not a memoryview
     if google_crc32c.value(covered) != crc:
         raise Bad("checksum mismatch")
+    if rtype == JUMP and (length != _U64.size or jump_target(covered[5:]) < position):
+        raise Bad("a jump that does not go forward")
     return Record(position, rtype, covered[5:])
 
 
-def decode_run(buf: bytes, at: int, position: int, out: list[Record]) -> int:
-    """Decode the whole, valid records at ``buf[at:]`` into ``out``; returns where they stop.
+def decode_run(buf: bytes, at: int, position: int, out: list[Record],
+               jumps: list[tuple[int, int]] | None = None) -> tuple[int, int]:
+    """Decode the whole, valid records at ``buf[at:]`` (log position ``position``) into
+    ``out``; returns where they stop in ``buf`` and the log position there.
 
-    The fast path of scans: it stops silently at the first spot that is not a
-    whole valid record (the end of ``buf``, or damage); :func:`decode` there says which.
+    JUMP records are followed, not returned: each moves the position to its target,
+    and is noted in ``jumps`` (if given) as (target, index in ``buf`` after the jump).
+    The fast path of scans: it stops silently at the first spot that is not a whole
+    valid record (the end of ``buf``, or damage); :func:`decode` there says which.
     """
     unpack = HEADER.unpack_from
     crc32c = google_crc32c.value
@@ -108,6 +131,16 @@ def decode_run(buf: bytes, at: int, position: int, out: list[Record]) -> int:
         covered = buf[at + 4:end]
         if crc32c(covered) != crc:
             break
-        out.append(Record(base + at, rtype, covered[5:]))
+        if rtype == JUMP:
+            if length != _U64.size:
+                break
+            target = jump_target(covered[5:])
+            if target < base + at:
+                break
+            base = target - end
+            if jumps is not None:
+                jumps.append((target, end))
+        else:
+            out.append(Record(base + at, rtype, covered[5:]))
         at = end
-    return at
+    return at, base + at

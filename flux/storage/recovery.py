@@ -7,6 +7,10 @@ file is truncated there. Anywhere else it is *corruption*: the damaged segment i
 copied to ``<name>.damaged`` before being cut, later segments are renamed to
 ``<name>.damaged``, and the report says where; nothing is wiped. A directory that
 is not this owner's Flux log raises :class:`ForeignLog` and is left untouched.
+Compacted segments (:mod:`~flux.storage.compaction`) read like any other: their
+JUMP records carry positions past what was left out; a compaction a crash cut
+short left a ``.compact`` file, which is removed (the segment it was rewriting
+is still whole).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from flux.storage import record
 from flux.storage.errors import ForeignLog
 from flux.storage.record import Record
 from flux.storage.segment import (
+    COMPACTING,
     DAMAGED,
     MAX_HEADER,
     Foreign,
@@ -91,6 +96,9 @@ async def recover(disk: Disk, directory: str, *, owner: str,
         first = parse_name(name)
         if first is not None:
             names.append((first, name))
+        elif name.endswith(COMPACTING):  # a compaction a crash cut short: the old one stands
+            disk.remove(posixpath.join(directory, name))
+            report.removed.append(name)
         elif DAMAGED in name:
             generation = _generation_of(disk, posixpath.join(directory, name))
             if generation is not None:
@@ -189,12 +197,16 @@ def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] |
     buf = b""
     at = 0
     records: list[Record] = []
+    jumps: list[tuple[int, int]] = []
     while True:
-        at = record.decode_run(buf, at, position, records)
+        at, position = record.decode_run(buf, at, position, records, jumps)
+        segment.end = position
+        if jumps:   # a compacted segment: note where its positions continue
+            for target, after in jumps:
+                segment.add_jump(target, offset + after)
+            jumps.clear()
         if records:
             report.records += len(records)
-            position = records[-1].end
-            segment.end = position
             if on_record is not None:
                 for rec in records:
                     on_record(rec)

@@ -22,6 +22,7 @@ MAGIC = b"FLUXLOG\n"
 VERSION = 1
 SUFFIX = ".log"
 DAMAGED = ".damaged"       # a segment set aside by recovery, kept for a person to look at
+COMPACTING = ".compact"    # a segment being rewritten by compaction (recovery removes it)
 NAME_DIGITS = 20
 
 _FIXED = struct.Struct("<8sHHQQd")     # magic, version, header length, generation, first position, created

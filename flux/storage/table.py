@@ -2,7 +2,9 @@
 
 Positions are byte positions in the log's record stream (segment headers excluded):
 a record at position ``p`` of a segment whose first position is ``f`` sits at file
-offset ``header_size + p - f``.
+offset ``header_size + p - f``. In a compacted segment, JUMP records (the records
+left out) move the positions on: after each, positions count again from its target,
+which the segment notes with the file offset there (:meth:`OpenSegment.add_jump`).
 """
 
 from __future__ import annotations
@@ -25,14 +27,37 @@ class OpenSegment:
     header: SegmentHeader
     header_size: int
     end: int                  # log position after its last written record
+    # a compacted segment's jumps: each target position, and the file offset it is at
+    jumps: list[int] = dataclasses.field(default_factory=list)
+    jump_offsets: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def first(self) -> int:
         return self.header.first_position
 
+    @property
+    def compacted(self) -> bool:
+        return bool(self.jumps)
+
+    def add_jump(self, target: int, offset: int) -> None:
+        """Positions from ``target`` on are at file offsets from ``offset`` on."""
+        self.jumps.append(target)
+        self.jump_offsets.append(offset)
+
     def offset_of(self, position: int) -> int:
         """The file offset of log position ``position`` in this segment."""
+        if self.jumps:
+            i = bisect.bisect_right(self.jumps, position) - 1
+            if i >= 0:
+                return self.jump_offsets[i] + position - self.jumps[i]
         return self.header_size + position - self.header.first_position
+
+    @property
+    def saved(self) -> int:
+        """Positions this segment spans beyond the bytes its file holds (compaction)."""
+        if not self.jumps:
+            return 0
+        return self.end - self.first - (self.offset_of(self.end) - self.header_size)
 
 
 class SegmentTable:
@@ -73,6 +98,17 @@ class SegmentTable:
         self._firsts.pop(0)
         self._start = segment.end
         return segment
+
+    def replace(self, old: OpenSegment, new: OpenSegment) -> None:
+        """Put ``new`` (the same positions, e.g. compacted) in the place of ``old``."""
+        i = next(i for i, s in enumerate(self.segments) if s is old)
+        assert new.first == old.first and new.end == old.end
+        self.segments[i] = new
+
+    @property
+    def saved(self) -> int:
+        """Positions the log spans beyond the bytes its records take (compaction)."""
+        return sum(s.saved for s in self.segments if s.jumps)
 
     def drop_last(self) -> OpenSegment:
         """Forget the newest segment (the writer replaces an empty one by a new header)."""

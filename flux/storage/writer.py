@@ -7,6 +7,11 @@ fsync covers every record written before it, and records appended while it runs
 form the next group. Waiters learn the *durable mark* (DESIGN.md G9): with
 ``always`` the position up to which everything is fsynced, with ``interval`` and
 ``never`` the position up to which everything is written.
+
+A write that finds the disk full (``ENOSPC``, ``EDQUOT``) is cut back to the last
+whole record and tried again later (every ``full_retry`` seconds): what was
+queued stays queued, in order, and waits; ``full`` says so meanwhile. Any other
+write error, and any fsync error, stops the log for good (:class:`LogFailed`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class WriterStats:
         self.recent_syncs: collections.deque[float] = collections.deque(maxlen=1024)
         self.sync_times = LatencyHistogram()  # the shard shares one among its logs (STATS)
         self.rolls = 0
+        self.full = 0            # times a write found the disk full
 
 
 class LogWriter:
@@ -95,6 +101,9 @@ class LogWriter:
         self.synced = table.end     # after the last record an fsync covered
         self.durable = table.end    # the durable mark (G9)
         self.failed: LogFailed | None = None
+        self.full: str | None = None   # why the last write found the disk full (retried)
+        self.full_retry = 0.25         # seconds between tries while the disk is full
+        self.on_full: Callable[[str | None], None] = lambda reason: None  # told of changes
         self._queue: list[bytes] = []
         self._rolls: collections.deque[int] = collections.deque()  # positions that start a segment
         self._header_size = len(self._header(0))
@@ -145,8 +154,9 @@ class LogWriter:
 
     @property
     def size(self) -> int:
-        """Bytes the log holds (appended, from its first segment's start)."""
-        return self.appended - self.table.start
+        """Bytes the log's records take (appended, from its first segment's start, less
+        what compaction left out)."""
+        return self.appended - self.table.start - self.table.saved
 
     async def wait_durable(self, end: int) -> int:
         """Wait until the durable mark reaches ``end`` (an :class:`Appended` end); returns the mark.
@@ -208,7 +218,16 @@ class LogWriter:
         next_sync = self._now() + self.fsync_interval if self.fsync is FsyncMode.INTERVAL else math.inf
         try:
             while self.failed is None:
-                if not self._queue and self._sync_wanted <= self.synced:
+                if self.full is not None:
+                    if self._closing:
+                        self._fail(f"the disk is still full at close ({self.full})", None,
+                                   retryable=True)
+                        break
+                    await trio.sleep_until(self._now() + self.full_retry)
+                    if not self._queue:   # nothing left to write: nothing is full
+                        self.full = None
+                        self.on_full(None)
+                elif not self._queue and self._sync_wanted <= self.synced:
                     if self._closing:
                         break
                     deadline = next_sync if self.synced < self.written else math.inf
@@ -244,22 +263,39 @@ class LogWriter:
     async def _write_queued(self) -> None:
         queue, self._queue = self._queue, []
         position = self.written
-        chunk: list[bytes] = []
-        for data in queue:
+        start = 0      # queue[start:i] is the chunk to write next
+        for i, data in enumerate(queue):
             if self._rolls and self._rolls[0] == position:
-                self._rolls.popleft()
-                if chunk and not self._write(chunk):
-                    return
-                chunk = []
+                if start < i and not self._write(queue[start:i]):
+                    return self._requeue(queue[start:])
+                start = i
                 if not await self._roll(position):
-                    return
-            chunk.append(data)
+                    return self._requeue(queue[start:])
+                self._rolls.popleft()
             position += len(data)
-        if chunk and not self._write(chunk):
-            return
+        if start < len(queue) and not self._write(queue[start:]):
+            return self._requeue(queue[start:])
+        if self.full is not None:
+            self.full = None
+            self.on_full(None)
         if self.fsync is not FsyncMode.ALWAYS:
             self.durable = self.written
         self._notify()
+
+    def _requeue(self, unwritten: list[bytes]) -> None:
+        """A write failed: if the disk was full, what was not written waits to be tried
+        again (before anything appended since); otherwise the log has failed."""
+        if self.failed is None:
+            self._queue[:0] = unwritten
+        if self.fsync is not FsyncMode.ALWAYS:
+            self.durable = self.written
+        self._notify()
+
+    def _disk_full(self, reason: str) -> None:
+        if self.full is None:
+            self.stats.full += 1
+        self.full = reason
+        self.on_full(reason)
 
     def _write(self, chunk: list[bytes]) -> bool:
         segment = self.table.last
@@ -268,13 +304,15 @@ class LogWriter:
         try:
             segment.file.append(data)
         except OSError as e:
-            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
             try:  # what a short write left behind would read as a torn tail: cut it now
                 segment.file.truncate(segment.offset_of(self.written))
             except OSError as e2:
                 self._fail(f"write to {segment.path} failed ({e}); so did cutting it back ({e2})", e)
                 return False
-            self._fail(f"write to {segment.path} failed: {e}", e, retryable=full)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                self._disk_full(f"write to {segment.path} failed: {e.strerror or e}")
+            else:
+                self._fail(f"write to {segment.path} failed: {e}", e)
             return False
         self.written += len(data)
         segment.end = self.written
@@ -320,14 +358,29 @@ class LogWriter:
         header = self._header(position)
         try:
             file = self.disk.open(path, create=True)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                self._disk_full(f"starting segment {path} failed: {e.strerror or e}")
+            else:
+                self._fail(f"starting segment {path} failed: {e}", e)
+            return False
+        try:
             if file.size():   # left by a roll that did not finish
                 file.truncate(0)
             file.append(header)
+        except OSError as e:
+            file.close()
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):  # tried again: the roll starts over
+                self._disk_full(f"starting segment {path} failed: {e.strerror or e}")
+            else:
+                self._fail(f"starting segment {path} failed: {e}", e)
+            return False
+        try:
             await file.sync()
             await self.disk.sync_dir(self.table.directory)
         except OSError as e:
-            self._fail(f"starting segment {path} failed: {e}", e,
-                       retryable=e.errno in (errno.ENOSPC, errno.EDQUOT))
+            file.close()
+            self._fail(f"starting segment {path} failed: {e}", e)
             return False
         segment = OpenSegment(path, file, SegmentHeader(self.owner, self.generation, position,
                                                         self.boot_id), len(header), position)

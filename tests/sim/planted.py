@@ -942,7 +942,8 @@ def no_checksum_on_read() -> contextlib.AbstractContextManager[Any]:
     from flux.storage import record
     checked = record.decode
 
-    def decode_run(buf: bytes, at: int, position: int, out: list[Any]) -> int:
+    def decode_run(buf: bytes, at: int, position: int, out: list[Any],
+                   jumps: list[tuple[int, int]] | None = None) -> tuple[int, int]:
         size, base = len(buf), position - at
         while size - at >= record.HEADER_SIZE:
             _crc, length, rtype = record.HEADER.unpack_from(buf, at)
@@ -954,11 +955,18 @@ def no_checksum_on_read() -> contextlib.AbstractContextManager[Any]:
                 out.append(record.Record(base + at, rtype, body))  # the CRC never looked at
             else:
                 try:
-                    out.append(checked(buf, at, base + at))
+                    rec = checked(buf, at, base + at)
                 except (record.Torn, record.Bad):
                     break
+                if rtype == record.JUMP:
+                    target = record.jump_target(rec.body)
+                    base = target - end
+                    if jumps is not None:
+                        jumps.append((target, end))
+                else:
+                    out.append(rec)
             at = end
-        return at
+        return at, base + at
 
     def decode(buf: Any, at: int, position: int) -> Any:
         if len(buf) - at >= record.HEADER_SIZE:
@@ -1032,6 +1040,70 @@ def dedup_not_recovered() -> contextlib.AbstractContextManager[Any]:
                 self.dedup.window = window
         return publish
     return _wrap(TopicReplay, "_publish", make)
+
+
+def compaction_ignores_held() -> contextlib.AbstractContextManager[Any]:
+    """G9 space: compaction takes every message for gone (it judges by a head past the
+    newest offset), so sealed segments of messages still held lose their payloads:
+    what is read back, or recovered after a crash, is no longer there."""
+    from flux.shard.journal import TopicJournal
+
+    def make(f: Any) -> Any:
+        def retain(self: Any, oldest: int, forgotten_before: float) -> int:
+            droppable = f(self, oldest, forgotten_before)
+            self.held_from = 1 << 62
+            return int(droppable)
+        return retain
+    return _wrap(TopicJournal, "retain", make)
+
+
+def full_disk_fails_log() -> contextlib.AbstractContextManager[Any]:
+    """G9: a write that finds the disk full fails the log for good, as an fsync error
+    does, so a full disk restarts the shard instead of refusing publishes until there
+    is room."""
+    from flux.storage.errors import LogFailed
+    from flux.storage.writer import LogWriter
+
+    def make(f: Any) -> Any:
+        def disk_full(self: Any, reason: str) -> None:
+            if self.failed is None:
+                self.failed = LogFailed(reason, retryable=True, written=self.written)
+                self._queue.clear()
+                self._rolls.clear()
+            self._notify()
+        return disk_full
+    return _wrap(LogWriter, "_disk_full", make)
+
+
+def ack_timeout_from_held_push() -> contextlib.AbstractContextManager[Any]:
+    """G4 with disk topics: a push queued behind a reply held for durability starts its
+    ack timeout when it is made, not when it goes out, so after a slow fsync or a full
+    disk the client gets the redelivery hard on the heels of the first push."""
+    def make(f: Any) -> Any:
+        def await_ack(self: Any, session: Any, sub: Any, at: float, offsets: Any,
+                      pushes: int) -> None:
+            sub.add_deadlines(at, offsets, pushes)
+        return await_ack
+    return _wrap(ShardCore, "_await_ack", make)
+
+
+def trim_past_exposed() -> contextlib.AbstractContextManager[Any]:
+    """G5 with disk topics: cleanup trims messages whose records are not durable yet
+    (never exposed), so a FETCH sees a head past the end it may read."""
+    def make(f: Any) -> Any:
+        def cleanup(self: Any, now: float) -> Any:
+            saved = []
+            for topic in self.topics.values():
+                if topic.journal is not None:   # the head judged by every stored offset
+                    saved.append((topic.journal, topic.journal.exposed))
+                    topic.journal.exposed = topic.log.next_offset
+            try:
+                return f(self, now)
+            finally:
+                for journal, exposed in saved:
+                    journal.exposed = exposed
+        return cleanup
+    return _wrap(ShardCore, "_cleanup_messages", make)
 
 
 def cursor_record_ahead() -> contextlib.AbstractContextManager[Any]:
@@ -1129,6 +1201,10 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "no-checksum-on-read": no_checksum_on_read,
     "torn-tail-kept": torn_tail_kept,
     "dedup-not-recovered": dedup_not_recovered,
+    "compaction-ignores-held": compaction_ignores_held,
+    "full-disk-fails-log": full_disk_fails_log,
+    "ack-timeout-from-held-push": ack_timeout_from_held_push,
+    "trim-past-exposed": trim_past_exposed,
     "replay-payloads-rotated": replay_payloads_rotated,
     "cursor-record-ahead": cursor_record_ahead,
     "generation-kept-after-power-loss": generation_kept_after_power_loss,
@@ -1148,6 +1224,9 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "restart-forgets-shards": "crashes", "resubscribe-forgotten": "crashes",
             "ack-before-durable": "disk", "no-checksum-on-read": "storage-faults",
             "torn-tail-kept": "storage-faults", "dedup-not-recovered": "disk",
+            "compaction-ignores-held": "disk",
+            "full-disk-fails-log": "disk-errors", "ack-timeout-from-held-push": "disk-errors",
+            "trim-past-exposed": "disk-errors",
             "cursor-record-ahead": "disk", "replay-payloads-rotated": "disk",
             "generation-kept-after-power-loss": "disk",
             "new-generation-at-every-start": "disk"}
@@ -1209,6 +1288,10 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "replay-payloads-rotated": ("G9/payload-changed",),
     "torn-tail-kept": ("G9/generation-kept",),
     "dedup-not-recovered": ("G3/stored-twice",),
+    "compaction-ignores-held": ("G9/storage-failed-unexplained",),
+    "full-disk-fails-log": ("G9/storage-failed-unexplained",),
+    "ack-timeout-from-held-push": ("G4/early-redelivery",),
+    "trim-past-exposed": ("G1/fetch-range",),
     "cursor-record-ahead": ("G6/cursor-past-unacked",),
     "generation-kept-after-power-loss": ("G1/offset-reused",),
     "new-generation-at-every-start": ("G9/generation-kept",),

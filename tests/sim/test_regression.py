@@ -81,6 +81,17 @@ FOUND = [
     # shard's clock matured in two steps, higher offset first: the checker judged them
     # by offset (a checker bug; equal reported due times are not ordered by offset now)
     ("default", 93, None),
+    # an ACK refused with StorageUnavailable (the shard's log had failed) was raised to
+    # the user's loop by the client (a retryable refusal now is not: the session ends)
+    ("disk-errors", 0, "eio:shard-0@30.128"),
+    # pushes queued behind a reply held for durability (a full disk, then a slow fsync)
+    # started their ack timeout when made: the client got the re-push with the first
+    ("disk-errors", 20, "full:shard-1@21.772+2.569"),
+    ("disk-errors", 52, "slowdisk:shard-0@1.985+1.182,slowdisk:shard-0@9.386+0.567,"
+                        "full:shard-0@9.848+1.146,eio:shard-0@12.328"),
+    # cleanup trimmed messages whose records a full disk kept from being durable: a FETCH
+    # saw a head past the end it may read
+    ("disk-errors", 90, "full:shard-1@8.451+3.335"),
 ]
 
 CASES = [(scenario, seed, None) for scenario in SCENARIOS

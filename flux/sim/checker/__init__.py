@@ -105,6 +105,9 @@ RULES: dict[str, str] = {
                           " a power loss or damage explains a new one",
     "G9/payload-changed": "every message delivered or fetched carries the payload its id"
                           " was published with",
+    "G9/storage-failed-unexplained": "a shard's log fails (and the shard exits) only after"
+                                     " an fsync error or damage on its machine, never for"
+                                     " a full disk",
     # delayed.py: G12 and the message keys and headers
     "G12/pushed-early": "a delayed message is pushed no earlier than its delay after the"
                         " first attempt to publish it",

@@ -11,6 +11,8 @@ back against everything acked and confirmed before it.
 
 from __future__ import annotations
 
+import math
+
 from flux.hashing import shard_for
 from flux.sim import history as h
 from flux.sim.checker import Report
@@ -22,9 +24,33 @@ from flux.sim.checker.index import Index
 RESETTING = ("power", "flip")
 
 
+# storage faults that may make a shard's log fail (it exits; the router restarts it):
+# an fsync error, damage read back, and a power loss (which, like a crash, ends every
+# open file). Not a full disk: that refuses publishes and makes writes wait (G9).
+FAILING = ("eio", "flip", "power")
+
+
 def check(index: Index, report: Report) -> None:
     _check_generation_kept(index, report)
     _check_payloads(index, report)
+    _check_storage_failures(index, report)
+
+
+def _check_storage_failures(index: Index, report: Report) -> None:
+    """A shard's log fails (the shard exits, G9) only after a storage fault on its
+    machine that may fail it: an fsync error or a bit flip read back, never a full disk
+    (publishes are refused and writes wait for room). Sound: a simulated disk raises
+    no error and changes no byte unless a fault says so."""
+    faults: dict[str, float] = {}   # host -> when the first storage fault hit it
+    for e in index.history.of(h.FaultInjected):
+        if e.fault in FAILING:
+            faults.setdefault(e.target, e.t)
+        elif e.fault == "storage-failed":
+            report.examine("G9", "storage-failed-unexplained")
+            if faults.get(e.target, math.inf) > e.t:
+                report.add("G9", "storage-failed-unexplained", e.t,
+                           f"{e.target}: a log failed ({e.detail}) though no storage fault"
+                           " hit its machine")
 
 
 def _check_generation_kept(index: Index, report: Report) -> None:

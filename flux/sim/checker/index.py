@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flux import config as config_mod
+from flux.config import StorageConfig
 from flux.errors import ConfigError
-from flux.policies import TopicSettings, resolve
+from flux.policies import TopicPolicy, TopicSettings, resolve, storage_defaults
 from flux.sim import history as h
 from flux.sim.faults import decode_plan
 
@@ -84,7 +85,19 @@ def topic_policies(meta: dict[str, Any], base: TopicSettings
         policies = config_mod.from_dict({"topics": raw}).topics
     except ConfigError:
         return ()
-    return tuple((policy.tokens, policy.apply(base)) for policy in policies)
+    return tuple((policy.tokens, _by_storage(meta, policy.apply(base), policy))
+                 for policy in policies)
+
+
+def _by_storage(meta: dict[str, Any], settings: TopicSettings,
+                policy: TopicPolicy | None) -> TopicSettings:
+    """``settings`` with the storage-dependent defaults the shards apply (disk topics'
+    ``storage.inactive_time``), through the broker's own rule."""
+    config = meta.get("config", {})
+    storage = config.get("storage") or {}
+    return storage_defaults(
+        settings, policy, inactive_time=config.get("subscriber", {}).get("inactive_time", 300.0),
+        disk_inactive_time=storage.get("inactive_time", StorageConfig.inactive_time))
 
 
 @dataclass(eq=False)
@@ -141,7 +154,9 @@ class Index:
     def __init__(self, history: h.History) -> None:
         self.history = history
         self.params = Params.from_meta(history.meta)
-        self._base = self.params.settings()
+        storage = history.meta.get("config", {}).get("storage") or {}
+        self._base = _by_storage(history.meta, dataclasses.replace(
+            self.params.settings(), storage=storage.get("kind", "memory")), None)
         self._policies = topic_policies(history.meta, self._base)
         self._topic_params: dict[str, Params] = {}
         self.sessions: dict[int, Session] = {}
@@ -283,7 +298,7 @@ class Index:
         params = self._topic_params.get(topic)
         if params is None:
             settings = resolve(self._policies, topic, self._base)
-            params = self.params if settings.match is None else self.params.with_settings(settings)
+            params = self.params.with_settings(settings)
             self._topic_params[topic] = params
         return params
 
