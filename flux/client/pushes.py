@@ -54,10 +54,13 @@ class Pushes(Routing):
 
     def _on_deliver(self, conn: Conn, frame: list[Any]) -> None:
         count = P.check_deliver(frame)
-        _, sid, generation, attempt, offsets, ids, payloads, times = frame[:8]
         # keys, headers and due times, when a message has any (offsets may be out of
         # order and have holes: a delayed message's push order, G12)
-        meta = read_columns(frame[8], count) if len(frame) > 8 else None
+        meta = None
+        if len(frame) > 8:
+            meta = read_columns(frame[8], count)
+            frame = frame[:8]
+        _, sid, generation, attempt, offsets, ids, payloads, times = frame
         sub = conn.subs.get(sid)
         if sub is None or sub.status != "active":
             return

@@ -277,20 +277,23 @@ class SubState(Wakeable):
         buffer = self.buffer
         was_empty = not buffer
         count = len(offsets)
-        keys, headers, dues = meta if meta is not None else (
-            repeat(None, count), repeat(None, count), repeat(None, count))
         if meta is not None and any(d is not None for d in meta[2]):
             session.delayed.update(o for o, d in zip(offsets, meta[2], strict=True)
                                    if d is not None)
         if attempt == 1 and not self.ack_on_arrival:
             # the usual case, first deliveries only: one bulk step per array (hot path)
             session.deliver_first(offsets)
-            # Message(...) of each, built by C code (tuple.__new__ is Message.__new__'s body)
-            buffer.extend(map(tuple.__new__, repeat(Message, count), zip(
-                repeat(self.topic, count), offsets, repeat(generation, count), ids, payloads,
-                timestamps, repeat(1, count), repeat(session, count), repeat(self.acker, count),
-                keys, headers, dues, strict=True)))
+            # Message(...) of each, built by C code (tuple.__new__ is Message.__new__'s body);
+            # with no key, header or due time in the frame, the shorter tuple
+            columns = [repeat(self.topic, count), offsets, repeat(generation, count), ids,
+                       payloads, timestamps, repeat(1, count), repeat(session, count),
+                       repeat(self.acker, count)]
+            if meta is not None:
+                columns += meta
+            buffer.extend(map(tuple.__new__, repeat(Message, count), zip(*columns, strict=True)))
             return was_empty and bool(buffer), 0
+        keys, headers, dues = meta if meta is not None else (
+            repeat(None, count), repeat(None, count), repeat(None, count))
         credit_back = 0
         # offsets waiting unconsumed: a re-push of one of them is dropped
         buffered = {msg.offset for msg in buffer} if attempt > 1 else set()

@@ -176,24 +176,29 @@ class StoredMessage(tuple[Any, ...]):
     def __getnewargs__(self) -> tuple[Any, ...]:
         return tuple(self)
 
-    _META: ClassVar[int] = 6  # where key, headers and due start in the tuple (after a subclass's fields)
+    # where key, headers and due are in the tuple, after a subclass's fields; a message
+    # that has none of them is a shorter tuple (made faster, in bulk)
+    _META: ClassVar[int] = 6
 
     @property
     def key(self) -> str | None:
         """The message's key, if it was published with one."""
-        key: str | None = self[self._META]
+        i = self._META
+        key: str | None = self[i] if len(self) > i else None
         return key
 
     @property
     def headers(self) -> dict[str, str]:
         """The message's headers (empty if it was published with none)."""
-        headers: dict[str, str] | None = self[self._META + 1]
+        i = self._META + 1
+        headers: dict[str, str] | None = self[i] if len(self) > i else None
         return dict(headers) if headers else {}
 
     @property
     def due(self) -> float | None:
         """When a delayed message was due (wall seconds, G12); None: due when stored."""
-        due: float | None = self[self._META + 2]
+        i = self._META + 2
+        due: float | None = self[i] if len(self) > i else None
         return due
 
 
