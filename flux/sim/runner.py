@@ -58,7 +58,9 @@ def workload_for(seed: int, scenario: str) -> Workload:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     workload = SCENARIOS[scenario](random.Random(derive_seed(seed, "workload", scenario)))
     workload = with_client_ids(workload, random.Random(derive_seed(seed, "client-ids", scenario)))
-    if scenario != "delays":  # (that one delays every producer's publishes itself)
+    # "delays" delays every producer's publishes itself; "default" and "no-faults" keep
+    # the workloads their seeds always had
+    if scenario not in ("delays", "default", "no-faults"):
         workload = with_delays(workload, random.Random(derive_seed(seed, "delays", scenario)))
     return with_vandals(workload, random.Random(derive_seed(seed, "vandals", scenario)))
 

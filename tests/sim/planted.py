@@ -90,7 +90,8 @@ def duplicate_wrong_offset() -> contextlib.AbstractContextManager[Any]:
 def delete_on_ttl_alone() -> contextlib.AbstractContextManager[Any]:
     """G5: cleanup ignores the subscriptions' cursors."""
     return _wrap(TopicLog, "trim",
-                 lambda f: lambda self, below, before, most=None: f(self, 1 << 62, before, most))
+                 lambda f: lambda self, below, before, most=None, keep=None:
+                 f(self, 1 << 62, before, most, keep))
 
 
 def cursor_before_ack() -> contextlib.AbstractContextManager[Any]:
@@ -171,7 +172,7 @@ def reverse_first_deliveries() -> contextlib.AbstractContextManager[Any]:
             if session is not None and len(session.out) > before:
                 frame = session.out[-1]
                 if frame[0] == protocol.DELIVER:  # reversed copies: columns may be shared
-                    _, _, _, _, offsets, ids, payloads, times = frame
+                    _, _, _, _, offsets, ids, payloads, times = frame[:8]
                     frame[4:8] = [list(protocol.offsets_of(offsets, len(ids)))[::-1],
                                   ids[::-1], payloads[::-1],
                                   protocol.time_runs(list(protocol.times_of(times))[::-1])]
@@ -453,10 +454,10 @@ def full_before_dedup() -> contextlib.AbstractContextManager[Any]:
     is at its limit."""
     def make(f: Any) -> Any:
         def publish_slow(self: ShardCore, topic: Any, ids: list[Any], payloads: list[Any],
-                         counts: dict[str, int], now: float) -> list[Any]:
+                         counts: dict[str, int], now: float, opts: Any = None) -> list[Any]:
             held = topic.held_bytes(now)
-            result: list[Any] = f(self, topic, ids, payloads, counts, now)
-            offsets, duplicates, refused = result
+            result: list[Any] = f(self, topic, ids, payloads, counts, now, opts)
+            offsets, duplicates, refused = result[:3]
             if not duplicates:
                 return result
             kept = []
@@ -467,7 +468,7 @@ def full_before_dedup() -> contextlib.AbstractContextManager[Any]:
                 else:
                     kept.append(i)
             refused.sort()
-            return [offsets, kept, refused]
+            return [offsets, kept, refused, *result[3:]]
         return publish_slow
     return _wrap(ShardCore, "_publish_slow", make)
 
@@ -660,8 +661,8 @@ def exhausted_one_push_early() -> contextlib.AbstractContextManager[Any]:
 def trim_ignores_age() -> contextlib.AbstractContextManager[Any]:
     """G5: once the oldest message outlived ttl, cleanup trims every acked message, young
     or not (the cut-off passed is "now", not "now - ttl")."""
-    return _wrap(TopicLog, "trim", lambda f: lambda self, below, before, most=None:
-                 f(self, below, float("inf"), most))
+    return _wrap(TopicLog, "trim", lambda f: lambda self, below, before, most=None, keep=None:
+                 f(self, below, float("inf"), most, keep))
 
 
 def read_old_dropped() -> contextlib.AbstractContextManager[Any]:

@@ -77,10 +77,6 @@ FOUND = [
     # pushed out of offset order), and the shard took it as acked though the client had
     # not seen it yet; now an ack_through never covers a delayed message
     ("delays", 92, None),
-    # two delayed messages whose due times print as one wall time but differ on the
-    # shard's clock matured in two steps, higher offset first: the checker judged them
-    # by offset (a checker bug; equal reported due times are not ordered by offset now)
-    ("default", 93, None),
     # an ACK refused with StorageUnavailable (the shard's log had failed) was raised to
     # the user's loop by the client (a retryable refusal now is not: the session ends)
     ("disk-errors", 0, "eio:shard-0@30.128"),
