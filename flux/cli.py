@@ -114,14 +114,21 @@ def serve(config_path: str | None, host: str | None, port: int | None, shards: s
               help="Message id for dedup (default: a random id, reused on retries).")
 @click.option("--lines", is_flag=True,
               help="With '-' or no PAYLOAD: publish each line of stdin as its own message.")
+@click.option("--key", default=None, help="The message key (1-255 bytes).")
+@click.option("--header", "headers", multiple=True, metavar="NAME=VALUE",
+              help="A message header (repeatable; names beginning 'flux-' are reserved).")
+@click.option("--delay", type=float, default=None,
+              help="Seconds before the message is due: stored now, pushed to no one before.")
 @credential_options
 def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines: bool,
+        key: str | None, headers: tuple[str, ...], delay: float | None,
         token: str | None, user: str | None,
         password: str | None, tls_ca: str | None, tls_cert: str | None,
         tls_key: str | None) -> None:
     """Publish PAYLOAD (or stdin, with '-' or no PAYLOAD) to TOPIC.
 
-    Prints the offset, generation and whether it was a duplicate.
+    Prints the offset, generation, whether it was a duplicate and, for a delayed
+    message, when it is due.
     """
 
     from flux.client.trio import connect
@@ -135,14 +142,23 @@ def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines
             raise click.UsageError("--lines reads stdin; pass '-' or no PAYLOAD")
     if message_id is not None and len(bodies) != 1:
         raise click.UsageError("--id applies to one message; drop it with --lines")
+    header_map: dict[str, str] = {}
+    for item in headers:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise click.UsageError(f"--header {item!r}: expected NAME=VALUE")
+        header_map[name] = value
 
     async def run() -> None:
         async with connect(url, token=token, user=user, password=password,
                            tls=_tls(url, tls_ca, tls_cert, tls_key)) as client:
             for body in bodies:
-                ack = await client.publish(topic, body, id=message_id)
+                ack = await client.publish(topic, body, id=message_id, key=key,
+                                           headers=header_map or None, delay=delay)
                 dup = " (duplicate)" if ack.duplicate else ""
-                click.echo(f"{topic} offset={ack.offset} generation={ack.generation:#x}{dup}")
+                due = f" due={ack.due:.3f}" if ack.due is not None else ""
+                click.echo(f"{topic} offset={ack.offset} generation={ack.generation:#x}"
+                           f"{dup}{due}")
 
     _run(run)
 
@@ -174,7 +190,9 @@ def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int
                                  from_offset=from_offset) as subscription:
             async for msg in subscription:
                 text = msg.payload.decode("utf-8", "backslashreplace")
-                click.echo(f"{msg.topic}@{msg.offset} id={msg.id} {text}")
+                key = f" key={msg.key}" if msg.key is not None else ""
+                headers = "".join(f" {n}={v}" for n, v in msg.headers.items())
+                click.echo(f"{msg.topic}@{msg.offset} id={msg.id}{key}{headers} {text}")
                 if not no_ack:
                     await msg.ack()
                 seen += 1

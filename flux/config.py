@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "limits": {"max_connections": 10000, "hello_timeout": 5.0, "max_subscriptions": 10000,
                "max_output_bytes": 16777216},
     "topic": {"buffer": 1024, "max_bytes": 268435456},
-    "message": {"ttl": 60.0, "cleanup_time": 5.0, "dedup_window": 120.0},
+    "message": {"ttl": 60.0, "cleanup_time": 5.0, "dedup_window": 120.0, "max_delay": 2592000.0},
     "subscriber": {
         "retry_count": 5,
         "retry_interval": 1.0,
@@ -85,6 +85,7 @@ class MessageConfig:
     ttl: float = 60.0
     cleanup_time: float = 5.0
     dedup_window: float = 120.0
+    max_delay: float = 2592000.0  # 30 days: the longest delay= a publish may ask for (G12)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +180,7 @@ class Config:
         """The per-topic keys' global values as written, before storage-dependent defaults."""
         m, s = self.message, self.subscriber
         return TopicSettings(match=None, ttl=m.ttl, dedup_window=m.dedup_window,
+                             max_delay=m.max_delay,
                              max_bytes=self.topic.max_bytes, retry_count=s.retry_count,
                              retry_interval=s.retry_interval, timeout=s.timeout,
                              inactive_time=s.inactive_time, storage=self.storage.kind,
@@ -322,6 +324,7 @@ def _bytes(path: str, value: Any) -> int:
 _POLICY_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "message.ttl": _seconds_or_zero,
     "message.dedup_window": _seconds_or_zero,
+    "message.max_delay": _seconds_or_zero,
     "topic.max_bytes": _bytes,
     "subscriber.retry_count": _count,
     "subscriber.retry_interval": _seconds_or_zero,
@@ -485,6 +488,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             ttl=_seconds_or_zero("message.ttl", m["ttl"]),
             cleanup_time=_positive_number("message.cleanup_time", m["cleanup_time"]),
             dedup_window=_seconds_or_zero("message.dedup_window", m["dedup_window"]),
+            max_delay=_seconds_or_zero("message.max_delay", m["max_delay"]),
         ),
         subscriber=SubscriberConfig(
             retry_count=_count("subscriber.retry_count", s["retry_count"]),

@@ -84,6 +84,26 @@ class MessageTooLarge(InvalidRequest):
     code = 23
 
 
+class InvalidKey(InvalidRequest):
+    """A message key is not a string of 1-255 bytes of UTF-8."""
+
+    code = 24
+
+
+class InvalidHeaders(InvalidRequest):
+    """Message headers are not a map of str to str, or use a name reserved for the
+    broker (``flux-...``)."""
+
+    code = 25
+
+
+class InvalidDelay(InvalidRequest):
+    """A ``delay`` or ``deliver_at`` is not a number, is negative, or is further away
+    than the topic's ``message.max_delay``."""
+
+    code = 26
+
+
 class WrongShard(RemoteError):
     """This shard does not own the topic; refresh the shard map and retry."""
 

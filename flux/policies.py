@@ -18,6 +18,7 @@ from typing import Any, Final
 POLICY_KEYS: Final[dict[str, str]] = {
     "message.ttl": "ttl",
     "message.dedup_window": "dedup_window",
+    "message.max_delay": "max_delay",
     "topic.max_bytes": "max_bytes",
     "subscriber.retry_count": "retry_count",
     "subscriber.retry_interval": "retry_interval",
@@ -29,7 +30,6 @@ POLICY_KEYS: Final[dict[str, str]] = {
 
 # Per-topic keys DESIGN.md names for features not built yet, and what brings each.
 PLANNED_KEYS: Final[dict[str, str]] = {
-    "message.max_delay": "delayed delivery",
     "dead_letter": "dead letters",
     "dead_letter.ttl": "dead letters",
 }
@@ -56,6 +56,7 @@ class TopicSettings:
     inactive_time: float
     storage: str = "memory"          # "memory" or "disk" (G9), fixed when the topic is made
     storage_max_bytes: int = 0       # a disk topic's log size cap; 0: only the disk's room
+    max_delay: float = 2592000.0     # the longest delay a publish may ask for (G12)
 
     def as_dict(self) -> dict[str, Any]:
         """``{"match": ..., "message.ttl": ..., ...}``: config paths, as STATS reports them."""

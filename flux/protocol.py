@@ -18,7 +18,7 @@ import msgpack
 
 from flux import errors
 
-VERSION: Final = 4
+VERSION: Final = 5
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 HEADER = struct.Struct(">I")
 
@@ -30,21 +30,21 @@ ERROR: Final = 3          # [ERROR, rid, code, message, details]
 PING: Final = 4           # [PING, rid]
 PONG: Final = 5           # [PONG, rid]
 # publishing
-PUBLISH: Final = 10       # [PUBLISH, rid, [[topic, [id, ...], [payload, ...]], ...]] (groups)
-PUBLISHED: Final = 11     # [PUBLISHED, rid, generation, [[offsets, duplicates, refused(, gen)], ...]]
+PUBLISH: Final = 10       # [PUBLISH, rid, [[topic, [id, ...], [payload, ...](, opts)], ...]]
+PUBLISHED: Final = 11     # [PUBLISHED, rid, generation, [[offsets, duplicates, refused(, gen(, due))], ...]]
 # push subscriptions
 SUBSCRIBE: Final = 20     # [SUBSCRIBE, rid, sid, {options}]
 SUBSCRIBED: Final = 21    # [SUBSCRIBED, rid, sid, {reply}]
 UNSUBSCRIBE: Final = 22   # [UNSUBSCRIBE, rid, sid]
 UNSUBSCRIBED: Final = 23  # [UNSUBSCRIBED, rid, sid]
 CREDIT: Final = 24        # [CREDIT, sid, n]
-DELIVER: Final = 30       # [DELIVER, sid, generation, attempt, offsets, ids, payloads, times]
+DELIVER: Final = 30       # [DELIVER, sid, generation, attempt, offsets, ids, payloads, times(, meta)]
 SUB_ENDED: Final = 31     # [SUB_ENDED, sid, code, message]
 ACK: Final = 40           # [ACK, rid, sid, generation, [offset, ...], through]
 ACKED: Final = 41         # [ACKED, rid, sid, cursor, [[offset, code, message], ...]]
 # pull path
 FETCH: Final = 50         # [FETCH, rid, {topic, name, generation, offset, max_messages, max_bytes}]
-FETCHED: Final = 51       # [FETCHED, rid, {generation, oldest, next}, first, ids, payloads, times]
+FETCHED: Final = 51       # [FETCHED, rid, {generation, oldest, next}, offsets, ids, payloads, times(, meta)]
 COMMIT: Final = 52        # [COMMIT, rid, {topic, name, generation, offset}]
 COMMITTED: Final = 53     # [COMMITTED, rid, {cursor}]
 STATS: Final = 60         # [STATS, rid]
@@ -103,14 +103,17 @@ def encode_many(frames: list[Any]) -> bytes:
 
 def _pack_body(frame: list[Any] | tuple[Any, ...]) -> bytes:
     n = len(frame)
-    if n >= 7 and type(frame[n - 2]) is PackedPayloads:
-        # DELIVER and FETCHED end with [..., payloads, times], the payloads often held as
-        # MessagePack already: splice them in, never re-encode them
-        payloads: PackedPayloads = frame[n - 2]
-        head = _packer.pack(frame[:n - 2])  # a short array: its first byte becomes the frame's
-        return b"".join((bytes((0x90 | n,)), memoryview(head)[1:],
-                         array_header(payloads.length), *payloads.parts,
-                         _packer.pack(frame[n - 1])))
+    if n >= 7:
+        # DELIVER and FETCHED end with [..., payloads, times(, meta)], the payloads often
+        # held as MessagePack already: splice them in, never re-encode them
+        i = n - 2 if type(frame[n - 2]) is PackedPayloads else \
+            n - 3 if type(frame[n - 3]) is PackedPayloads else 0
+        if i:
+            payloads: PackedPayloads = frame[i]
+            head = _packer.pack(frame[:i])  # a short array: its first byte becomes the frame's
+            return b"".join((bytes((0x90 | n,)), memoryview(head)[1:],
+                             array_header(payloads.length), *payloads.parts,
+                             *map(_packer.pack, frame[i + 1:])))
     body: bytes = _packer.pack(frame)
     return body
 
@@ -157,12 +160,14 @@ def times_of(runs: list[Any]) -> Iterator[float]:
 
 def check_fetched(frame: list[Any]) -> int:
     """The message count of a well-formed FETCHED; ValueError for any other shape."""
-    if len(frame) != 7 or not isinstance(frame[2], dict):
-        raise ValueError("FETCHED needs seven fields, the third a map")
-    _, _, _, first, ids, payloads, runs = frame
-    if type(first) is not int or first < 0:
-        raise ValueError("FETCHED needs a first offset >= 0")
-    return _check_columns(ids, payloads, runs)
+    if len(frame) not in (7, 8) or not isinstance(frame[2], dict):
+        raise ValueError("FETCHED needs seven fields (eight with meta), the third a map")
+    first, ids, payloads, runs = frame[3:7]
+    count = _check_columns(ids, payloads, runs)
+    if not ((type(first) is int and first >= 0)
+            or (type(first) is list and len(first) == count)):
+        raise ValueError("FETCHED needs a first offset >= 0 or an offset per message")
+    return count
 
 
 def _check_columns(ids: Any, payloads: Any, runs: Any) -> int:
@@ -183,9 +188,9 @@ def _check_columns(ids: Any, payloads: Any, runs: Any) -> int:
 
 def check_deliver(frame: list[Any]) -> int:
     """The message count of a well-formed DELIVER; ValueError for any other shape."""
-    if len(frame) != 8:
-        raise ValueError("DELIVER needs eight fields")
-    _, _, generation, attempt, offsets, ids, payloads, runs = frame
+    if len(frame) not in (8, 9):
+        raise ValueError("DELIVER needs eight fields (nine with meta)")
+    _, _, generation, attempt, offsets, ids, payloads, runs = frame[:8]
     count = _check_columns(ids, payloads, runs)
     if type(generation) is not int or type(attempt) is not int or attempt < 1:
         raise ValueError("DELIVER needs an integer generation and an attempt >= 1")

@@ -117,8 +117,10 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                     caption="payloads kept in memory once durable (storage.cache_bytes);"
                             " read back: records read from disk")
     subs = _table("Subscriptions", ("topic", "name", "mode", "state", "cursor", "lag",
-                                    "in flight"), left=("topic", "name", "mode", "state"),
-                  caption="lag: messages from the cursor to the topic's next offset not acked")
+                                    "delayed", "in flight"),
+                  left=("topic", "name", "mode", "state"),
+                  caption="lag: messages from the cursor to the topic's next offset, due and"
+                  " not acked; delayed: not due yet (G12)")
     for index in sorted(stats):
         reply = stats[index]
         shards.add_row(str(index), f"{reply['generation']:#018x}", _duration(reply["uptime"]),
@@ -148,7 +150,7 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                 state = "active" if sub["active"] else "inactive"
                 subs.add_row(name, shown, sub["mode"], state, f"{sub['cursor']:,}",
                              f"{sub.get('lag', max(0, topic['next_offset'] - sub['cursor'])):,}",
-                             f"{sub['in_flight']:,}")
+                             f"{sub.get('delayed', 0):,}", f"{sub['in_flight']:,}")
     retired = sum(reply.get("retired_topics", 0) for reply in stats.values())
     if retired:
         topics.title = f"Topics ({retired:,} more retired: empty, only their next offset kept)"

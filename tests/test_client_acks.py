@@ -98,3 +98,13 @@ class AckSessionModel(RuleBasedStateMachine):
 
 TestAckSession = AckSessionModel.TestCase
 TestAckSession.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+def test_a_delayed_message_is_acked_by_its_offset_never_by_a_cumulative_ack() -> None:
+    session = AckSession(1, 7, 0)
+    session.deliver_first(range(0, 4))
+    session.delayed.add(2)  # DELIVER gave offset 2 a due time: pushed out of offset order
+    for offset in (0, 1, 2, 3):
+        session.ack(offset)
+    # through 3 covers 0, 1 and 3 (the shard applies it to no delayed message); 2 is listed
+    assert session.take_ack() == ([2], 3)

@@ -59,6 +59,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     # DESIGN.md G13 (users and permissions; off without users)
     "auth": {"users": [], "session_ttl": 600.0, "logins_per_minute": 30},
     "tls": {"cert": None, "key": None, "client_ca": None},
+    "message": {"max_delay": 2592000.0},  # DESIGN.md G12
 }
 
 
@@ -375,7 +376,7 @@ def test_readme_configuration_table_lists_every_key_with_its_default() -> None:
             if isinstance(value, dict):
                 out.update(flat(value, f"{prefix}{key}."))
             else:
-                text = f"{value:g}" if isinstance(value, float) else str(value)
+                text = f"{value:.15g}" if isinstance(value, float) else str(value)
                 out[f"{prefix}{key}"] = text.lower() if isinstance(value, bool) else text
         return out
 

@@ -321,3 +321,25 @@ def test_a_snapshot_at_any_record_replaces_what_came_before_it(segment_at: int) 
     rebuilt = replay.build(GEN, now=shard.now)
     assert rebuilt.subs["s"].cursor == 1
     assert rebuilt.log.next_offset == 2
+
+
+def test_keys_headers_and_due_times_survive_in_the_publish_record() -> None:
+    shard, disk, client = _disk_shard()
+    _publish(client, "old")  # a record without the fifth field replays as before
+    client.send([P.PUBLISH, client.rid(), [[TOPIC, ["k", "d"], [b"k", b"d"],
+                                            {"keys": ["key", None],
+                                             "headers": [{"h": "v"}, None],
+                                             "delay": [None, 30.0]}]]])
+    disk.sync()
+    held = shard.core.topics[TOPIC]
+    replay = TopicReplay(TOPIC, held.settings, epoch=0.0)
+    for rec in disk.writer().records:
+        replay.feed(rec)
+    topic = replay.build(GEN, now=shard.now)
+    topic.log.store = TopicPayloads(PayloadCache(1 << 20), topic, disk.journals[TOPIC])
+    assert [topic.log.get(o) for o in range(3)] == [  # payloads read back past the meta
+        (i, i.encode(), 0.0) for i in ("old", "k", "d")]
+    assert topic.log.meta_of(1) == ("key", {"h": "v"}, None)
+    assert topic.log.meta_of(2) == (None, None, 30.0)
+    assert topic.delayed == {2: 30.0}
+    assert topic.log.held_bytes == held.log.held_bytes  # ids, payloads read back, meta

@@ -12,8 +12,8 @@ from test_core_support import OK, Shard
 from flux import errors
 from flux import protocol as P
 
-GROUP_SHAPE = ("a PUBLISH group is [topic, [id, ...], [payload, ...]] with as many"
-               " ids as payloads")
+GROUP_SHAPE = ("a PUBLISH group is [topic, [id, ...], [payload, ...](, options)] with as"
+               " many ids as payloads")
 
 
 def _ready(overrides: dict[str, Any] | None = None) -> tuple[Shard, Any]:

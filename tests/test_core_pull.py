@@ -249,7 +249,7 @@ def test_inactive_pull_subscription_is_reactivated_by_fetch_and_keeps_its_cursor
     client = shard.connect()
     client.fetch(name="p")
     assert _subs(shard)["p"] == {"mode": "pull", "cursor": 1, "active": True, "in_flight": 0,
-                                 "ephemeral": False, "lag": 1, "redelivered": 0}
+                                 "ephemeral": False, "lag": 1, "delayed": 0, "redelivered": 0}
     shard.advance(70.0)  # would have been deleted at t=50 had it stayed inactive
     assert "p" in _subs(shard)
 

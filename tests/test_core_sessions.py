@@ -389,3 +389,13 @@ def test_hello_reply_describes_the_shard() -> None:
     assert client.hello() == [P.HELLO_OK, 1, {
         "version": P.VERSION, "role": "shard", "index": 1, "shard_count": 3,
         "generation": GEN, "heartbeat": 5.0, "max_frame_bytes": shard.config.max_frame_bytes}]
+
+
+def test_a_version_4_client_gets_unsupported_version() -> None:
+    """Version 5 added keys, headers and delays (DELIVER out of offset order, a ninth
+    field): a version-4 client is refused at HELLO rather than misreading them."""
+    shard = Shard()
+    client = shard.connect()
+    reply = client.request([P.HELLO, 1, {"version": 4, "role": "client"}])
+    assert reply[0] == P.ERROR and reply[2] == errors.UnsupportedVersion.code
+    assert "speaks 5" in reply[3] and client.closed

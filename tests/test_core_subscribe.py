@@ -286,4 +286,4 @@ def test_stats_report_what_the_shard_holds() -> None:
     assert body["topics"][TOPIC]["next_offset"] == 2
     assert body["topics"][TOPIC]["subscriptions"]["s"] == {
         "mode": "push", "cursor": 1, "active": True, "in_flight": 1, "ephemeral": False,
-        "lag": 1, "redelivered": 0}
+        "lag": 1, "delayed": 0, "redelivered": 0}

@@ -284,8 +284,8 @@ def item_rows(groups: list[list[Any]], reply: list[Any]) -> list[list[Any]]:
     results = reply[3]
     assert len(results) == len(groups), (groups, reply)
     rows: list[list[Any]] = []
-    for (_, ids, _), result in zip(groups, results, strict=True):
-        offsets, duplicates, refused = result
+    for (_, ids, *_), result in zip(groups, results, strict=True):
+        offsets, duplicates, refused = result[:3]
         if type(offsets) is int:  # a first offset: every item stored new
             assert offsets >= 0 and not duplicates and not refused, result
             offsets = list(P.offsets_of(offsets, len(ids)))
@@ -319,6 +319,6 @@ def deliver_messages(frame: list[Any]) -> list[tuple[int, str, bytes, float]]:
     assert frame[0] == P.DELIVER, frame
     count = P.check_deliver(frame)
     assert count > 0, frame
-    offsets, ids, payloads, times = frame[4:]
+    offsets, ids, payloads, times = frame[4:8]
     return list(zip(P.offsets_of(offsets, count), ids, payloads, P.times_of(times),
                     strict=True))

@@ -61,7 +61,8 @@ def damaged(packed: bytes, data: st.DataObject) -> bytes:
 def test_read_publish_agrees_with_unpacking_the_whole_body(
         first: int, wall: float, ids: list[str], payloads: list[bytes]) -> None:
     body = body_of(first, wall, ids, payloads)
-    got_first, got_wall, got_ids, size, lens = read_publish(body)
+    got_first, got_wall, got_ids, size, lens, meta = read_publish(body)
+    assert meta is None
     assert (got_first, got_wall, len(got_ids), size) == (first, wall, len(ids), len("".join(ids)))
     if isinstance(got_ids, PackedIds):  # only ASCII ids of one length stay packed
         assert len({len(i) for i in ids}) <= 1 and all(i.isascii() for i in ids)

@@ -48,7 +48,7 @@ def test_tables_show_shards_topics_and_subscription_lag() -> None:
     assert "Topics (3 more retired" in text
     rows = [line for line in text.splitlines() if "orders.eu" in line and "push" in line]
     billing = next(r for r in rows if "billing" in r).split("│")
-    assert [c.strip() for c in billing[5:8]] == ["20", "30", "7"]   # cursor, lag, in flight
+    assert [c.strip() for c in billing[5:9]] == ["20", "30", "0", "7"]  # cursor, lag, delayed, in flight
     assert any("(ephemeral)" in r for r in rows)
 
 

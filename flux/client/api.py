@@ -53,35 +53,53 @@ class ClientBase:
 
     # -- publishing --------------------------------------------------------------------
 
-    async def publish(self, topic: str, payload: bytes, id: str | None = None) -> PublishAck:
+    async def publish(self, topic: str, payload: bytes, id: str | None = None, *,
+                      key: str | None = None, headers: dict[str, str] | None = None,
+                      delay: float | None = None, deliver_at: float | None = None
+                      ) -> PublishAck:
         """Publish one message; returns its ack once the shard stored it.
 
         ``id`` (1-128 bytes) deduplicates retries; without one a random id is
         generated. Retries after timeouts, lost connections, Busy and
-        ShuttingDown reuse the id. Raises InvalidTopic, InvalidMessageId,
-        MessageTooLarge, InvalidRequest (before sending), TopicFull
+        ShuttingDown reuse the id. ``key`` (1-255 bytes) and ``headers`` (str to
+        str; names beginning ``flux-`` are the broker's) travel with the message.
+        ``delay`` (seconds) or ``deliver_at`` (wall time; the past means now):
+        stored and acked at once, pushed to no subscription before it is due (the
+        ack's ``due``; at most the topic's ``message.max_delay`` away).
+        Raises InvalidTopic, InvalidMessageId, InvalidKey, InvalidHeaders,
+        InvalidDelay, MessageTooLarge, InvalidRequest (before sending), TopicFull
         (back-pressure: retry later), RetryDeadlineExceeded, ClientClosed.
         Like a deadline, cancelling the call leaves it unknown whether the
         message was stored; publish again with the same id to find out.
         """
-        batch = self._core.publish(topic, payload, id, self._now())
+        batch = self._core.publish(topic, payload, id, self._now(), key=key, headers=headers,
+                                   delay=delay, deliver_at=deliver_at)
         self._pump()
         await self._wait_all([batch])
         return batch.result()[0]
 
     async def publish_many(self, topic: str, payloads: Iterable[bytes],
-                           ids: Iterable[str] | None = None) -> PublishAcks:
+                           ids: Iterable[str] | None = None, *,
+                           keys: Iterable[str | None] | None = None,
+                           headers: Iterable[dict[str, str] | None] | dict[str, str] | None
+                           = None, delay: float | None = None, deliver_at: float | None = None
+                           ) -> PublishAcks:
         """Publish several messages to one topic, in order; returns their acks.
 
         Every item is attempted; if any failed, the first error (in item order)
         is raised after all finished. Pass ``ids`` to make a retry of the whole
-        call deduplicated. Raises like :meth:`publish`.
+        call deduplicated; ``keys`` and ``headers`` one per message (headers: or
+        one map for all); ``delay``/``deliver_at`` apply to every message. Raises
+        like :meth:`publish`.
         """
         bodies = list(payloads)
         id_list = list(ids) if ids is not None else None
         if id_list is not None and len(id_list) != len(bodies):
             raise errors.InvalidRequest(f"{len(id_list)} ids for {len(bodies)} payloads")
-        batch = self._core.publish_many(topic, bodies, id_list, self._now())
+        batch = self._core.publish_many(
+            topic, bodies, id_list, self._now(), keys=list(keys) if keys is not None else None,
+            headers=headers if headers is None or isinstance(headers, dict) else list(headers),
+            delay=delay, deliver_at=deliver_at)
         self._pump()
         await self._wait_all([batch])
         return batch.result()

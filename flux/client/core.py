@@ -25,6 +25,7 @@ from flux.client.requests import GROUP_OVERHEAD, ITEM_OVERHEAD, Call, PublishBat
 from flux.client.subscription import SubState
 from flux.client.timers import Timers
 from flux.client.types import Message, Waiter, Wakeable
+from flux.message_meta import group_options
 
 P = protocol
 DEFAULT_PREFETCH = 1000  # the shard's default subscriber.max_in_flight
@@ -78,21 +79,32 @@ class ClientCore(Timers):
         return ids
 
     def publish(self, topic: str, payload: bytes, message_id: str | None,
-                now: float) -> PublishBatch:
-        """Queue one message. Raises InvalidTopic, InvalidMessageId, InvalidRequest,
-        MessageTooLarge or ClientClosed at once; the result is a list of one ack."""
+                now: float, **options: Any) -> PublishBatch:
+        """Queue one message (``options``: ``key``, ``headers``, ``delay``, ``deliver_at``).
+        Raises InvalidTopic, InvalidMessageId, InvalidKey, InvalidHeaders, InvalidDelay,
+        InvalidRequest, MessageTooLarge or ClientClosed at once; the result is a list of
+        one ack."""
+        key = options.pop("key", None)
+        headers = options.pop("headers", None)
         return self.publish_many(topic, [payload], None if message_id is None else [message_id],
-                                 now)
+                                 now, keys=None if key is None else [key],
+                                 headers=None if headers is None else [headers], **options)
 
     def publish_many(self, topic: str, payloads: list[bytes], ids: list[str] | None,
-                     now: float) -> PublishBatch:
+                     now: float, *, keys: list[str | None] | None = None,
+                     headers: list[dict[str, str] | None] | dict[str, str] | None = None,
+                     delay: float | None = None, deliver_at: float | None = None
+                     ) -> PublishBatch:
         """Queue several messages of one topic, in order; the batch's result is their acks.
+        ``keys`` and ``headers``: one per message (headers: or one map for all);
+        ``delay`` (seconds) or ``deliver_at`` (wall time): when they become due (G12).
 
-        Raises InvalidTopic, InvalidMessageId, InvalidRequest, MessageTooLarge or
-        ClientClosed at once, before anything is queued."""
+        Raises InvalidTopic, InvalidMessageId, InvalidKey, InvalidHeaders, InvalidDelay,
+        InvalidRequest, MessageTooLarge or ClientClosed at once, before anything is queued."""
         self._check_open()
         P.check_topic(topic)
         count = len(payloads)
+        options, options_size = group_options(count, keys, headers, delay, deliver_at)
         if ids is None:
             ids = self.new_ids(count)
             id_bytes = 32 * count
@@ -115,7 +127,8 @@ class ClientCore(Timers):
                 if len(payload) + len(message_id.encode()) + ITEM_OVERHEAD > limit:
                     raise errors.MessageTooLarge(
                         f"a {len(payload)}-byte payload cannot fit in a frame")
-        batch = PublishBatch(topic, ids, payloads, now + self.retry_deadline, now, id_bytes)
+        batch = PublishBatch(topic, ids, payloads, now + self.retry_deadline, now, id_bytes,
+                             options, options_size)
         if count:
             self._route_publishes(topic, PublishPart(batch, 0, count), now)
         else:

@@ -257,7 +257,9 @@ class Dispatch(Pushes):
                     self._fail(part, deadline_exceeded(part.describe(), part.last_error))
                     continue
                 topic = batch.topic
-                merge = bool(wire) and wire[-1][0] == topic
+                # groups with keys, headers or delays (options) are never merged
+                merge = bool(wire) and wire[-1][0] == topic and batch.options is None \
+                    and len(wire[-1]) == 3
                 budget = limit - size - (0 if merge else len(topic) + GROUP_OVERHEAD)
                 lo, hi = part.lo, part.hi
                 part_size = batch.size(lo, hi)
@@ -291,7 +293,8 @@ class Dispatch(Pushes):
                     group[2] += payloads
                     layout[-1].append(part)
                 else:
-                    wire.append([topic, ids, payloads])
+                    wire.append([topic, ids, payloads] if batch.options is None
+                                else [topic, ids, payloads, batch.options_of(lo, hi)])
                     layout.append([part])
                     owned = sliced
                     size += len(topic) + GROUP_OVERHEAD
@@ -333,7 +336,9 @@ class Dispatch(Pushes):
             for parts, result in zip(layout, results, strict=True):
                 offsets, duplicates, refused = result[0], result[1], result[2]
                 # a disk topic's own generation follows when it is not the shard's (G9)
-                group_generation = result[3] if len(result) > 3 else generation
+                group_generation = result[3] if len(result) > 3 and result[3] is not None \
+                    else generation
+                dues = result[4] if len(result) > 4 else None  # delayed items' due times
                 if type(offsets) is int:  # every item stored, from this offset on
                     offsets = range(offsets, offsets + sum(p.hi - p.lo for p in parts))
                 base = 0
@@ -358,6 +363,8 @@ class Dispatch(Pushes):
                             if base <= i < end:
                                 batch.duplicates[lo + i - base] = True
                     batch.generations[lo:hi] = [group_generation] * n
+                    if dues is not None:
+                        batch.set_dues(lo, dues[base:base + n])
                     if batch.finish(n - len(mine)) and batch.waker is not None:
                         woken.append(batch)
                     if mine:
@@ -521,13 +528,16 @@ def _check_published(layout: list[list[PublishPart]], results: Any) -> None:
     if type(results) is not list or len(results) != len(layout):
         raise ValueError(f"{len(results)} results for {len(layout)} groups")
     for parts, result in zip(layout, results, strict=True):
-        if type(result) is not list or len(result) not in (3, 4):
-            raise ValueError(f"a group result is [offsets, duplicates, refused(, generation)],"
-                             f" not {result!r}")
+        if type(result) is not list or not 3 <= len(result) <= 5:
+            raise ValueError(f"a group result is [offsets, duplicates, refused(, generation"
+                             f"(, due))], not {result!r}")
         offsets, duplicates, refused = result[0], result[1], result[2]
-        if len(result) == 4 and type(result[3]) is not int:
+        if len(result) >= 4 and type(result[3]) is not int \
+                and not (len(result) == 5 and result[3] is None):
             raise TypeError("a group's generation must be an integer")
         n = sum(part.hi - part.lo for part in parts)
+        if len(result) == 5 and (type(result[4]) is not list or len(result[4]) != n):
+            raise ValueError("a group's due times are an array of one per item")
         if type(duplicates) is not list or type(refused) is not list:
             raise TypeError("duplicates and refused must be arrays")
         if type(offsets) is int:  # a first offset: every item stored new

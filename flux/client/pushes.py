@@ -14,6 +14,7 @@ from flux.client.connection import Conn, backoff
 from flux.client.requests import deadline_exceeded, retryable
 from flux.client.routing import Routing
 from flux.client.subscription import SubState
+from flux.message_meta import read_columns
 
 P = protocol
 REFRESH_MAP = (errors.WrongShard, errors.ShuttingDown)
@@ -53,13 +54,19 @@ class Pushes(Routing):
 
     def _on_deliver(self, conn: Conn, frame: list[Any]) -> None:
         count = P.check_deliver(frame)
+        # keys, headers and due times, when a message has any (offsets may be out of
+        # order and have holes: a delayed message's push order, G12)
+        meta = None
+        if len(frame) > 8:
+            meta = read_columns(frame[8], count)
+            frame = frame[:8]
         _, sid, generation, attempt, offsets, ids, payloads, times = frame
         sub = conn.subs.get(sid)
         if sub is None or sub.status != "active":
             return
         woke, credit_back = sub.deliver(sid, generation, attempt,
                                         P.offsets_of(offsets, count), ids, payloads,
-                                        P.times_of(times))
+                                        P.times_of(times), meta)
         sub.credit_owed += credit_back
         if woke:
             self._wake(sub)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from flux import errors, protocol
 from flux.client.types import FetchedMessage, FetchResult, PublishAcks, SubscribeInfo, Waiter
+from flux.message_meta import read_columns
 
 P = protocol
 ITEM_OVERHEAD = 8        # msgpack headers of one id and one payload in a PUBLISH group, at most
@@ -36,13 +37,18 @@ class PublishBatch(Waiter):
     retry (G3).
     """
 
-    __slots__ = ("_sizes", "deadline", "duplicates", "failures", "generations", "ids", "left",
-                 "offsets", "payloads", "queued_at", "topic", "total_size")
+    __slots__ = ("_sizes", "deadline", "dues", "duplicates", "failures", "generations", "ids",
+                 "left", "offsets", "options", "payloads", "queued_at", "topic", "total_size")
 
     def __init__(self, topic: str, ids: list[str], payloads: list[bytes], deadline: float,
-                 queued_at: float, id_bytes: int) -> None:
+                 queued_at: float, id_bytes: int,
+                 options: dict[str, Any] | None = None, options_size: int = 0) -> None:
         super().__init__()
         n = len(ids)
+        # the PUBLISH group's options (PROTOCOL.md §6.4: keys, headers, delay, deliver_at,
+        # each a column of n or one value for all); None: a plain group
+        self.options = options
+        self.dues: list[float | None] | None = None  # wall due times of delayed items
         self.topic = topic
         self.ids = ids
         self.payloads = payloads
@@ -53,8 +59,23 @@ class PublishBatch(Waiter):
         self.generations: list[int] = [0] * n
         self.duplicates: list[bool] = [False] * n
         self.failures: dict[int, errors.FluxError] = {}   # index -> why it failed
-        self.total_size = sum(map(len, payloads)) + id_bytes + n * ITEM_OVERHEAD
+        self.total_size = sum(map(len, payloads)) + id_bytes + n * ITEM_OVERHEAD + options_size
         self._sizes: list[int] | None = None
+
+    def options_of(self, lo: int, hi: int) -> dict[str, Any]:
+        """The group options of messages ``lo`` to ``hi`` (excluded)."""
+        options = self.options
+        assert options is not None
+        if lo == 0 and hi == len(self.ids):
+            return options
+        return {name: value[lo:hi] if type(value) is list else value
+                for name, value in options.items()}
+
+    def set_dues(self, lo: int, dues: list[Any]) -> None:
+        """The due times PUBLISHED gave messages from ``lo`` on (None: due when stored)."""
+        if self.dues is None:
+            self.dues = [None] * len(self.ids)
+        self.dues[lo:lo + len(dues)] = [d if isinstance(d, float) else None for d in dues]
 
     def size(self, lo: int, hi: int) -> int:
         """Roughly the PUBLISH bytes of messages ``lo`` to ``hi`` (excluded)."""
@@ -70,6 +91,9 @@ class PublishBatch(Waiter):
                 ids = [i.encode() for i in ids]   # type: ignore[misc]
             self._sizes = list(map(add, map(len, self.payloads),
                                    map(ITEM_OVERHEAD.__add__, map(len, ids))))
+            if self.options is not None:  # keys and headers: share their bytes out
+                each = (self.total_size - sum(self._sizes)) // max(1, len(ids)) + 1
+                self._sizes = [size + each for size in self._sizes]
         return self._sizes
 
     def finish(self, count: int) -> bool:
@@ -89,7 +113,7 @@ class PublishBatch(Waiter):
         if self.failures:
             raise self.failures[min(self.failures)]
         return PublishAcks(self.topic, self.ids, self.offsets, self.generations,
-                           self.duplicates)
+                           self.duplicates, self.dues)
 
     @property
     def error(self) -> errors.FluxError | None:
@@ -209,13 +233,18 @@ class Call(Waiter):
         try:
             if self.kind == "fetch":
                 count = P.check_fetched(frame)
-                body, first, ids, payloads, times = frame[2:]
+                body, first, ids, payloads, times = frame[2:7]
                 gen = int(body["generation"])
                 topic = str(self.topic)
+                # offsets may have holes (DESIGN.md "Offsets with gaps")
+                offsets = P.offsets_of(first, count)
+                meta = read_columns(frame[7] if len(frame) > 7 else None, count)
+                keys, headers, dues = meta if meta is not None else (
+                    repeat(None, count), repeat(None, count), repeat(None, count))
                 # FetchedMessage(...) of each, built by C code, as Message is
                 messages = list(map(tuple.__new__, repeat(FetchedMessage, count), zip(
-                    repeat(topic, count), range(first, first + count), repeat(gen, count),
-                    ids, payloads, P.times_of(times), strict=True)))
+                    repeat(topic, count), offsets, repeat(gen, count),
+                    ids, payloads, P.times_of(times), keys, headers, dues, strict=True)))
                 return FetchResult(topic, gen, int(body["oldest"]), int(body["next"]),
                                    messages)
             if self.kind == "commit":

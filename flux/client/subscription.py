@@ -36,8 +36,8 @@ class AckSession:
     an ack costs a set insert and an append, not a walk.
     """
 
-    __slots__ = ("acked", "confirmed", "generation", "head", "next_offset", "order", "queued",
-                 "sent_top", "sid")
+    __slots__ = ("acked", "confirmed", "delayed", "generation", "head", "next_offset", "order",
+                 "queued", "sent_top", "sid")
 
     def __init__(self, sid: int, generation: int, cursor: int) -> None:
         self.sid = sid
@@ -49,6 +49,9 @@ class AckSession:
         self.sent_top = -1                 # the highest ack taken for an ACK frame
         self.confirmed = cursor            # the shard's cursor: everything below is acked
         self.next_offset = cursor          # one past the highest offset delivered
+        # delivered delayed messages (DELIVER gave them a due time, G12): pushed out of
+        # offset order, so a cumulative ack never covers them; they are acked by offset
+        self.delayed: set[int] = set()
 
     def __repr__(self) -> str:
         return (f"<AckSession sid={self.sid} gen={self.generation:#x} confirmed={self.confirmed}"
@@ -135,10 +138,17 @@ class AckSession:
         queued.sort()   # each offset once: ack() queues an offset only the first time
         if queued[-1] > self.sent_top:
             self.sent_top = queued[-1]
+        explicit: list[int] = []
+        if self.delayed:  # the shard applies ``through`` to no delayed message: by offset
+            explicit = [o for o in queued if o in self.delayed]
+            if explicit:
+                queued = [o for o in queued if o not in self.delayed]
+                if not queued:
+                    return explicit, -1
         below = bisect_left(queued, self.low())
         if below >= 2:
-            return queued[below:], queued[below - 1]
-        return queued, -1
+            return sorted(queued[below:] + explicit), queued[below - 1]
+        return sorted(queued + explicit) if explicit else queued, -1
 
     def confirm(self, cursor: int) -> None:
         """The shard's cursor after an ACKED: forget acks below it."""
@@ -256,30 +266,39 @@ class SubState(Wakeable):
     # -- messages in -------------------------------------------------------------------
 
     def deliver(self, sid: int, generation: int, attempt: int, offsets: Sequence[int],
-                ids: list[str], payloads: list[bytes],
-                timestamps: Iterable[float]) -> tuple[bool, int]:
+                ids: list[str], payloads: list[bytes], timestamps: Iterable[float],
+                meta: tuple[list[Any], list[Any], list[Any]] | None = None) -> tuple[bool, int]:
         """A DELIVER frame (parallel columns, one attempt; ``timestamps`` may be an
-        iterator); returns (buffer was empty and now is not, credit to give back)."""
+        iterator; ``meta`` the keys, headers and due times, if any message has one);
+        returns (buffer was empty and now is not, credit to give back)."""
         session = self.session
         if session is None or session.sid != sid:
             return False, 0
         buffer = self.buffer
         was_empty = not buffer
+        count = len(offsets)
+        if meta is not None and any(d is not None for d in meta[2]):
+            session.delayed.update(o for o, d in zip(offsets, meta[2], strict=True)
+                                   if d is not None)
         if attempt == 1 and not self.ack_on_arrival:
             # the usual case, first deliveries only: one bulk step per array (hot path)
             session.deliver_first(offsets)
-            count = len(offsets)
-            # Message(...) of each, built by C code (tuple.__new__ is Message.__new__'s body)
-            buffer.extend(map(tuple.__new__, repeat(Message, count), zip(
-                repeat(self.topic, count), offsets, repeat(generation, count), ids, payloads,
-                timestamps, repeat(1, count), repeat(session, count), repeat(self.acker, count),
-                strict=True)))
+            # Message(...) of each, built by C code (tuple.__new__ is Message.__new__'s body);
+            # with no key, header or due time in the frame, the shorter tuple
+            columns = [repeat(self.topic, count), offsets, repeat(generation, count), ids,
+                       payloads, timestamps, repeat(1, count), repeat(session, count),
+                       repeat(self.acker, count)]
+            if meta is not None:
+                columns += meta
+            buffer.extend(map(tuple.__new__, repeat(Message, count), zip(*columns, strict=True)))
             return was_empty and bool(buffer), 0
+        keys, headers, dues = meta if meta is not None else (
+            repeat(None, count), repeat(None, count), repeat(None, count))
         credit_back = 0
         # offsets waiting unconsumed: a re-push of one of them is dropped
         buffered = {msg.offset for msg in buffer} if attempt > 1 else set()
-        for offset, message_id, payload, timestamp in zip(offsets, ids, payloads, timestamps,
-                                                          strict=True):
+        for offset, message_id, payload, timestamp, key, header, due in zip(
+                offsets, ids, payloads, timestamps, keys, headers, dues, strict=True):
             if attempt == 1 and offset in self.ack_on_arrival:
                 # the user acked it in an earlier session; ack it here instead of again
                 self.ack_on_arrival.discard(offset)
@@ -291,7 +310,7 @@ class SubState(Wakeable):
                 continue  # still waiting unconsumed here, or already acked: drop it
             session.deliver(offset)
             buffer.append(Message(self.topic, offset, generation, message_id, payload,
-                                  timestamp, attempt, session, self.acker))
+                                  timestamp, attempt, session, self.acker, key, header, due))
             buffered.add(offset)
         return was_empty and bool(buffer), credit_back
 

@@ -166,23 +166,31 @@ class Client:
 
     # -- the API of the async flavours, blocking ---------------------------------------
 
-    def publish(self, topic: str, payload: bytes, id: str | None = None) -> PublishAck:
+    def publish(self, topic: str, payload: bytes, id: str | None = None, *,
+                key: str | None = None, headers: dict[str, str] | None = None,
+                delay: float | None = None, deliver_at: float | None = None) -> PublishAck:
         """Publish one message and wait for its ack (see :meth:`flux.client.trio.Client.publish`).
 
-        Raises InvalidTopic, InvalidMessageId, MessageTooLarge, InvalidRequest,
-        TopicFull, RetryDeadlineExceeded, ClientClosed.
+        Raises InvalidTopic, InvalidMessageId, InvalidKey, InvalidHeaders, InvalidDelay,
+        MessageTooLarge, InvalidRequest, TopicFull, RetryDeadlineExceeded, ClientClosed.
         """
-        return self._run(self._client.publish(topic, payload, id))
+        return self._run(self._client.publish(topic, payload, id, key=key, headers=headers,
+                                              delay=delay, deliver_at=deliver_at))
 
     def publish_many(self, topic: str, payloads: Iterable[bytes],
-                     ids: Iterable[str] | None = None) -> PublishAcks:
+                     ids: Iterable[str] | None = None, *,
+                     keys: Iterable[str | None] | None = None,
+                     headers: Iterable[dict[str, str] | None] | dict[str, str] | None = None,
+                     delay: float | None = None, deliver_at: float | None = None
+                     ) -> PublishAcks:
         """Publish several messages to one topic in batched frames; returns their acks.
 
         Every item is attempted; the first error (in item order) is raised after
         all finished. Raises like :meth:`publish`.
         """
-        return self._run(self._client.publish_many(topic, list(payloads),
-                                                  list(ids) if ids is not None else None))
+        return self._run(self._client.publish_many(
+            topic, list(payloads), list(ids) if ids is not None else None, keys=keys,
+            headers=headers, delay=delay, deliver_at=deliver_at))
 
     def subscribe(self, topic: str, name: str | None = None, read_old: bool = False,
                   from_offset: int | None = None, max_in_flight: int | None = None,
@@ -226,14 +234,15 @@ class Client:
 
 class Message:
     """A pushed message: ``topic``, ``offset``, ``generation``, ``id``, ``payload``,
-    ``timestamp`` and ``attempt`` (1 for a first delivery in this session).
+    ``timestamp``, ``attempt`` (1 for a first delivery in this session), ``key``,
+    ``headers`` and ``due`` (a delayed message's due time, else None).
 
     ``msg.ack()`` queues the ack without blocking; it never raises: a refused
     ack surfaces from the subscription's iterator.
     """
 
-    __slots__ = ("_client", "_msg", "attempt", "generation", "id", "offset", "payload",
-                 "timestamp", "topic")
+    __slots__ = ("_client", "_msg", "attempt", "due", "generation", "headers", "id", "key",
+                 "offset", "payload", "timestamp", "topic")
 
     def __init__(self, client: Client, msg: types.Message) -> None:
         self._client = client
@@ -245,6 +254,9 @@ class Message:
         self.payload = msg.payload
         self.timestamp = msg.timestamp
         self.attempt = msg.attempt
+        self.key = msg.key
+        self.headers = msg.headers
+        self.due = msg.due
 
     def ack(self) -> None:
         """Queue the ack of this message (sent coalesced with others)."""

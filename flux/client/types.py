@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, overload
 
 from flux import errors
 
@@ -72,6 +72,7 @@ class PublishAck(NamedTuple):
     offset: int
     generation: int
     duplicate: bool
+    due: float | None = None  # when it is due (wall seconds): a delayed message's (G12)
 
 
 class PublishAcks(Sequence[PublishAck]):
@@ -82,15 +83,17 @@ class PublishAcks(Sequence[PublishAck]):
     producer that does not look at its acks does not pay for one object a message.
     """
 
-    __slots__ = ("_duplicates", "_generations", "_ids", "_offsets", "_topic")
+    __slots__ = ("_dues", "_duplicates", "_generations", "_ids", "_offsets", "_topic")
 
     def __init__(self, topic: str, ids: Sequence[str], offsets: Sequence[int],
-                 generations: Sequence[int], duplicates: Sequence[bool]) -> None:
+                 generations: Sequence[int], duplicates: Sequence[bool],
+                 dues: Sequence[float | None] | None = None) -> None:
         self._topic = topic
         self._ids = ids
         self._offsets = offsets
         self._generations = generations
         self._duplicates = duplicates
+        self._dues = dues
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -106,14 +109,15 @@ class PublishAcks(Sequence[PublishAck]):
             return list(self)[index]
         i = range(len(self._ids))[index]  # negative indexes and IndexError as a list's
         return PublishAck(self._topic, self._ids[i], self._offsets[i], self._generations[i],
-                          self._duplicates[i])
+                          self._duplicates[i], self._dues[i] if self._dues is not None else None)
 
     def __iter__(self) -> Iterator[PublishAck]:
         n = len(self._ids)
+        dues = self._dues if self._dues is not None else repeat(None, n)
         # tuple.__new__ makes each named tuple in C
         return map(tuple.__new__, repeat(PublishAck, n), zip(  # type: ignore[arg-type]
             repeat(self._topic, n), self._ids, self._offsets, self._generations,
-            self._duplicates, strict=True))
+            self._duplicates, dues, strict=True))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PublishAcks | list):
@@ -172,6 +176,31 @@ class StoredMessage(tuple[Any, ...]):
     def __getnewargs__(self) -> tuple[Any, ...]:
         return tuple(self)
 
+    # where key, headers and due are in the tuple, after a subclass's fields; a message
+    # that has none of them is a shorter tuple (made faster, in bulk)
+    _META: ClassVar[int] = 6
+
+    @property
+    def key(self) -> str | None:
+        """The message's key, if it was published with one."""
+        i = self._META
+        key: str | None = self[i] if len(self) > i else None
+        return key
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The message's headers (empty if it was published with none)."""
+        i = self._META + 1
+        headers: dict[str, str] | None = self[i] if len(self) > i else None
+        return dict(headers) if headers else {}
+
+    @property
+    def due(self) -> float | None:
+        """When a delayed message was due (wall seconds, G12); None: due when stored."""
+        i = self._META + 2
+        due: float | None = self[i] if len(self) > i else None
+        return due
+
 
 class Message(StoredMessage):
     """A pushed message. ``attempt`` is 1 for a first delivery in this session.
@@ -182,6 +211,7 @@ class Message(StoredMessage):
     """
 
     __slots__ = ()
+    _META: ClassVar[int] = 9
 
     if TYPE_CHECKING:
         attempt: int
@@ -194,9 +224,10 @@ class Message(StoredMessage):
 
     def __new__(cls, topic: str, offset: int, generation: int, id: str, payload: bytes,
                 timestamp: float, attempt: int, session: object = None,
-                acker: Callable[[Message], None] | None = None) -> Message:
+                acker: Callable[[Message], None] | None = None, key: str | None = None,
+                headers: dict[str, str] | None = None, due: float | None = None) -> Message:
         return tuple.__new__(cls, (topic, offset, generation, id, payload, timestamp, attempt,
-                                   session, acker))
+                                   session, acker, key, headers, due))
 
     async def ack(self) -> None:
         """Queue the ack of this message; it is sent coalesced with others."""
@@ -216,8 +247,10 @@ class FetchedMessage(StoredMessage):
     __slots__ = ()
 
     def __new__(cls, topic: str, offset: int, generation: int, id: str, payload: bytes,
-                timestamp: float) -> FetchedMessage:
-        return tuple.__new__(cls, (topic, offset, generation, id, payload, timestamp))
+                timestamp: float, key: str | None = None, headers: dict[str, str] | None = None,
+                due: float | None = None) -> FetchedMessage:
+        return tuple.__new__(cls, (topic, offset, generation, id, payload, timestamp, key,
+                                   headers, due))
 
     def __repr__(self) -> str:
         return (f"FetchedMessage(topic={self.topic!r}, offset={self.offset},"

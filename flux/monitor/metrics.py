@@ -140,6 +140,9 @@ def _topic_metrics(snap: Snapshot) -> Iterator[Metric]:
     lags = GaugeMetricFamily("flux_subscription_lag_messages",
                              "Messages at or above the cursor not yet acked.",
                              labels=SUBSCRIPTION)
+    delayed = GaugeMetricFamily("flux_subscription_delayed_messages",
+                                "Delayed messages not due yet that it has not acked (G12).",
+                                labels=SUBSCRIPTION)
     in_flight = GaugeMetricFamily("flux_subscription_in_flight",
                                   "Pushed messages waiting for their ack.", labels=SUBSCRIPTION)
     cursor = GaugeMetricFamily("flux_subscription_cursor", "The lowest unacked offset.",
@@ -164,12 +167,13 @@ def _topic_metrics(snap: Snapshot) -> Iterator[Metric]:
             sub = topic["subscriptions"][sub_name]
             sub_labels = [name, sub_name]
             lags.add_metric(sub_labels, float(lag(topic, sub)))
+            delayed.add_metric(sub_labels, float(sub.get("delayed", 0)))
             in_flight.add_metric(sub_labels, float(sub["in_flight"]))
             cursor.add_metric(sub_labels, float(sub["cursor"]))
             active.add_metric(sub_labels, 1.0 if sub["active"] else 0.0)
             redelivered.add_metric(sub_labels, float(sub.get("redelivered", 0)))
-    yield from (held, held_bytes, oldest, next_offset, dedup, log_bytes, lags, in_flight, cursor,
-                active, redelivered)
+    yield from (held, held_bytes, oldest, next_offset, dedup, log_bytes, lags, delayed, in_flight,
+                cursor, active, redelivered)
 
 
 class MetricsPage:

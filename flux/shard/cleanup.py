@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 from flux import errors
+from flux.shard.delayed import Delays
 from flux.shard.journal import TRIM
-from flux.shard.state import (
-    ShardState,
-    Topic,
-)
+from flux.shard.state import Topic
 
 # Messages trimmed plus ids forgotten per slice of a cleanup pass. Forgetting an id of
 # a big dedup window costs up to ~0.6 us (cache misses in the dict and the allocator),
@@ -21,7 +19,7 @@ CLEANUP_SLICE = 1024
 VISIT_COST = 4
 
 
-class Cleanup(ShardState):
+class Cleanup(Delays):
     """Heartbeat checks and the two cleanup passes."""
 
     def _check_sessions(self, now: float) -> None:
@@ -85,17 +83,28 @@ class Cleanup(ShardState):
                 for sub in topic.subs.values():
                     if sub.cursor < below:
                         below = sub.cursor
+                keep = None
+                if topic.delayed:  # held until ttl after it is due (G12)
+                    if topic.journal is None:  # out of line: the others are trimmed (G5)
+                        keep = self._delay_keep(topic, now)
+                    else:  # a disk topic's log trims a prefix: hold from the first
+                        hold = self._delay_hold(topic, now)
+                        if hold is not None and hold < below:
+                            below = hold
                 first = log.oldest
-                dropped = log.trim(below, now - ttl, budget)
+                dropped = log.trim(below, now - ttl, budget, keep)
                 if dropped:
                     if topic.journal is not None:  # trimmed messages stay gone after a restart
                         topic.journal.append(TRIM, [log.oldest])
                     self._recount(topic)
-                    self.counters["trimmed"] += dropped
-                    self._emit("trimmed", topic.name, first, dropped)
+                    for start, count in _runs(first, dropped, keep):
+                        self.counters["trimmed"] += count
+                        self._emit("trimmed", topic.name, start, count)
                     budget -= dropped
                     if budget <= 0:
                         return False
+            if log.lowest < log.oldest:  # kept delayed messages whose time has come
+                self._release_kept(topic, now)
             if topic.journal is not None:  # whole log segments with nothing live may go
                 topic.journal.retain(log.oldest, self.epoch + now - dedup.window)
             if not topic.subs and not len(log) and not len(dedup) and topic.journal is None:
@@ -128,3 +137,18 @@ class Cleanup(ShardState):
                     sub.inactive_since = sub.last_activity + idle
                 if not sub.active and now - sub.inactive_since >= inactive_time:
                     self._delete_subscription(sub)
+
+
+def _runs(first: int, count: int, keep: dict[int, float] | None) -> list[tuple[int, int]]:
+    """The runs of offsets ``first`` .. ``first + count - 1`` not in ``keep``."""
+    if not keep:
+        return [(first, count)]
+    runs: list[tuple[int, int]] = []
+    start = first
+    for o in sorted(o for o in keep if first <= o < first + count):
+        if o > start:
+            runs.append((start, o - start))
+        start = o + 1
+    if start < first + count:
+        runs.append((start, first + count - start))
+    return runs

@@ -79,6 +79,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
 
     def receive(self, conn: int, frame: list[Any], now: float) -> None:
         """Handle one decoded frame from ``conn``."""
+        if self._delays:
+            self._fire_delays(now)
         self._handle(conn, frame, now)
         self._pump(now)
         if self.cache.changed or self.cache.over:
@@ -87,6 +89,8 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
     def receive_many(self, conn: int, frames: list[list[Any]], now: float) -> None:
         """Handle frames that arrived together from ``conn``, in order, then push once:
         an ACK and a CREDIT read together make one DELIVER, not two half-size ones."""
+        if self._delays:
+            self._fire_delays(now)
         for frame in frames:
             self._handle(conn, frame, now)
         self._pump(now)
@@ -193,11 +197,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
                 "storage": self._storage_stats(topic),
                 "policy": topic.settings.as_dict(),
                 "subscriptions": {
-                    s.name: {"mode": s.mode, "cursor": s.cursor, "active": s.active,
-                             "in_flight": len(s.in_flight), "ephemeral": s.ephemeral,
-                             # exact: offsets above the cursor acked already are not lag
-                             "lag": max(0, topic.log.next_offset - s.cursor - len(s.acked)),
-                             "redelivered": s.redelivered}
+                    s.name: self._subscription_stats(topic, s, now)
                     for s in topic.subs.values()},
             }
         return {"index": self.index, "generation": self.generation,
@@ -209,6 +209,15 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
                 "publish_ack_seconds": self.publish_acks.as_dict(),
                 "fsync_seconds": self.fsync_times.as_dict(), "recovering": self.recovering,
                 "topics": topics}
+
+    def _subscription_stats(self, topic: Topic, s: Subscription, now: float) -> dict[str, Any]:
+        # lag is exact: offsets above the cursor acked already are not lag, and delayed
+        # messages not due yet are a figure of their own (G12)
+        pending = self._pending_of(topic, s, now) if topic.delayed else 0
+        return {"mode": s.mode, "cursor": s.cursor, "active": s.active,
+                "in_flight": len(s.in_flight), "ephemeral": s.ephemeral,
+                "lag": max(0, topic.log.next_offset - s.cursor - len(s.acked) - pending),
+                "delayed": pending, "redelivered": s.redelivered}
 
     def _storage_stats(self, topic: Topic) -> dict[str, Any] | None:
         """A disk topic's log: its size, marks and what recovery found (None: memory)."""
@@ -237,10 +246,15 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
                  self._next_session_check)
         if self._timers:
             at = min(at, self._timers[0][0])
+        if self._delays:
+            at = min(at, self._delays[0][0])
         return at
 
     def tick(self, now: float) -> None:
-        """Run everything due at ``now``: redeliveries, ack timeouts, cleanup, heartbeats."""
+        """Run everything due at ``now``: delayed messages, redeliveries, ack timeouts,
+        cleanup, heartbeats."""
+        if self._delays:
+            self._fire_delays(now)
         timers = self._timers
         due: dict[int, Subscription] = {}
         while timers and timers[0][0] <= now:
@@ -300,10 +314,15 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         if journal is not None:
             journal.writer.snapshot = lambda: self._snapshot(topic)
             self._back(topic)
+        for offset, due in topic.delayed.items():  # delayed messages survive restarts (G12)
+            if due > now:
+                heapq.heappush(self._delays, (due, offset, topic.name))
         self._recount(topic)
 
     def storage_progress(self, journal: TopicJournal, now: float) -> None:
         """The durable mark of ``journal`` moved: release replies, expose offsets, push."""
+        if self._delays:
+            self._fire_delays(now)
         ready, moved = journal.advance()
         if ready:
             self._pushes_sent(self._release(ready), now)

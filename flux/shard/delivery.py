@@ -9,19 +9,20 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from itertools import pairwise
+from typing import Any
 
 from flux import errors
+from flux.shard.delayed import Delays
 from flux.shard.journal import Held
 from flux.shard.state import (
     P,
     Session,
-    ShardState,
 )
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
 
 
-class Delivery(ShardState):
+class Delivery(Delays):
     """Pushes, ack deadlines and redeliveries."""
 
     def _pump(self, now: float) -> None:
@@ -42,11 +43,15 @@ class Delivery(ShardState):
         # the cursor can jump past next_push over offsets acked before this attachment
         # (they are no longer in ``acked``): never push those
         start = max(sub.next_push, sub.cursor, log.oldest)
-        if room <= 0 or start >= end:
+        if room <= 0 or (start >= end and not sub.due_heap):
             return
         assert sub.session is not None
         session = self.sessions.get(sub.session[0])
         if session is None:
+            return
+        delayed = topic.delayed
+        if delayed and (sub.due_heap or next(reversed(delayed)) >= start):
+            self._push_in_due_order(sub, session, topic, start, end, room, now)
             return
         stop = min(end, start + room)
         acked = sub.acked
@@ -78,37 +83,59 @@ class Delivery(ShardState):
         self._await_ack(session, sub, now + topic.settings.timeout, offsets, 1)
         sub.credit -= n
         self.counters["delivered"] += n
-        self._deliver(session, sub.session[1], topic.generation, 1, offsets, ids, payloads, times)
+        meta = log.meta_columns(offsets, self.epoch) if log.metas else None
+        self._deliver(session, sub.session[1], topic.generation, 1, offsets, ids, payloads, times,
+                      meta)
+        self._schedule(sub)
+
+    def _push_in_due_order(self, sub: Subscription, session: Session, topic: Any, start: int,
+                           end: int, room: int, now: float) -> None:
+        """First pushes of a topic that carries delayed messages, in (due, offset) order
+        (G12): one DELIVER whose offsets may be out of order or have holes."""
+        assert sub.session is not None
+        log = topic.log
+        picks, next_push = self._due_order(sub, topic, start, end, room)
+        if picks:
+            try:  # a disk topic's evicted payloads are read back here
+                ids, payloads, times = self._columns(log, picks)
+            except errors.StorageUnavailable:
+                return  # damage read back (logged; the shard stops to recover): nothing pushed
+            delayed = topic.delayed
+            sub.due_pushed.update(o for o in picks if o in delayed)
+            sub.in_flight.push_first(picks)
+            self._await_ack(session, sub, now + topic.settings.timeout, sorted(picks), 1)
+            sub.credit -= len(picks)
+            self.counters["delivered"] += len(picks)
+            self._deliver(session, sub.session[1], topic.generation, 1, picks, ids, payloads,
+                          times, log.meta_columns(picks, self.epoch))
+        sub.next_push = next_push
         self._schedule(sub)
 
     def _columns(self, log: TopicLog, offsets: Sequence[int]
                  ) -> tuple[list[str], list[bytes], list[float | int]]:
         """Ids, payloads and store-time runs of held ``offsets`` (not a contiguous run)."""
-        ids: list[str] = []
-        payloads: list[bytes] = []
-        times: list[float] = []
-        epoch = self.epoch
-        for o in offsets:
-            entry = log.get(o)
-            assert entry is not None  # held: at or above the cursor
-            ids.append(entry.id)
-            payloads.append(entry.payload)
-            times.append(epoch + entry.stored_at)
-        return ids, payloads, P.time_runs(times)
+        return log.columns(offsets, self.epoch)
 
     def _deliver(self, session: Session, sid: int, generation: int, attempt: int,
                  offsets: Sequence[int],
-                 ids: list[str], payloads: Sequence[bytes], times: list[float | int]) -> None:
+                 ids: list[str], payloads: Sequence[bytes], times: list[float | int],
+                 meta: dict[str, Any] | None = None) -> None:
         """Queue DELIVER frames for these columns (``offsets`` a range when contiguous,
-        ``times`` as runs), split so no frame nears max_frame_bytes."""
+        ``times`` as runs, ``meta`` the keys, headers and due times if any has one), split
+        so no frame nears max_frame_bytes."""
         budget = self.config.max_frame_bytes // 2
         n = len(offsets)
         size = (payloads.size if type(payloads) is P.PackedPayloads
                 else sum(map(len, payloads)))
+        if meta is not None:
+            size += 2 * sum(map(len, map(str, meta.values())))  # (rough, and rare)
         # joining the ids (at most 128 bytes each) counts them faster than len() per id
         if n * 40 + len("".join(ids)) + size <= budget:
-            session.out.append([P.DELIVER, sid, generation, attempt, P.offsets_field(offsets),
-                                ids, payloads, times])
+            frame: list[Any] = [P.DELIVER, sid, generation, attempt, P.offsets_field(offsets),
+                                ids, payloads, times]
+            if meta is not None:
+                frame.append(meta)
+            session.out.append(frame)
             return
         payloads = list(payloads)  # rare: split item by item
         cuts, size = [0], 0
@@ -121,8 +148,11 @@ class Delivery(ShardState):
         cuts.append(n)
         each = list(P.times_of(times))
         for a, b in pairwise(cuts):
-            session.out.append([P.DELIVER, sid, generation, attempt, P.offsets_field(offsets[a:b]),
-                                ids[a:b], payloads[a:b], P.time_runs(each[a:b])])
+            frame = [P.DELIVER, sid, generation, attempt, P.offsets_field(offsets[a:b]),
+                     ids[a:b], payloads[a:b], P.time_runs(each[a:b])]  # (typed above)
+            if meta is not None:
+                frame.append({name: column[a:b] for name, column in meta.items()})
+            session.out.append(frame)
 
     def _schedule(self, sub: Subscription) -> None:
         """Make sure the timer heap wakes ``sub`` at its earliest timer."""
@@ -215,7 +245,7 @@ class Delivery(ShardState):
                 self.counters["redelivered"] += len(offsets)
                 sub.redelivered += len(offsets)
                 self._deliver(session, sub.session[1], topic.generation, attempt, offsets,
-                              *columns)
+                              *columns, log.meta_columns(offsets, self.epoch))
 
     def _exhausted(self, sub: Subscription, offset: int, pushes: int, now: float) -> None:
         """A message used all its pushes: the subscription becomes inactive (G4)."""

@@ -34,7 +34,7 @@ from flux.storage.record import HEADER_SIZE, Record
 log = logging.getLogger("flux.shard")
 
 # record types (flux.storage.record: type 0 is never written)
-PUBLISH = 1        # [first offset, wall time, [id, ...], [payload, ...]]
+PUBLISH = 1        # [first offset, wall time, [id, ...], [payload, ...](, {keys, headers, due})]
 SUBSCRIPTION = 2   # [name, mode, start offset, wall time created]
 UNSUBSCRIBED = 3   # [name]: the named subscription was deleted
 CURSOR = 4         # [name, cursor, [acked offset above the cursor, ...]]
@@ -159,14 +159,19 @@ class TopicJournal:
         unpacker = msgpack.Unpacker(raw=False)
         unpacker.feed(rec.body)
         try:
-            if unpacker.read_array_header() != 4 or unpacker.unpack() != first:
+            fields = unpacker.read_array_header()
+            if fields not in (4, 5) or unpacker.unpack() != first:
                 raise ValueError("another first offset")
             unpacker.skip()  # wall time
             unpacker.skip()  # ids
+            start = unpacker.tell()
+            if fields == 4:  # the payloads end the record
+                return rec.body[start:]
+            unpacker.skip()  # the payloads, then the keys, headers and due times
+            return rec.body[start:unpacker.tell()]
         except (ValueError, msgpack.UnpackException) as exc:
             raise self._damage(f"the record at position {position} is not the PUBLISH record"
                                f" of offsets from {first}: {exc}") from None
-        return rec.body[unpacker.tell():]
 
     def _damage(self, reason: str) -> errors.StorageUnavailable:
         """Damage read back: log and report it; the error to answer with."""
@@ -233,10 +238,13 @@ class TopicJournal:
             return True if rtype == IDS else (IDS, bytes(_pack([first, wall, ids])))
         return rtype not in (SUBSCRIPTION, UNSUBSCRIBED, CURSOR, TRIM)
 
-    def publish_body(self, first: int, wall: float, ids: Any, packed_payloads: bytes) -> bytes:
-        """A PUBLISH record's body around payloads already packed as one array."""
-        return b"".join((P.array_header(4), _pack(first), _pack(wall), _pack(list(ids)),
-                         packed_payloads))
+    def publish_body(self, first: int, wall: float, ids: Any, packed_payloads: bytes,
+                     meta: dict[str, Any] | None = None) -> bytes:
+        """A PUBLISH record's body around payloads already packed as one array; ``meta``
+        (keys, headers and wall due times, when the run has any) is a fifth field."""
+        head = (P.array_header(4 if meta is None else 5), _pack(first), _pack(wall),
+                _pack(list(ids)), packed_payloads)
+        return b"".join(head if meta is None else (*head, _pack(meta)))
 
     def hold(self, held: Held, end: int) -> bool:
         """``held`` waits (also) for this journal's durable mark to reach ``end``;

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import overload
+from typing import Any, overload
 
 import msgpack
 
@@ -164,16 +164,24 @@ def packed_lengths(buf: bytes, at: int, count: int) -> bytes | array[int] | None
     return array("I", (length,)) * count
 
 
-def read_publish(body: bytes) -> tuple[int, float, Sequence[str], int, bytes | array[int]]:
-    """(first offset, wall time, ids, their characters in all, payload lengths) of a
-    PUBLISH record's body. The ids are a :class:`PackedIds` when they can stay packed,
-    else a tuple.
+def read_publish(body: bytes) -> tuple[int, float, Sequence[str], int, bytes | array[int],
+                                      dict[str, Any] | None]:
+    """(first offset, wall time, ids, their characters in all, payload lengths, the
+    optional fifth field: keys, headers and due times) of a PUBLISH record's body. The
+    ids are a :class:`PackedIds` when they can stay packed, else a tuple.
 
     Raises ValueError or another msgpack error for a body that is not a PUBLISH record's."""
     head = msgpack.Unpacker(raw=False, use_list=False)
     head.feed(body[:32])   # the array's header, the first offset and the wall time: <= 23
-    if head.read_array_header() != 4:
-        raise ValueError("a PUBLISH record's body is an array of 4")
+    fields = head.read_array_header()
+    if fields == 5:   # with keys, headers or due times: rare, read whole
+        first, wall, id_list, payloads, meta = msgpack.unpackb(body, raw=False, use_list=True)
+        if not isinstance(id_list, list) or not isinstance(meta, dict):
+            raise ValueError("a PUBLISH record's ids are an array and its fifth field a map")
+        return (first, wall, tuple(id_list), len("".join(id_list)), payload_lengths(payloads),
+                meta)
+    if fields != 4:
+        raise ValueError("a PUBLISH record's body is an array of 4 or 5")
     first = head.unpack()
     wall = head.unpack()
     at = head.tell()
@@ -192,4 +200,4 @@ def read_publish(body: bytes) -> tuple[int, float, Sequence[str], int, bytes | a
     lens = packed_lengths(body, at, len(ids))
     if lens is None:  # raises ExtraData (a ValueError) if anything follows the payloads
         lens = payload_lengths(msgpack.unpackb(body[at:], raw=False, use_list=False))
-    return first, wall, ids, size, lens
+    return first, wall, ids, size, lens, None

@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from flux import errors
+from flux.message_meta import make_meta, meta_size
 from flux.shard.dedup import EXPIRE_SLICE
+from flux.shard.delayed import Delays, GroupOptions, group_options, record_meta
 from flux.shard.journal import PUBLISH, TopicJournal
 from flux.shard.state import (
     MESSAGE_COST,
@@ -20,7 +22,6 @@ from flux.shard.state import (
     REMEMBERED_ID_COST,
     P,
     Session,
-    ShardState,
     Topic,
 )
 from flux.shard.topic import payload_lengths
@@ -30,7 +31,7 @@ _BYTES = {bytes}
 _SHORT_ID = 32
 
 
-class Publishing(ShardState):
+class Publishing(Delays):
     """The PUBLISH handler."""
 
     def _publish(self, session: Session, frame: list[Any], now: float) -> None:
@@ -38,19 +39,23 @@ class Publishing(ShardState):
         if type(groups) is not list:
             raise errors.InvalidRequest("PUBLISH groups must be an array")
         # the whole frame is checked before anything is stored
+        options: list[GroupOptions | None] = []
         for group in groups:
-            if (type(group) is not list or len(group) != 3 or type(group[1]) is not list
+            if (type(group) is not list or not 3 <= len(group) <= 4 or type(group[1]) is not list
                     or type(group[2]) is not list or len(group[1]) != len(group[2])):
                 raise errors.InvalidRequest(
-                    "a PUBLISH group is [topic, [id, ...], [payload, ...]] with as many"
-                    " ids as payloads")
+                    "a PUBLISH group is [topic, [id, ...], [payload, ...](, options)] with as"
+                    " many ids as payloads")
+            options.append(None if len(group) == 3 or group[3] is None
+                           else group_options(group[3], len(group[1])))
         if self.draining:
             raise errors.ShuttingDown("shard is draining; reconnect and retry")
         results: list[list[Any]] = []
         counts: dict[str, int] = {}  # items per topic in this frame so far (topic.buffer)
         touched: dict[str, Topic] = {}
         journals: list[TopicJournal] = []  # disk topics whose records this reply waits for
-        for name, ids, payloads in groups:
+        for group, opts in zip(groups, options, strict=True):
+            name, ids, payloads = group[0], group[1], group[2]
             n = len(ids)
             if not n:
                 results.append([[], [], []])
@@ -84,19 +89,23 @@ class Publishing(ShardState):
                     self._make_room(topic, _need(ids, payloads), now)
             if topic.dedup.expire(now, EXPIRE_SLICE):  # a slice: the cleanup passes do the rest
                 self._recount(topic)
-            result = self._publish_fast(topic, ids, payloads, counts, now)
+            result = None if opts is not None else \
+                self._publish_fast(topic, ids, payloads, counts, now)
             if result is None:
-                result = self._publish_slow(topic, ids, payloads, counts, now)
-            if topic.generation != self.generation:
-                result.append(topic.generation)  # a disk topic's own generation (G9)
+                result = self._publish_slow(topic, ids, payloads, counts, now, opts)
+            if topic.generation != self.generation:  # a disk topic's own generation (G9)
+                if len(result) > 3:
+                    result[3] = topic.generation
+                else:
+                    result.append(topic.generation)
             results.append(result)
             if journal is not None:
                 log = topic.log
                 if log.next_offset != before:  # this group stored messages: one record
                     first, stored, packed = log.last_chunk()
                     wall = self.epoch + now
-                    end = journal.append(PUBLISH, journal.publish_body(first, wall, stored,
-                                                                       packed))
+                    end = journal.append(PUBLISH, journal.publish_body(
+                        first, wall, stored, packed, record_meta(log.last_meta(), self.epoch)))
                     if journal.last_position >= 0:  # where its payloads can be read back
                         log.place(journal.last_position, end)
                     journal.expose_at(end, log.next_offset)
@@ -196,8 +205,10 @@ class Publishing(ShardState):
         return [first, [], []]  # every item stored, at first .. first + n - 1
 
     def _publish_slow(self, topic: Topic, ids: list[Any], payloads: list[Any],
-                      counts: dict[str, int], now: float) -> list[Any]:
-        """Check and store a group item by item (PROTOCOL.md §6.4 order)."""
+                      counts: dict[str, int], now: float,
+                      opts: GroupOptions | None = None) -> list[Any]:
+        """Check and store a group item by item (PROTOCOL.md §6.4 order); ``opts``: the
+        group's keys, headers and delays, if it has any."""
         name = topic.name
         buffer = self.config.topic.buffer
         max_bytes = topic.settings.max_bytes
@@ -214,6 +225,13 @@ class Publishing(ShardState):
         new_ids: list[str] = []
         new_payloads: list[bytes] = []
         fresh: dict[str, int] = {}
+        new_keys: list[str | None] = []
+        new_headers: list[dict[str, str] | None] = []
+        new_dues: list[float | None] = []
+        dues: list[float | None] | None = None  # PUBLISHED's due column, once one is delayed
+        key: str | None = None
+        header: dict[str, str] | None = None
+        due: float | None = None
         for i, (message_id, payload) in enumerate(zip(ids, payloads, strict=True)):
             if type(message_id) is not str or not 0 < len(message_id) <= _SHORT_ID:
                 try:
@@ -228,6 +246,14 @@ class Publishing(ShardState):
                                 f"payload must be binary, not {type(payload).__name__}"])
                 continue
             size = len(payload) + len(message_id)
+            if opts is not None:
+                try:
+                    key, header, due = opts.item(i, topic.settings.max_delay, self.epoch, now)
+                except errors.FluxError as exc:
+                    offsets.append(P.REFUSED)
+                    refused.append([i, exc.code, str(exc)])
+                    continue
+                size += meta_size(key, header)
             if size > max_message:
                 # stored, it could never be delivered or fetched in one frame (G8)
                 offsets.append(P.REFUSED)
@@ -249,6 +275,11 @@ class Publishing(ShardState):
             if original is not None:  # G3: before the TopicFull check
                 offsets.append(original)
                 duplicates.append(i)
+                original_due = self._due_of(topic, original)
+                if original_due is not None:
+                    if dues is None:
+                        dues = [None] * len(ids)
+                    dues[i] = original_due
                 continue
             size += len(message_id)  # the dedup window holds the id too
             if held + size > max_bytes:
@@ -269,21 +300,37 @@ class Publishing(ShardState):
             fresh[message_id] = next_offset
             new_ids.append(message_id)
             new_payloads.append(payload)
+            if opts is not None:
+                new_keys.append(key)
+                new_headers.append(header)
+                new_dues.append(due)
+                if due is not None:
+                    if dues is None:
+                        dues = [None] * len(ids)
+                    dues[i] = self.epoch + due
             offsets.append(next_offset)
             next_offset += 1
         counts[name] = count
         if new_ids:
             # G2/G3: store the accepted messages and remember their ids
             stored = tuple(new_ids)  # one tuple held by both the log and the dedup window
-            first = topic.log.extend(stored, new_payloads, now)
+            meta = None if opts is None else make_meta(new_keys, new_headers, new_dues,
+                                                       len(new_ids))
+            first = topic.log.extend(stored, new_payloads, now, meta=meta)
             topic.dedup.remember_all(stored, first, now)
+            if meta is not None and meta.dues is not None:
+                self._hold_delayed(topic, first, meta.dues)
             self._recount(topic)
             self.counters["published"] += len(new_ids)
             self.counters["bytes_in"] += sum(map(len, new_payloads))
         self.counters["duplicates"] += len(duplicates)
         if len(new_ids) == len(ids):  # every item stored new: the first offset stands for all
-            return [offsets[0], [], []]
-        return [offsets, duplicates, refused]
+            result: list[Any] = [offsets[0], [], []]
+        else:
+            result = [offsets, duplicates, refused]
+        if dues is not None:  # the due times of delayed items follow (G12)
+            result += (None, dues)
+        return result
 
 
 def _need(ids: list[Any], payloads: list[Any]) -> int:

@@ -19,6 +19,7 @@ from flux.shard.state import (
     _opt_int,
 )
 from flux.shard.subscription import Subscription
+from flux.shard.topic import TopicLog
 
 
 class Pull(ShardState):
@@ -67,17 +68,58 @@ class Pull(ShardState):
         ids: list[str] = []
         payloads: Sequence[bytes] = []
         times: list[float | int] = []
+        meta: dict[str, Any] | None = None
+        first_field: int | list[int]
         if topic is not None:
             log = topic.log
-            oldest, next_offset = log.oldest, topic.exposed  # nothing not durable (G9)
+            oldest, next_offset = log.lowest, topic.exposed  # nothing not durable (G9)
             max_messages = max(0, min(max_messages, next_offset - max(offset, oldest)))
-            span = log.fit(offset, max_messages, max_bytes)
-            first = span.start
-            if span:
-                ids, payloads, times = log.span(span.start, span.stop, self.epoch)
-        session.out.append([P.FETCHED, rid, {
-            "generation": generation, "oldest": oldest, "next": next_offset},
-            first, ids, payloads, times])
+            if oldest < log.oldest and offset < log.oldest:
+                # delayed messages held out of line below the rest (G5 per message): a
+                # page with holes, its offsets one by one
+                page = self._page_with_holes(log, offset, max_messages, max_bytes)
+                first_field = page
+                if page:
+                    ids, payloads, times = log.columns(page, self.epoch)
+                    meta = log.meta_columns(page, self.epoch)
+            else:
+                span = log.fit(offset, max_messages, max_bytes)
+                first = first_field = span.start
+                if span:
+                    ids, payloads, times = log.span(span.start, span.stop, self.epoch)
+                    if log.metas:  # keys, headers and due times (G12: whatever is due)
+                        meta = log.meta_columns(span, self.epoch)
+        else:
+            first_field = first
+        reply = [P.FETCHED, rid, {"generation": generation, "oldest": oldest,
+                                  "next": next_offset}, first_field, ids, payloads, times]
+        if meta is not None:
+            reply.append(meta)
+        session.out.append(reply)
+
+    @staticmethod
+    def _page_with_holes(log: TopicLog, offset: int, max_messages: int,
+                         max_bytes: int) -> list[int]:
+        """The offsets a read from ``offset`` returns when some are held out of line
+        below the log's contiguous run: those first, then the run, within the limits (at
+        least one message when any is held at or after ``offset``)."""
+        page: list[int] = []
+        size = 0
+        for o in log.kept_from(offset):
+            entry = log.get(o)
+            assert entry is not None
+            size += len(entry.id) + len(entry.payload)
+            if len(page) >= max_messages or (page and size > max_bytes):
+                return page
+            page.append(o)
+        if len(page) < max_messages and size < max_bytes:
+            run = log.fit(log.oldest, max_messages - len(page), max_bytes - size)
+            if page and len(run) == 1:  # fit gives one message even over the budget
+                entry = log.get(run.start)
+                if entry is not None and size + len(entry.id) + len(entry.payload) > max_bytes:
+                    return page
+            page += run
+        return page
 
     def _commit(self, session: Session, frame: list[Any], now: float) -> None:
         rid, opts = frame[1], _map(frame, 2)

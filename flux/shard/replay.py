@@ -20,6 +20,7 @@ from typing import Any
 
 import msgpack
 
+from flux.message_meta import make_meta
 from flux.policies import TopicSettings
 from flux.shard import journal as J
 from flux.shard.dedup import DedupWindow
@@ -59,14 +60,15 @@ class TopicReplay:
         self.messages = 0
         self.gaps = 0
         self.published: list[tuple[int, int, float]] = []  # (end, next offset, wall) each
+        self.delayed: dict[int, float] = {}  # offset -> due (monotonic) of delayed messages
 
     def feed(self, rec: Record) -> None:
         """Apply one record (in log order)."""
         self.records += 1
         rtype = rec.type
         if rtype == J.PUBLISH:  # ids and payload lengths only: the payloads stay in the log
-            first, wall, ids, size, lens = read_publish(rec.body)
-            self._publish(first, wall, ids, size, lens, rec.position, rec.end)
+            first, wall, ids, size, lens, fields = read_publish(rec.body)
+            self._publish(first, wall, ids, size, lens, rec.position, rec.end, fields)
             self.published.append((rec.end, first + len(ids), wall))
             return
         body = msgpack.unpackb(rec.body, raw=False, use_list=True)
@@ -97,7 +99,8 @@ class TopicReplay:
                               f" position {rec.position}")
 
     def _publish(self, first: int, wall: float, ids: Sequence[str], size: int,
-                 lens: bytes | array[int], position: int, end: int) -> None:
+                 lens: bytes | array[int], position: int, end: int,
+                 fields: dict[str, Any] | None = None) -> None:
         log = self.log
         if log is None or first > log.next_offset:
             if log is not None:  # offsets skipped (never expected in one log): start anew
@@ -107,7 +110,15 @@ class TopicReplay:
             return  # already applied (never expected either)
         stored_at = wall - self.epoch
         chunk = ids
-        log.extend_placed(chunk, lens, stored_at, position, end, size)
+        meta = None
+        if fields:   # a fifth field: keys, headers and due times (absent from older records)
+            epoch, n = self.epoch, len(chunk)
+            dues = fields.get("due")
+            if dues is not None:  # wall due times, back on this incarnation's clock
+                dues = [None if d is None else d - epoch for d in dues]
+                self.delayed.update((first + i, d) for i, d in enumerate(dues) if d is not None)
+            meta = make_meta(fields.get("keys"), fields.get("headers"), dues, n)
+        log.extend_placed(chunk, lens, stored_at, position, end, size, meta)
         if self.dedup.window > 0 and stored_at > self.forgotten_by:
             self.dedup.remember_all(chunk, first, stored_at, size)
         self.messages += len(chunk)
@@ -130,6 +141,8 @@ class TopicReplay:
             log.trim(self.oldest, math.inf)
         self.dedup.expire(now)
         topic = Topic(self.name, log, self.dedup, self.settings, generation=generation)
+        oldest = log.oldest
+        topic.delayed = {o: due for o, due in self.delayed.items() if o >= oldest}
         for name, (mode, start, created, cursor, acked) in self.subs.items():
             if reset:
                 cursor, start, acked = log.oldest, log.oldest, set()

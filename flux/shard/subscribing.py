@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from flux import errors
+from flux.shard.delayed import Delays
 from flux.shard.journal import SUBSCRIPTION
 from flux.shard.state import (
     MAX_CREDIT,
     P,
     Session,
-    ShardState,
     _bool,
     _map,
     _opt_int,
@@ -22,7 +22,7 @@ from flux.shard.state import (
 from flux.shard.subscription import Subscription
 
 
-class Subscribing(ShardState):
+class Subscribing(Delays):
     """The push-subscription and ack handlers."""
 
     def _subscribe(self, session: Session, frame: list[Any], now: float) -> None:
@@ -119,6 +119,7 @@ class Subscribing(ShardState):
                                             " session"])
                 self._emit("taken_over", name, key, old)
             sub.attach((session.conn, sid), credit, max_in_flight, now)
+            self._attach_delays(topic, sub, now)
             session.subs[sid] = sub
             self._dirty[id(sub)] = sub
         reply = [P.SUBSCRIBED, rid, sid, {

@@ -56,6 +56,12 @@ class Subscription:
     deleted: bool = False
     wake_at: float | None = None  # earliest time the shard's timer heap will wake us
     redelivered: int = 0  # re-pushes after ack timeouts since the subscription was made
+    # delayed delivery (G12), for the attached session: the delayed messages that are due
+    # and still to be first-pushed, as (wall due, offset), and those it was first pushed;
+    # ``delayed`` is the topic's map of delayed offsets (shared, not copied)
+    due_heap: list[tuple[float, int]] = field(default_factory=list)
+    due_pushed: set[int] = field(default_factory=set)
+    delayed: dict[int, float] | None = None
 
     # -- cursor and acks ---------------------------------------------------------------
 
@@ -63,8 +69,12 @@ class Subscription:
         """Whether ``offset`` was pushed to the attached session (acked since or not)."""
         if offset in self.in_flight:
             return True
-        return (self.session is not None and self.attached_from <= offset < self.next_push
-                and offset not in self.preacked)
+        if self.session is None:
+            return False
+        delayed = self.delayed
+        if delayed and offset in delayed:  # pushed from the due heap, if at all
+            return offset in self.due_pushed
+        return self.attached_from <= offset < self.next_push and offset not in self.preacked
 
     def ack(self, offset: int) -> bool:
         """Ack one pushed offset of the attached session; False if it was not in flight."""
@@ -82,18 +92,22 @@ class Subscription:
         return True
 
     def ack_through(self, through: int) -> int:
-        """Ack every in-flight offset <= ``through``; returns how many."""
+        """Ack every in-flight offset <= ``through`` except delayed messages (G12: pushed
+        out of offset order, a client may not have seen one when it sent ``through``);
+        returns how many."""
         # in_flight is in increasing offset order: first pushes go out in offset order
-        # (G1) and a re-push updates its entry in place
+        # (G1) and a re-push updates its entry in place; unless a delayed message was
+        # pushed out of offset order (G12): then every entry is looked at
         in_flight = self.in_flight
         if not in_flight:
             return 0
-        first = in_flight.first()
+        ordered = not self.due_pushed
+        first = in_flight.first() if ordered else min(in_flight)
         if first > through:
             return 0
         last = in_flight.last()
         n = len(in_flight)
-        if not self.acked and first == self.cursor and last - first == n - 1:
+        if ordered and not self.acked and first == self.cursor and last - first == n - 1:
             # the usual case: in flight is exactly the run cursor..last (increasing,
             # distinct keys), and all or a prefix of it is acked: what ack() does, in bulk
             if through >= last:
@@ -104,10 +118,14 @@ class Subscription:
             self.cursor = through + 1
             return through + 1 - first
         due: list[int] = []
+        pushed_late = self.due_pushed
         for offset in in_flight:
             if offset > through:
-                break
-            due.append(offset)
+                if ordered:
+                    break
+                continue
+            if offset not in pushed_late:  # a delayed message is acked by its offset only
+                due.append(offset)
         ack = self.ack
         for offset in due:
             ack(offset)
@@ -152,6 +170,8 @@ class Subscription:
         self.repushes.clear()
         self.credit = 0
         self.preacked = frozenset()
+        self.due_heap = []
+        self.due_pushed = set()
 
     # -- timers ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import msgpack
 
 from flux import errors
 from flux import protocol as P
+from flux.message_meta import Meta, columns, meta_size
 
 _packer = msgpack.Packer(use_bin_type=True)
 _ONE_BYTE = [bytes((n,)) for n in range(256)]  # the lengths of one short payload, shared
@@ -93,8 +94,8 @@ class TopicLog:
     ``held_bytes`` counts only payloads held in memory (and every id).
     """
 
-    __slots__ = ("_at", "_first", "_head", "_ids", "_lens", "_next", "_packed", "_skip",
-                 "_where", "held_bytes", "store")
+    __slots__ = ("_at", "_first", "_head", "_ids", "_kept", "_lens", "_meta", "_next",
+                 "_packed", "_skip", "_where", "held_bytes", "metas", "store")
 
     def __init__(self, start: int = 0, *, placed: bool = False) -> None:
         """An empty log whose first message gets offset ``start`` (a topic retired
@@ -107,6 +108,7 @@ class TopicLog:
         self._packed: list[bytes | tuple[bytes, ...] | None] = []  # None: evicted
         self._lens: list[bytes | array[int]] = []    # ... of these lengths ...
         self._at: list[float] = []                   # ... stored at this time ...
+        self._meta: list[Meta | None] = []           # ... with these keys, headers, dues ...
         # ... in the record at (position, end) of the topic's log on disk, its payloads
         # taking this many bytes (placed logs; position -1: not known yet, never evicted)
         self._where: list[tuple[int, int, int]] | None = [] if placed else None
@@ -114,7 +116,12 @@ class TopicLog:
         self._head = 0       # index of the oldest chunk still held
         self._skip = 0       # messages of the head chunk already trimmed
         self._next = start   # the offset the next message gets
-        self.held_bytes = 0  # payload + id bytes of held messages
+        self.held_bytes = 0  # payload + id (+ key and header) bytes of held messages
+        self.metas = 0       # chunks ever stored with a Meta (0: no message has one)
+        # messages trimmed from the chunks but still held, below ``oldest``, by offset (in
+        # increasing order): delayed messages not yet ``ttl`` past their due time (G12, G5
+        # per message), with their (key, headers, due)
+        self._kept: dict[int, tuple[Entry, tuple[Any, Any, Any]]] = {}
 
     @property
     def oldest(self) -> int:
@@ -129,7 +136,24 @@ class TopicLog:
         return self._next
 
     def __len__(self) -> int:
-        return self._next - self.oldest
+        return self._next - self.oldest + len(self._kept)
+
+    @property
+    def lowest(self) -> int:
+        """The lowest held offset, a kept one included (``oldest`` when none is kept)."""
+        return next(iter(self._kept)) if self._kept else self.oldest
+
+    def kept_from(self, offset: int) -> list[int]:
+        """The kept offsets at or above ``offset`` (all below ``oldest``), increasing."""
+        return [o for o in self._kept if o >= offset] if self._kept else []
+
+    def release(self, done: Any) -> list[int]:
+        """Drop the kept messages whose offset ``done(offset)`` is true; returns them."""
+        gone = [o for o in self._kept if done(o)]
+        for o in gone:
+            entry, (key, headers, _) = self._kept.pop(o)
+            self.held_bytes -= len(entry.id) + len(entry.payload) + meta_size(key, headers)
+        return gone
 
     def oldest_at(self) -> float:
         """When the oldest held message was stored (``inf`` when none is held)."""
@@ -140,12 +164,18 @@ class TopicLog:
         return self.extend([message_id], [payload], now)
 
     def extend(self, ids: Sequence[str], payloads: Sequence[bytes], now: float,
-               size: int | None = None, lens: bytes | array[int] | None = None) -> int:
+               size: int | None = None, lens: bytes | array[int] | None = None,
+               meta: Meta | None = None) -> int:
         """Store several messages at once (one chunk); returns the offset of the first.
         ``size``: their id and payload lengths summed, and ``lens``:
-        :func:`payload_lengths` of them, if the caller already has them."""
+        :func:`payload_lengths` of them, if the caller already has them; ``meta``: their
+        keys, headers and due times, if any has one (its bytes count too)."""
         offset = self._next
         if ids:
+            self._meta.append(meta)
+            if meta is not None:
+                self.metas += 1
+                self.held_bytes += sum(meta.sizes)
             self._first.append(offset)
             self._ids.append(tuple(ids))
             if lens is None:
@@ -166,14 +196,19 @@ class TopicLog:
         return offset
 
     def extend_placed(self, ids: Sequence[str], lens: bytes | array[int], now: float,
-                      position: int, end: int, ids_size: int | None = None) -> int:
+                      position: int, end: int, ids_size: int | None = None,
+                      meta: Meta | None = None) -> int:
         """Hold a run whose payloads stay in the log (recovery): its ids and payload
-        lengths (:func:`payload_lengths`), and where its durable record is. Returns the
-        offset of the first. ``ids_size``: the ids' characters in all, if known (so that
-        ids kept packed need not be unpacked to count them)."""
+        lengths (:func:`payload_lengths`), its ``meta`` if any, and where its durable
+        record is. Returns the offset of the first. ``ids_size``: the ids' characters in
+        all, if known (so that ids kept packed need not be unpacked to count them)."""
         assert self._where is not None, "only a placed log holds runs it has no payloads of"
         offset = self._next
         if ids:
+            self._meta.append(meta)
+            if meta is not None:
+                self.metas += 1
+                self.held_bytes += sum(meta.sizes)
             self._first.append(offset)
             self._ids.append(ids)
             self._packed.append(None)
@@ -255,6 +290,53 @@ class TopicLog:
             packed = _packer.pack(list(packed))
         return self._first[-1], self._ids[-1], packed
 
+    def last_meta(self) -> Meta | None:
+        """The newest chunk's keys, headers and due times (None: it has none)."""
+        return self._meta[-1]
+
+    def meta_of(self, offset: int) -> tuple[str | None, dict[str, str] | None, float | None]:
+        """The key, headers and due time (monotonic; None: due when stored) of the held
+        message at ``offset``."""
+        if offset < self.oldest and offset in self._kept:
+            return self._kept[offset][1]
+        if not self.metas:
+            return None, None, None
+        k = self._chunk(offset)
+        meta = self._meta[k]
+        if meta is None:
+            return None, None, None
+        i = offset - self._first[k]
+        return (meta.keys[i] if meta.keys is not None else None,
+                meta.headers[i] if meta.headers is not None else None,
+                meta.dues[i] if meta.dues is not None else None)
+
+    def meta_columns(self, offsets: Sequence[int], epoch: float) -> dict[str, Any] | None:
+        """The trailing map of a DELIVER or FETCHED of the held ``offsets``: their keys,
+        headers and due times (wall: plus ``epoch``), only the columns any has a value in;
+        None when none has (always, for a topic that never stored any)."""
+        if not self.metas:
+            return None
+        keys: list[str | None] = []
+        headers: list[dict[str, str] | None] = []
+        dues: list[float | None] = []
+        for o in offsets:
+            key, header, due = self.meta_of(o)
+            keys.append(key)
+            headers.append(header)
+            dues.append(None if due is None else epoch + due)
+        return columns(keys, headers, dues)
+
+    def _keep(self, k: int, a: int, b: int, keep: dict[int, Any]) -> None:
+        """Items ``a`` to ``b - 1`` of chunk ``k`` are trimmed: hold those in ``keep`` out
+        of line (their bytes stay counted)."""
+        first = self._first[k]
+        for o in (o for o in keep if first + a <= o < first + b):
+            i = o - first
+            entry = Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])
+            key, headers, due = self.meta_of(o)
+            self._kept[o] = (entry, (key, headers, due))
+            self.held_bytes += len(entry.id) + len(entry.payload) + meta_size(key, headers)
+
     def _chunk(self, offset: int) -> int:
         """Index of the chunk holding ``offset`` (held, or the newest chunk's next)."""
         return bisect_right(self._first, offset, self._head) - 1
@@ -284,16 +366,34 @@ class TopicLog:
 
     def stored_at(self, offset: int) -> float:
         """When the message at ``offset`` (held) was stored."""
+        if offset < self.oldest and offset in self._kept:
+            return self._kept[offset][0].stored_at
         return self._at[self._chunk(offset)]
+
+    def columns(self, offsets: Sequence[int], epoch: float = 0.0
+                ) -> tuple[list[str], list[bytes], list[float | int]]:
+        """Ids, payloads and store-time runs (plus ``epoch``) of held ``offsets``, one by
+        one (any order, kept ones too)."""
+        ids: list[str] = []
+        payloads: list[bytes] = []
+        times: list[float] = []
+        for o in offsets:
+            entry = self.get(o)
+            assert entry is not None, o  # the caller makes sure it is held
+            ids.append(entry.id)
+            payloads.append(entry.payload)
+            times.append(epoch + entry.stored_at)
+        return ids, payloads, P.time_runs(times)
 
     def holds(self, offset: int) -> bool:
         """Whether the message at ``offset`` is held (its payload is not read)."""
-        return self.oldest <= offset < self._next
+        return self.oldest <= offset < self._next or (bool(self._kept) and offset in self._kept)
 
     def get(self, offset: int) -> Entry | None:
         """The entry at ``offset`` if it is held."""
         if not self.oldest <= offset < self._next:
-            return None
+            kept = self._kept.get(offset) if self._kept else None
+            return kept[0] if kept is not None else None
         k = self._chunk(offset)
         i = offset - self._first[k]
         return Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])
@@ -373,12 +473,15 @@ class TopicLog:
             k += 1
         return range(offset, stop)
 
-    def trim(self, below: int, stored_before: float, most: int | None = None) -> int:
+    def trim(self, below: int, stored_before: float, most: int | None = None,
+             keep: dict[int, Any] | None = None) -> int:
         """Drop held messages with offset < ``below`` stored at or before
         ``stored_before`` (at most ``most`` of them); stops at the first that must
-        stay (store times are walked in order). Returns the count."""
-        firsts, ats, ids, packed, lengths = (self._first, self._at, self._ids, self._packed,
-                                             self._lens)
+        stay (store times are walked in order). The offsets in ``keep`` (a log whose
+        payloads are all in memory) leave the chunks but stay held, out of line. Returns
+        the count dropped, kept ones included."""
+        firsts, ats, ids, packed, lengths, metas = (self._first, self._at, self._ids,
+                                                    self._packed, self._lens, self._meta)
         store = self.store
         budget = most if most is not None else self._next
         dropped = 0
@@ -390,11 +493,16 @@ class TopicLog:
             if b <= a:
                 break
             resident = packed[k] is not None
+            if keep:
+                self._keep(k, a, b, keep)
             if a == 0 and b == len(chunk_ids):
                 self.held_bytes -= len("".join(chunk_ids)) + (sum(lens) if resident else 0)
             else:
                 self.held_bytes -= (len("".join(chunk_ids[a:b]))
                                     + (sum(lens[a:b]) if resident else 0))
+            meta = metas[k]
+            if meta is not None:
+                self.held_bytes -= sum(meta.sizes[a:b])
             dropped += b - a
             budget -= b - a
             if b < len(chunk_ids):
@@ -402,18 +510,19 @@ class TopicLog:
                 break
             ids[k] = ()  # release the messages now, not at compaction
             packed[k] = lengths[k] = b""
+            metas[k] = None
             if store is not None and resident:
                 store.drop(first)
             k, skip = k + 1, 0
-        columns: list[list[Any]] = [firsts, ats, ids, packed, lengths]
+        held: list[list[Any]] = [firsts, ats, ids, packed, lengths, metas]
         if self._where is not None:
-            columns.append(self._where)
+            held.append(self._where)
         if k == len(firsts):
-            for column in columns:
+            for column in held:
                 column.clear()
             k = 0
         elif k > 64 and k * 2 > len(firsts):
-            for column in columns:
+            for column in held:
                 del column[:k]
             k = 0
         self._head, self._skip = k, skip

@@ -52,6 +52,13 @@ def payload_key(data: bytes) -> str:
     return "#" + hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
+def meta_key(key: str | None, headers: dict[str, str] | None) -> str | None:
+    """How a history names a message's key and headers (None: it has neither)."""
+    if key is None and not headers:
+        return None
+    return json.dumps([key, headers or {}], sort_keys=True, separators=(",", ":"))
+
+
 @_event
 @dataclass(frozen=True, slots=True)
 class PublishCalled(Event):
@@ -97,6 +104,8 @@ class PublishAttempted(Event):
     id: str
     attempt: int
     payload: str | None = None   # payload_key of what it carried (None: not recorded)
+    delay: float = 0.0           # the delay it asked for (G12; 0: none)
+    meta: str | None = None      # meta_key of its key and headers
 
 
 @_event
@@ -110,6 +119,7 @@ class PublishAcked(Event):
     generation: int
     offset: int
     duplicate: bool
+    due: float | None = None     # the due time PUBLISHED gave a delayed message (wall)
 
 
 @_event
@@ -173,6 +183,8 @@ class Delivered(Event):
     attempt: int
     timestamp: float
     payload: str | None = None   # payload_key of what it carried (None: not recorded)
+    due: float | None = None     # a delayed message's due time (wall), as DELIVER gave it
+    meta: str | None = None      # meta_key of its key and headers
 
 
 @_event
@@ -297,6 +309,13 @@ class Fetched(Event):
     ids: tuple[str, ...]
     requested: float
     payloads: tuple[str, ...] = ()   # payload_key of each message (empty: not recorded)
+    metas: tuple[str | None, ...] = ()  # meta_key of each message (empty: not recorded)
+    offsets: tuple[int, ...] = ()    # each message's offset, when a page has holes
+    holes: bool = False              # the page gave its offsets one by one (``offsets``)
+
+    def page(self) -> tuple[int, ...] | range:
+        """The offset of each message of the page."""
+        return self.offsets if self.holes else range(self.first, self.first + len(self.ids))
 
 
 @_event

@@ -21,7 +21,7 @@ from flux.sim import history as h
 from flux.sim.checker import check
 from flux.sim.determinism import SimClock, WallWatchdog, seed_scheduler, task_tree
 from flux.sim.faults import FaultPlan, draw_plan
-from flux.sim.scenarios import SCENARIOS, with_client_ids, with_vandals
+from flux.sim.scenarios import SCENARIOS, with_client_ids, with_delays, with_vandals
 from flux.sim.simhost import EPOCH, derive_seed
 from flux.sim.workload import Actors, Workload
 from flux.sim.world import World, leaf_errors
@@ -58,6 +58,10 @@ def workload_for(seed: int, scenario: str) -> Workload:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     workload = SCENARIOS[scenario](random.Random(derive_seed(seed, "workload", scenario)))
     workload = with_client_ids(workload, random.Random(derive_seed(seed, "client-ids", scenario)))
+    # "delays" delays every producer's publishes itself; "default" and "no-faults" keep
+    # the workloads their seeds always had
+    if scenario not in ("delays", "default", "no-faults"):
+        workload = with_delays(workload, random.Random(derive_seed(seed, "delays", scenario)))
     return with_vandals(workload, random.Random(derive_seed(seed, "vandals", scenario)))
 
 

@@ -387,9 +387,30 @@ def with_vandals(workload: Workload, rng: random.Random) -> Workload:
     return replace(workload, vandals=("v0",) if rng.random() < 0.4 else ())
 
 
+def with_delays(workload: Workload, rng: random.Random) -> Workload:
+    """In about a third of the runs, some producers delay half their publishes by up to
+    a few seconds (G12) and some give every message a key and headers (a stream of its
+    own, as for :func:`with_client_ids`; the other runs keep their workloads, and G1's
+    offset order judges all their topics)."""
+    if rng.random() >= 0.35:
+        return workload
+    producers = tuple(replace(p, delay=rng.choice((0.0, 1.0, 3.0)),
+                              keyed=rng.random() < 0.5) for p in workload.producers)
+    return replace(workload, producers=producers)
+
+
+def delays(rng: random.Random) -> Workload:
+    """Delayed delivery (G12) above all: every producer delays half its publishes by up
+    to 4 s and keys its messages; strict and windowed readers see the due order; every
+    fault kind, and disk topics half the time (due times survive restarts)."""
+    w = disk(rng) if rng.random() < 0.5 else default(rng)
+    producers = tuple(replace(p, delay=4.0, keyed=True) for p in w.producers)
+    return replace(w, scenario="delays", producers=producers)
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
-    "disk-errors": disk_errors, "auth": auth,
+    "disk-errors": disk_errors, "auth": auth, "delays": delays,
 }

@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from flux import errors, protocol
+from flux.message_meta import read_columns
 from flux.sim import history as h
 from flux.sim.network import Network, SimStream
 from flux.sim.simhost import SimHost
@@ -30,6 +31,24 @@ _CODE_NAMES = {cls.code: cls.__name__ for cls in (
 
 def error_name(code: Any) -> str:
     return _CODE_NAMES.get(code, f"error{code}")
+
+
+def _options(options: Any, count: int) -> tuple[list[float], list[str | None]]:
+    """Each item's delay (0: none) and meta_key from a PUBLISH group's options."""
+    if not isinstance(options, dict):
+        return [0.0] * count, [None] * count
+    delay = options.get("delay")
+    delays = delay if isinstance(delay, list) else [delay] * count
+    keys = options.get("keys") or [None] * count
+    headers = options.get("headers") or [None] * count
+    return ([float(d) if isinstance(d, (int, float)) else 0.0 for d in delays],
+            [h.meta_key(k, m) for k, m in zip(keys, headers, strict=True)])
+
+
+def _columns(extra: Any, count: int) -> tuple[list[Any], list[Any], list[Any]]:
+    """The keys, headers and due times of a DELIVER's or FETCHED's trailing map."""
+    columns = read_columns(extra, count)
+    return columns if columns is not None else ([None] * count,) * 3  # type: ignore[return-value]
 
 
 class Recorder:
@@ -110,14 +129,17 @@ class WireTap:
             self.pending[frame[1]] = ("hello", now)
         elif kind == P.PUBLISH:
             rid, groups = frame[1], frame[2]
-            items = [[(topic, message_id) for message_id in ids] for topic, ids, _ in groups]
+            items: list[list[tuple[str, str]]] = [
+                [(group[0], message_id) for message_id in group[1]] for group in groups]
             self.pending[rid] = ("publish", items)
-            for group, (_, _, payloads) in zip(items, groups, strict=True):
-                for (topic, message_id), payload in zip(group, payloads, strict=True):
+            for items_of, group in zip(items, groups, strict=True):
+                delays, metas = _options(group[3] if len(group) > 3 else None, len(items_of))
+                for (topic, message_id), payload, delay, meta in zip(
+                        items_of, group[2], delays, metas, strict=True):
                     key = (self.client, topic, message_id)
                     tries = self.rec.publish_tries[key] = self.rec.publish_tries.get(key, 0) + 1
                     self._add(h.PublishAttempted(now, self.client, rid, topic, message_id,
-                                                 tries, h.payload_key(payload)))
+                                                 tries, h.payload_key(payload), delay, meta))
         elif kind == P.SUBSCRIBE:
             self.pending[frame[1]] = ("subscribe", frame[2], frame[3], now)
         elif kind == P.UNSUBSCRIBE:
@@ -173,13 +195,14 @@ class WireTap:
         if kind == P.DELIVER:
             s = self.sessions.get(frame[1])
             if s is not None:
-                _, _, generation, attempt, offsets, ids, payloads, times = frame
-                for offset, message_id, payload, timestamp in zip(
+                _, _, generation, attempt, offsets, ids, payloads, times = frame[:8]
+                keys, headers, dues = _columns(frame[8] if len(frame) > 8 else None, len(ids))
+                for offset, message_id, payload, timestamp, key, header, due in zip(
                         P.offsets_of(offsets, len(ids)), ids, payloads, P.times_of(times),
-                        strict=True):
+                        keys, headers, dues, strict=True):
                     self._add(h.Delivered(now, s.subscriber, s.id, s.topic, generation, offset,
                                           message_id, attempt, timestamp,
-                                          h.payload_key(payload)))
+                                          h.payload_key(payload), due, h.meta_key(key, header)))
         elif kind == P.PUBLISHED:
             self._published(frame, now)
         elif kind == P.FETCHED:
@@ -187,10 +210,15 @@ class WireTap:
             if pending is not None and pending[0] == "fetch":
                 _, subscriber, topic, name, asked, offset, max_messages, sent = pending
                 body, first, ids, payloads = frame[2], frame[3], frame[4], frame[5]
+                keys, headers, _ = _columns(frame[7] if len(frame) > 7 else None, len(ids))
+                holes = type(first) is list  # a page with holes gives each offset
+                start = (first[0] if first else max(offset, body["oldest"])) if holes else first
                 self._add(h.Fetched(now, subscriber, self.client, self.shard, topic, name,
                                     body["generation"], asked, offset, max_messages,
-                                    body["oldest"], body["next"], first, tuple(ids), sent,
-                                    tuple(map(h.payload_key, payloads))))
+                                    body["oldest"], body["next"], start, tuple(ids), sent,
+                                    tuple(map(h.payload_key, payloads)),
+                                    tuple(map(h.meta_key, keys, headers)),
+                                    tuple(first) if holes else (), holes))
         elif kind == P.COMMITTED:
             pending = self.pending.pop(frame[1], None)
             if pending is not None and pending[0] == "commit":
@@ -231,7 +259,8 @@ class WireTap:
         for group, result in zip(pending[1], frame[3], strict=False):
             offsets, duplicates, refused = result[:3]
             # a disk topic's generation follows its result when it is not the shard's
-            generation = result[3] if len(result) > 3 else frame[2]
+            generation = result[3] if len(result) > 3 and result[3] is not None else frame[2]
+            dues = result[4] if len(result) > 4 else [None] * len(group)
             dups = set(duplicates)
             codes = {index: code for index, code, _message in refused}
             for index, ((topic, message_id), offset) in enumerate(
@@ -241,7 +270,8 @@ class WireTap:
                                               error_name(codes[index]), generation))
                 else:
                     self._add(h.PublishAcked(now, self.client, rid, topic, message_id,
-                                             generation, offset, index in dups))
+                                             generation, offset, index in dups,
+                                             dues[index] if index < len(dues) else None))
 
     def _acked(self, frame: list[Any], now: float) -> None:
         rid, _sid, cursor, refused = frame[1:5]

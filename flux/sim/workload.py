@@ -55,6 +55,8 @@ class ProducerSpec:
     gap: float                 # mean seconds between publishes
     batch: int = 1             # most messages per publish_many
     auto_ids: bool = False     # let the client choose the ids (payloads name the call)
+    delay: float = 0.0         # most seconds a call is delayed (G12; half the calls are)
+    keyed: bool = False        # messages carry a key (of 4) and headers
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,12 @@ class Actors:
         chooses them, the same messages under new ones); give up before dedup_window.
         Each call is recorded: the user-level operation and what it returned."""
         give_up = trio.current_time() + self.w.give_up_after
+        # every call of one operation asks for the same delay (G12) and keys
+        delay = round(rng.uniform(0.05, spec.delay), 3) \
+            if spec.delay > 0 and rng.random() < 0.5 else None
+        keys = [f"k{n % 4}" for n in range(len(ids))] if spec.keyed else None
+        headers = [{"from": spec.name, "n": str(n)} for n in range(len(ids))] \
+            if spec.keyed else None
         while True:
             call = next(calls)
             # with client-chosen ids a payload names its call, so copies a call stored
@@ -179,9 +187,12 @@ class Actors:
             try:
                 if len(ids) == 1:
                     acks: Sequence[PublishAck] = [await client.publish(
-                        topic, payloads[0], id=None if given is None else given[0])]
+                        topic, payloads[0], id=None if given is None else given[0],
+                        key=keys[0] if keys else None, headers=headers[0] if headers else None,
+                        delay=delay)]
                 else:
-                    acks = await client.publish_many(topic, payloads, ids=given)
+                    acks = await client.publish_many(topic, payloads, ids=given, keys=keys,
+                                                     headers=headers, delay=delay)
                 self.world.record(h.PublishReturned(
                     trio.current_time(), spec.name, call, topic, tuple(a.id for a in acks),
                     tuple(a.offset for a in acks), tuple(a.generation for a in acks),

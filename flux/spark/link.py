@@ -20,8 +20,10 @@ from flux.spark import offsets
 from flux.spark.offsets import Position, Range, TopicStatus
 
 T = TypeVar("T")
-Item = tuple[str, str, bytes]          # topic, message id, payload
-Row = tuple[int, str, bytes, float]    # offset, id, payload, timestamp
+# topic, message id, payload, key, headers
+Item = tuple[str, str, bytes, str | None, dict[str, str] | None]
+# offset, id, payload, timestamp, key, headers
+Row = tuple[int, str, bytes, float, str | None, dict[str, str] | None]
 FETCH_BATCH = 5000
 FULL_BACKOFF = (0.05, 2.0)  # seconds between re-sends while a topic is full
 
@@ -140,9 +142,11 @@ async def fetch_range(client: Client, rng: Range, name: str | None, fail_on_data
             return rows
         first = got.messages[0].offset if got.messages else min(max(got.oldest, offset), rng.end)
         if first > offset:
-            offsets.check_loss(fail_on_data_loss, warn,
-                               f"topic {rng.topic!r}: offsets {offset}..{first - 1} of generation"
-                               f" {rng.generation:#x} were cleaned up before they were read.")
+            if offset < got.oldest:  # below what is held: cleaned up (a hole above is not)
+                offsets.check_loss(fail_on_data_loss, warn,
+                                   f"topic {rng.topic!r}: offsets {offset}..{first - 1} of"
+                                   f" generation {rng.generation:#x} were cleaned up before"
+                                   " they were read.")
             offset = first
             continue
         if not got.messages:
@@ -151,13 +155,13 @@ async def fetch_range(client: Client, rng: Range, name: str | None, fail_on_data
         for m in got.messages:
             if m.offset >= rng.end:
                 break
-            rows.append((m.offset, m.id, m.payload, m.timestamp))
+            rows.append((m.offset, m.id, m.payload, m.timestamp, m.key, m.headers or None))
         offset = rows[-1][0] + 1
     return rows
 
 
 async def publish_all(client: Client, items: Iterable[Item], batch_size: int) -> tuple[int, int]:
-    """Publish ``(topic, id, payload)`` items, ``batch_size`` at a time, in order per
+    """Publish ``(topic, id, payload, key, headers)`` items, ``batch_size`` at a time, in order per
     topic; returns (stored, duplicates). ``TopicFull`` is waited out (the group is
     re-sent with the same ids, so what was stored is not stored twice) until the
     caller's timeout; other errors are raised once the client gave up retrying."""
@@ -168,10 +172,15 @@ async def publish_all(client: Client, items: Iterable[Item], batch_size: int) ->
             by_topic.setdefault(item[0], []).append(item)
         for topic, group in by_topic.items():
             payloads, ids = [i[2] for i in group], [i[1] for i in group]
+            keys = [i[3] for i in group]
+            headers = [i[4] for i in group]
             pause = FULL_BACKOFF[0]
             while True:
                 try:
-                    acks = await client.publish_many(topic, payloads, ids=ids)
+                    acks = await client.publish_many(
+                        topic, payloads, ids=ids,
+                        keys=keys if any(k is not None for k in keys) else None,
+                        headers=headers if any(headers) else None)
                     break
                 except errors.TopicFull:
                     await trio.sleep(pause)

@@ -12,6 +12,7 @@ import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark import TaskContext
 from pyspark.sql import Row
@@ -36,9 +37,11 @@ class FluxCommitMessage(WriterCommitMessage):
 
 
 def to_items(rows: Iterator[Row], opts: SinkOptions, scope: str) -> Iterator[link.Item]:
-    """``(topic, id, payload)`` per row. The ``topic`` option wins over a ``topic``
-    column (as in Kafka's sink); an ``id`` column wins over a derived id. Raises
-    ValueError for a row without a payload or topic, or with a payload that is
+    """``(topic, id, payload, key, headers)`` per row. The ``topic`` option wins over a
+    ``topic`` column (as in Kafka's sink); an ``id`` column wins over a derived id; a
+    ``key`` column (string or binary) and a ``headers`` column (a map, or as Kafka's
+    connector writes it an array of ``(key, value)`` structs) travel with the message.
+    Raises ValueError for a row without a payload or topic, or with a payload that is
     neither binary nor a string."""
     row_ids = ids.RowIds(scope)
     for row in rows:
@@ -58,7 +61,31 @@ def to_items(rows: Iterator[Row], opts: SinkOptions, scope: str) -> Iterator[lin
         message_id = values.get("id")
         if message_id is None:
             message_id = row_ids.next_id(fields, list(row))
-        yield str(topic), str(message_id), payload
+        yield (str(topic), str(message_id), payload, _text(values.get("key")),
+               _headers(values.get("headers")))
+
+
+def _text(value: Any) -> str | None:
+    """A key or header value as text (binary ones as UTF-8)."""
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def _headers(value: Any) -> dict[str, str] | None:
+    """A ``headers`` column as a map of str to str: a map, or (Kafka's form) pairs."""
+    if not value:
+        return None
+    pairs = value.items() if isinstance(value, dict) else value
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, text = (pair[0], pair[1]) if isinstance(pair, (tuple, list)) else \
+            (getattr(pair, "key", None), getattr(pair, "value", None))
+        if name is not None and text is not None:
+            out[str(_text(name))] = str(_text(text))
+    return out or None
 
 
 def _write(rows: Iterator[Row], opts: SinkOptions, scope: str, partition: int

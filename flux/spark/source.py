@@ -28,7 +28,7 @@ from flux.spark.options import SourceOptions
 log = logging.getLogger("flux.spark")
 
 SCHEMA = ("topic string, offset long, generation string, id string, payload binary,"
-          " timestamp timestamp")
+          " timestamp timestamp, key string, headers map<string,string>")
 
 
 class FluxPartition(InputPartition):
@@ -63,9 +63,9 @@ def read_partition(partition: FluxPartition) -> Iterator[tuple[Any, ...]]:
                          credentials=partition.credentials)
     generation = f"{partition.generation:#x}"
     utc = datetime.UTC
-    for offset, message_id, payload, timestamp in messages:
+    for offset, message_id, payload, timestamp, key, headers in messages:
         yield (partition.topic, offset, generation, message_id, payload,
-               datetime.datetime.fromtimestamp(timestamp, utc))
+               datetime.datetime.fromtimestamp(timestamp, utc), key, headers)
 
 
 def _warn(message: str) -> None:

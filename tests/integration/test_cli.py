@@ -102,3 +102,19 @@ def test_pub_refuses_a_bad_topic_with_a_typed_error(broker: Broker) -> None:
     done = flux("pub", "--url", broker.url, "bad topic", "x")
     assert done.returncode == 1
     assert done.stderr.startswith("Error: InvalidTopic"), done.stderr
+
+
+def test_pub_with_a_key_headers_and_a_delay_and_sub_shows_them(broker: Broker) -> None:
+    late = flux("pub", "--url", broker.url, "cli.later", "late", "--key", "k1",
+                "--header", "trace=ab", "--delay", "4")
+    assert late.returncode == 0, late.stderr
+    assert " due=" in late.stdout
+    now = flux("pub", "--url", broker.url, "cli.later", "now")
+    assert " due=" not in now.stdout
+    got = flux("sub", "--url", broker.url, "cli.later", "--read-old", "--count", "2")
+    assert got.returncode == 0, got.stderr
+    first, second = got.stdout.splitlines()
+    assert first.startswith("cli.later@1 ") and first.endswith(" now")
+    assert second.startswith("cli.later@0 ") and " key=k1 trace=ab late" in second
+    bad = flux("pub", "--url", broker.url, "cli.later", "x", "--delay", "-1")
+    assert bad.returncode == 1 and bad.stderr.startswith("Error: InvalidDelay"), bad.stderr

@@ -23,6 +23,8 @@ from flux.router.router import Router, Slot
 from flux.shard import server as shard_server
 from flux.shard.core import ShardCore
 from flux.shard.dedup import DedupWindow
+from flux.shard.delayed import Delays
+from flux.shard.replay import TopicReplay
 from flux.shard.server import ShardServer
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
@@ -88,7 +90,8 @@ def duplicate_wrong_offset() -> contextlib.AbstractContextManager[Any]:
 def delete_on_ttl_alone() -> contextlib.AbstractContextManager[Any]:
     """G5: cleanup ignores the subscriptions' cursors."""
     return _wrap(TopicLog, "trim",
-                 lambda f: lambda self, below, before, most=None: f(self, 1 << 62, before, most))
+                 lambda f: lambda self, below, before, most=None, keep=None:
+                 f(self, 1 << 62, before, most, keep))
 
 
 def cursor_before_ack() -> contextlib.AbstractContextManager[Any]:
@@ -169,7 +172,7 @@ def reverse_first_deliveries() -> contextlib.AbstractContextManager[Any]:
             if session is not None and len(session.out) > before:
                 frame = session.out[-1]
                 if frame[0] == protocol.DELIVER:  # reversed copies: columns may be shared
-                    _, _, _, _, offsets, ids, payloads, times = frame
+                    _, _, _, _, offsets, ids, payloads, times = frame[:8]
                     frame[4:8] = [list(protocol.offsets_of(offsets, len(ids)))[::-1],
                                   ids[::-1], payloads[::-1],
                                   protocol.time_runs(list(protocol.times_of(times))[::-1])]
@@ -451,10 +454,10 @@ def full_before_dedup() -> contextlib.AbstractContextManager[Any]:
     is at its limit."""
     def make(f: Any) -> Any:
         def publish_slow(self: ShardCore, topic: Any, ids: list[Any], payloads: list[Any],
-                         counts: dict[str, int], now: float) -> list[Any]:
+                         counts: dict[str, int], now: float, opts: Any = None) -> list[Any]:
             held = topic.held_bytes(now)
-            result: list[Any] = f(self, topic, ids, payloads, counts, now)
-            offsets, duplicates, refused = result
+            result: list[Any] = f(self, topic, ids, payloads, counts, now, opts)
+            offsets, duplicates, refused = result[:3]
             if not duplicates:
                 return result
             kept = []
@@ -465,7 +468,7 @@ def full_before_dedup() -> contextlib.AbstractContextManager[Any]:
                 else:
                     kept.append(i)
             refused.sort()
-            return [offsets, kept, refused]
+            return [offsets, kept, refused, *result[3:]]
         return publish_slow
     return _wrap(ShardCore, "_publish_slow", make)
 
@@ -658,8 +661,8 @@ def exhausted_one_push_early() -> contextlib.AbstractContextManager[Any]:
 def trim_ignores_age() -> contextlib.AbstractContextManager[Any]:
     """G5: once the oldest message outlived ttl, cleanup trims every acked message, young
     or not (the cut-off passed is "now", not "now - ttl")."""
-    return _wrap(TopicLog, "trim", lambda f: lambda self, below, before, most=None:
-                 f(self, below, float("inf"), most))
+    return _wrap(TopicLog, "trim", lambda f: lambda self, below, before, most=None, keep=None:
+                 f(self, below, float("inf"), most, keep))
 
 
 def read_old_dropped() -> contextlib.AbstractContextManager[Any]:
@@ -1417,3 +1420,45 @@ SCENARIO["auth-deny-ignored"] = "auth"
 PLANTED["auth-one-cache"] = auth_one_cache
 EXPECT["auth-one-cache"] = ("G13/unauthorized-accepted", "G13/wrongly-refused")
 SCENARIO["auth-one-cache"] = "auth"
+
+
+def delayed_pushed_at_once() -> contextlib.AbstractContextManager[Any]:
+    """G12: the shard stores a delayed message and acks its due time, but never indexes
+    it as delayed: it is pushed at once, like any other."""
+    return _wrap(Delays, "_hold_delayed", lambda f: lambda self, topic, first, dues: None)
+
+
+def due_order_by_offset() -> contextlib.AbstractContextManager[Any]:
+    """G12: the first pushes picked from the due heap and the offset cursor go out sorted
+    by offset, so a delayed message due late overtakes messages due before it."""
+    def make(f: Any) -> Any:
+        def due_order(self: Any, sub: Any, topic: Any, start: int, end: int,
+                      room: int) -> tuple[list[int], int]:
+            picks, next_push = f(self, sub, topic, start, end, room)
+            return sorted(picks), next_push
+        return due_order
+    return _wrap(Delays, "_due_order", make)
+
+
+def replay_drops_meta() -> contextlib.AbstractContextManager[Any]:
+    """Keys and headers: recovery reads a PUBLISH record's ids and payloads but not its
+    fifth field, so a disk topic's messages lose their keys and headers (and due times)
+    at a restart."""
+    def make(f: Any) -> Any:
+        def publish(self: TopicReplay, first: int, wall: float, ids: list[str],
+                    payloads: list[bytes], position: int, end: int,
+                    fields: dict[str, Any] | None = None) -> None:
+            f(self, first, wall, ids, payloads, position, end, None)
+        return publish
+    return _wrap(TopicReplay, "_publish", make)
+
+
+PLANTED["delayed-pushed-at-once"] = delayed_pushed_at_once
+EXPECT["delayed-pushed-at-once"] = ("G12/pushed-early",)
+SCENARIO["delayed-pushed-at-once"] = "delays"
+PLANTED["due-order-by-offset"] = due_order_by_offset
+EXPECT["due-order-by-offset"] = ("G12/due-order",)
+SCENARIO["due-order-by-offset"] = "delays"
+PLANTED["replay-drops-meta"] = replay_drops_meta
+EXPECT["replay-drops-meta"] = ("G2/meta-changed",)
+SCENARIO["replay-drops-meta"] = "delays"

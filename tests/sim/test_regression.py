@@ -73,6 +73,10 @@ FOUND = [
     # old generation: the next recovery kept it, and offsets acked in it came again
     ("storage-faults", 382, "flip:shard-0@12.879,crash:shard-0@13.161,flip:shard-0@24.713,"
                             "crash:shard-0@24.726"),
+    # a cumulative ack crossed the push of a delayed message of a lower offset (G12:
+    # pushed out of offset order), and the shard took it as acked though the client had
+    # not seen it yet; now an ack_through never covers a delayed message
+    ("delays", 92, None),
     # an ACK refused with StorageUnavailable (the shard's log had failed) was raised to
     # the user's loop by the client (a retryable refusal now is not: the session ends)
     ("disk-errors", 0, "eio:shard-0@30.128"),

@@ -90,3 +90,18 @@ def test_sim_seeds_fan_out_over_spark_with_the_same_results_as_locally(spark: An
     remote = list(run_on_spark(jobs, spark=spark))
     local = [run_one(job) for job in jobs]
     assert [(o.seed, o.ok, o.digest) for o in remote] == [(o.seed, o.ok, o.digest) for o in local]
+
+
+def test_key_and_headers_columns_round_trip_through_sink_and_source(
+        spark: Any, broker: Broker) -> None:
+    df = spark.createDataFrame(
+        [("a", "one", "user-1", {"trace": "t1"}), ("b", "two", None, None)],
+        "id string, payload string, key string, headers map<string,string>")
+    df.write.format("flux").option("url", broker.url).option("topic", "meta").mode("append").save()
+    held = read_all(broker.url, "meta")
+    assert [(m.id, m.key, m.headers) for m in held] == [
+        ("a", "user-1", {"trace": "t1"}), ("b", None, {})]
+    rows = (spark.read.format("flux").option("url", broker.url).option("topics", "meta")
+            .load().select("id", "key", "headers").orderBy("offset").collect())
+    assert [(r.id, r.key, r.headers) for r in rows] == [
+        ("a", "user-1", {"trace": "t1"}), ("b", None, None)]

@@ -39,7 +39,7 @@ def test_batch_read_returns_every_held_message(spark: Any, broker: Broker) -> No
                     ("orders.eu", 2, "c", b"e2", f"{eu:#x}"), ("orders.us", 0, "d", b"u0", f"{us:#x}")]
     assert df.schema.simpleString() == (
         "struct<topic:string,offset:bigint,generation:string,id:string,payload:binary,"
-        "timestamp:timestamp>")
+        "timestamp:timestamp,key:string,headers:map<string,string>>")
 
 
 def test_rerun_batch_is_identical_and_restart_neither_loses_nor_repeats(

@@ -30,7 +30,8 @@ RULES: dict[str, str] = {
     # delivery.py: pushes and acks per subscription
     "G1/window": "the shard grants at most the max_in_flight asked (and its cap), and"
                   " never has more unacked first pushes out",
-    "G1/order": "a session's first deliveries come in strictly increasing offset order",
+    "G1/order": "a session's first deliveries come in strictly increasing offset order"
+                " (topics without delayed messages: G12/due-order for the others)",
     "G1/redelivered-acked": "a message is not pushed after the shard confirmed its ack",
     "G1/ack-refused": "an ack of an offset delivered to the live session is not refused"
                       " as NotDelivered",
@@ -83,7 +84,8 @@ RULES: dict[str, str] = {
                         " committed past",
     "liveness/pull-behind": "a live pull reader commits up to the end of what was acked",
     # the blind spots of issue 20
-    "G1/repush-order": "the k-th pushes of one session arrive in increasing offset order",
+    "G1/repush-order": "the k-th pushes of one session arrive in increasing offset order"
+                       " (topics without delayed messages)",
     "G6/cursor-past-unacked": "a push cursor (SUBSCRIBED, ACKED) never passes an offset no"
                               " ack was sent for",
     "G6/cursor-past-commit": "a pull cursor is at most its start or the highest COMMIT sent",
@@ -106,6 +108,13 @@ RULES: dict[str, str] = {
     "G9/storage-failed-unexplained": "a shard's log fails (and the shard exits) only after"
                                      " an fsync error or damage on its machine, never for"
                                      " a full disk",
+    # delayed.py: G12 and the message keys and headers
+    "G12/pushed-early": "a delayed message is pushed no earlier than its delay after the"
+                        " first attempt to publish it",
+    "G12/due-order": "a session's first pushes of a topic that carries delayed messages"
+                     " come in (due time, offset) order",
+    "G2/meta-changed": "every message delivered or fetched carries the key and headers its"
+                       " id was published with",
     # bad_input.py: G8
     "G8/untyped-error": "a bad request gets an error of a class a caller can act on",
     "G8/batch-item": "each item of a PUBLISH gets its own result: valid ones stored,"
@@ -186,6 +195,7 @@ def check(history: History) -> Report:
         access,
         bad_input,
         calls,
+        delayed,
         delivery,
         durable,
         liveness,
@@ -207,6 +217,7 @@ def check(history: History) -> Report:
     bad_input.check(index, report)
     durable.check(index, report)
     access.check(index, report)
+    delayed.check(index, report)
     # the same fact can break a rule more than once (e.g. one message, many sessions)
     report.violations = sorted(set(report.violations))
     return report

@@ -36,8 +36,8 @@ def check(index: Index, report: Report) -> None:
             if e.payload is not None:
                 _seen(e.t, e.topic, e.generation, e.offset, e.payload, seen, stored, calls)
         elif isinstance(e, h.Fetched):
-            for i, payload in enumerate(e.payloads):
-                _seen(e.t, e.topic, e.generation, e.first + i, payload, seen, stored, calls)
+            for offset, payload in zip(e.page(), e.payloads, strict=False):
+                _seen(e.t, e.topic, e.generation, offset, payload, seen, stored, calls)
     _check_stored_once(stored, calls, report)
     _check_returned(returned, calls, seen, sent, report)
     report.count("client_id_calls", len({id(c) for c in calls.values()}))

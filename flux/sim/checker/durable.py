@@ -103,12 +103,12 @@ def _check_payloads(index: Index, report: Report) -> None:
                            f"{e.subscriber} got {e.topic}@{e.offset} id={e.id!r} with payload"
                            f" {e.payload!r}; it was published with {expected!r}")
         elif isinstance(e, h.Fetched) and e.payloads:
-            for i, (message_id, payload) in enumerate(zip(e.ids, e.payloads, strict=False)):
+            for offset, message_id, payload in zip(e.page(), e.ids, e.payloads, strict=False):
                 expected = published.get(message_id)
                 if expected is None:
                     continue
                 report.examine("G9", "payload-changed")
                 if payload != expected:
                     report.add("G9", "payload-changed", e.t,
-                               f"{e.subscriber} fetched {e.topic}@{e.first + i} id={message_id!r}"
+                               f"{e.subscriber} fetched {e.topic}@{offset} id={message_id!r}"
                                f" with payload {payload!r}; it was published with {expected!r}")

@@ -43,7 +43,7 @@ def check(index: Index, report: Report) -> None:
             delivered.setdefault((e.subscriber, e.topic, e.generation), set()).add(e.offset)
             anyone.add((e.topic, e.generation, e.offset))
         elif isinstance(e, h.Fetched) and e.name is not None:
-            page = range(e.first, e.first + len(e.ids))
+            page = e.page()
             for seen in (consumed, delivered):  # a pull reader's pages are what it read
                 seen.setdefault((e.subscriber, e.topic, e.generation), set()).update(page)
             anyone.update((e.topic, e.generation, o) for o in page)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
 from flux.sim import history as h
 from flux.sim.checker import Report
@@ -125,16 +126,23 @@ def _check_page(e: h.Fetched, ids: dict[tuple[str, int, int], str],
         return
     report.examine("G1", "fetch-range")
     report.examine("G1", "fetch-next")
-    if e.first < e.next and e.max_messages > 0:
+    if e.first < e.next and e.max_messages > 0 and not e.holes:
         report.examine("G2", "fetch-empty")
     report.examine("G1", "fetch-id", len(e.ids))
     report.examine("G2", "fetch-unexpected", len(e.ids))
-    if e.oldest > e.next or e.first != max(e.offset, e.oldest) \
-            or (e.ids and e.first + len(e.ids) > e.next):
+    page = e.page()
+    if e.holes:  # offsets one by one (G12: held out of line): increasing, in the range
+        bad_range = e.oldest > e.next or any(
+            o < max(e.offset, e.oldest) or o >= e.next for o in page) \
+            or any(a >= b for a, b in pairwise(page))
+    else:
+        bad_range = e.oldest > e.next or e.first != max(e.offset, e.oldest) \
+            or bool(e.ids and e.first + len(e.ids) > e.next)
+    if bad_range:
         report.add("G1", "fetch-range", e.t,
                    f"{where} got first={e.first}, {len(e.ids)} message(s), oldest={e.oldest},"
                    f" next={e.next}: a page starts at max(offset, oldest) and ends by next")
-    elif not e.ids and e.first < e.next and e.max_messages > 0:
+    elif not e.ids and e.first < e.next and e.max_messages > 0 and not e.holes:
         report.add("G2", "fetch-empty", e.t,
                    f"{where} got no message though [{e.first}, {e.next}) is held")
     late = [o for t, o in acked.get((e.topic, e.generation), ()) if t < e.requested and o >= e.next]
@@ -142,8 +150,7 @@ def _check_page(e: h.Fetched, ids: dict[tuple[str, int, int], str],
         report.add("G1", "fetch-next", e.t,
                    f"{where} says next={e.next}, but offset {min(late)} was acked before the"
                    " FETCH was sent")
-    for i, message_id in enumerate(e.ids):
-        offset = e.first + i
+    for offset, message_id in zip(page, e.ids, strict=False):
         known = ids.setdefault((e.topic, e.generation, offset), message_id)
         if known != message_id:
             report.add("G1", "fetch-id", e.t,

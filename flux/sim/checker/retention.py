@@ -136,8 +136,8 @@ def _check_gone(index: Index, report: Report) -> None:
         elif isinstance(e, (h.PublishAcked, h.Delivered)):
             ids.setdefault((e.topic, e.generation, e.offset), e.id)
         elif isinstance(e, h.Fetched):
-            for i, published_id in enumerate(e.ids):
-                ids.setdefault((e.topic, e.generation, e.first + i), published_id)
+            for offset, published_id in zip(e.page(), e.ids, strict=False):
+                ids.setdefault((e.topic, e.generation, offset), published_id)
         gone = _gone_below(e)
         if gone is None:
             continue

@@ -1,0 +1,230 @@
+"""Delayed delivery (G12): due times, the shard's timer index, and due-time push order.
+
+A publish may ask for ``delay`` (seconds) or ``deliver_at`` (wall time): the
+message is stored and acked at once, and first pushed to no subscription before
+it is due. The shard keeps the delayed messages not yet due in one heap keyed by
+due time (``ShardState._delays``), woken through ``next_deadline`` like every
+other timer; firing one looks at that message alone. A subscription's first
+pushes go in (due time, offset) order, an undelayed message being due when
+stored: the undelayed ones come from its offset cursor (``next_push``), skipping
+delayed offsets, and the due delayed ones from its own small heap, merged by wall
+due time (the times DELIVER and PUBLISHED report, so a checker sees the order the
+shard used). Cleanup holds a delayed message until ``ttl`` after it is due.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+from flux import errors
+from flux.message_meta import Meta, check_delay, check_headers, check_key, check_time
+from flux.shard.state import ShardState, Topic
+from flux.shard.subscription import Subscription
+
+
+class GroupOptions:
+    """The optional fourth field of a PUBLISH group, its columns checked for shape:
+    ``keys``, ``headers``, ``delay``, ``deliver_at`` (one per item, or one number for
+    all). Each item's values are checked by :meth:`item` (per-item errors)."""
+
+    __slots__ = ("delays", "deliver_at", "headers", "keys")
+
+    def __init__(self, keys: list[Any] | None, headers: list[Any] | None,
+                 delays: list[Any] | None, deliver_at: list[Any] | None) -> None:
+        self.keys = keys
+        self.headers = headers
+        self.delays = delays
+        self.deliver_at = deliver_at
+
+    def item(self, i: int, max_delay: float, epoch: float, now: float
+             ) -> tuple[str | None, dict[str, str] | None, float | None]:
+        """Item ``i``'s key, headers and due time (monotonic; None: due when stored).
+        Raises InvalidKey, InvalidHeaders or InvalidDelay."""
+        key = self.keys[i] if self.keys is not None else None
+        if key is not None:
+            check_key(key)
+        headers = self.headers[i] if self.headers is not None else None
+        if headers is not None:
+            headers = check_headers(headers) or None
+        delay = self.delays[i] if self.delays is not None else None
+        at = self.deliver_at[i] if self.deliver_at is not None else None
+        if delay is not None and at is not None:
+            raise errors.InvalidDelay("give delay or deliver_at, not both")
+        if at is not None:
+            # a time in the past means now (G12); one too far away is refused
+            delay = max(0.0, check_time(at) - (epoch + now))
+            check_delay(delay, max_delay, "deliver_at (from now)")
+        elif delay is not None:
+            delay = check_delay(delay, max_delay)
+        due = now + delay if delay else None
+        return key, headers, due
+
+
+def group_options(opts: Any, n: int) -> GroupOptions:
+    """A PUBLISH group's options map (``n`` items); InvalidRequest for a bad shape."""
+    if not isinstance(opts, dict):
+        raise errors.InvalidRequest("a PUBLISH group's options must be a map")
+
+    def column(name: str, scalar: bool) -> list[Any] | None:
+        value = opts.get(name)
+        if value is None:
+            return None
+        if type(value) is list:
+            if len(value) != n:
+                raise errors.InvalidRequest(f"PUBLISH option {name!r} needs one item per message"
+                                            f" ({n}), got {len(value)}")
+            return value
+        if scalar:
+            return [value] * n  # one value for every item (its type is checked per item)
+        raise errors.InvalidRequest(f"PUBLISH option {name!r} must be an array")
+
+    return GroupOptions(column("keys", False), column("headers", False),
+                        column("delay", True), column("deliver_at", True))
+
+
+def record_meta(meta: Meta | None, epoch: float) -> dict[str, Any] | None:
+    """A PUBLISH record's optional fifth field (PROTOCOL.md §14.4): the run's keys,
+    headers and due times (wall), only the columns it has."""
+    if meta is None:
+        return None
+    out: dict[str, Any] = {}
+    if meta.keys is not None:
+        out["keys"] = list(meta.keys)
+    if meta.headers is not None:
+        out["headers"] = list(meta.headers)
+    if meta.dues is not None:
+        out["due"] = [None if d is None else epoch + d for d in meta.dues]
+    return out
+
+
+class Delays(ShardState):
+    """The delayed messages of every topic: holding, firing, ordering, cleanup limits."""
+
+    def _hold_delayed(self, topic: Topic, first: int, dues: tuple[float | None, ...]) -> None:
+        """Messages from offset ``first`` were stored with these due times: index those
+        not due yet (``now`` is the store time, so every given due is in the future)."""
+        name, delayed, heap = topic.name, topic.delayed, self._delays
+        for i, due in enumerate(dues):
+            if due is not None:
+                delayed[first + i] = due
+                heapq.heappush(heap, (due, first + i, name))
+
+    def _due_of(self, topic: Topic, offset: int) -> float | None:
+        """The wall due time of a held delayed message at ``offset`` (None otherwise)."""
+        due = topic.delayed.get(offset)
+        return None if due is None else self.epoch + due
+
+    def _fire_delays(self, now: float) -> None:
+        """Every delayed message due by ``now`` joins the due heap of each attached
+        subscription that has still to push it. Runs before any frame or timer at
+        ``now`` is handled, so a push at ``now`` sees everything due by then."""
+        heap = self._delays
+        topics, epoch, dirty = self.topics, self.epoch, self._dirty
+        while heap and heap[0][0] <= now:
+            due, offset, name = heapq.heappop(heap)
+            topic = topics.get(name)
+            if topic is None or topic.delayed.get(offset) != due:
+                continue  # trimmed, or the topic is gone
+            entry = (epoch + due, offset)
+            for sub in topic.subs.values():
+                if sub.session is not None and _wants(sub, offset):
+                    heapq.heappush(sub.due_heap, entry)
+                    dirty[id(sub)] = sub
+
+    def _attach_delays(self, topic: Topic, sub: Subscription, now: float) -> None:
+        """A session attached: the delayed messages due already that it has still to
+        push go to its due heap (those not due join when they are)."""
+        sub.delayed = topic.delayed
+        if not topic.delayed:
+            return
+        epoch = self.epoch
+        sub.due_heap = [(epoch + due, o) for o, due in topic.delayed.items()
+                        if due <= now and _wants(sub, o)]
+        heapq.heapify(sub.due_heap)
+
+    def _delay_hold(self, topic: Topic, now: float) -> int | None:
+        """The lowest offset cleanup must keep for delayed messages: the first held one
+        not due for ``ttl`` yet (G12: held until at least ``ttl`` after it is due); None
+        when no delayed message holds anything. Forgets trimmed ones on the way."""
+        delayed = topic.delayed
+        if not delayed:
+            return None
+        limit = now - topic.settings.ttl
+        self._forget_gone(topic)
+        for o, due in delayed.items():
+            if due > limit:
+                return o
+        return None
+
+    def _delay_keep(self, topic: Topic, now: float) -> dict[int, float]:
+        """The delayed messages of a memory topic that cleanup must keep out of line if it
+        trims past them: those not ``ttl`` past their due time (forgets trimmed ones)."""
+        limit = now - topic.settings.ttl
+        self._forget_gone(topic)
+        oldest = topic.log.oldest
+        return {o: due for o, due in topic.delayed.items() if o >= oldest and due > limit}
+
+    def _release_kept(self, topic: Topic, now: float) -> None:
+        """Delete the kept delayed messages now ``ttl`` past their due time and acked by
+        every subscription (below every cursor)."""
+        log, delayed = topic.log, topic.delayed
+        below = min((sub.cursor for sub in topic.subs.values()), default=log.next_offset)
+        limit = now - topic.settings.ttl
+        gone = log.release(lambda o: o < below and delayed.get(o, -math.inf) <= limit)
+        for o in gone:
+            delayed.pop(o, None)
+            self.counters["trimmed"] += 1
+            self._emit("trimmed", topic.name, o, 1)
+        if gone:
+            self._recount(topic)
+
+    def _forget_gone(self, topic: Topic) -> None:
+        """Forget the delayed offsets no longer held (a prefix, in offset order)."""
+        delayed, log = topic.delayed, topic.log
+        lowest, oldest = log.lowest, log.oldest
+        for o in [o for o in delayed if o < oldest]:
+            if o < lowest or log.get(o) is None:
+                del delayed[o]
+
+    def _pending_of(self, topic: Topic, sub: Subscription, now: float) -> int:
+        """Delayed messages not due yet that ``sub`` has not acked (its lag leaves them
+        out; STATS shows them apart)."""
+        cursor, acked = sub.cursor, sub.acked
+        return sum(1 for o, due in topic.delayed.items()
+                   if due > now and o >= cursor and o not in acked)
+
+    def _due_order(self, sub: Subscription, topic: Topic, start: int, end: int,
+                   room: int) -> tuple[list[int], int]:
+        """The next at most ``room`` first pushes of ``sub`` in (due, offset) order, and
+        where its offset cursor stands after them. Undelayed messages come from
+        ``start`` on (skipping delayed and acked offsets), due delayed ones from its due
+        heap; none at or past ``end`` (not exposed yet: a disk topic's, G9) is pushed,
+        nor anything due after it."""
+        log, delayed, acked, heap = topic.log, topic.delayed, sub.acked, sub.due_heap
+        epoch, stored = self.epoch, log.next_offset
+        picks: list[int] = []
+        o = start
+        while len(picks) < room:
+            while o < stored and (o in delayed or o in acked):
+                o += 1
+            while heap and not _wants(sub, heap[0][1]):
+                heapq.heappop(heap)  # acked meanwhile (or below the cursor)
+            main = (epoch + log.stored_at(o), o) if o < stored else None
+            if heap and (main is None or heap[0] < main):
+                if heap[0][1] >= end:
+                    break
+                picks.append(heapq.heappop(heap)[1])
+            elif main is not None and o < end:
+                picks.append(o)
+                o += 1
+            else:
+                break
+        return picks, o
+
+
+def _wants(sub: Subscription, offset: int) -> bool:
+    """Whether ``sub``'s attached session has still to first-push ``offset``."""
+    return (offset >= sub.cursor and offset >= sub.attached_from and offset not in sub.acked
+            and offset not in sub.due_pushed and offset not in sub.in_flight)

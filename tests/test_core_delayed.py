@@ -1,0 +1,255 @@
+"""ShardCore: message keys and headers, and delayed delivery (G12): due times, the push
+order (due, offset), the timer index, cleanup holding a delayed message until ttl after
+it is due, FETCH of what is not due, lag and the delayed figure, bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_core_support import GEN, TOPIC, Client, Shard
+
+from flux import errors
+from flux import protocol as P
+from flux.message_meta import read_columns
+
+
+def _publish(client: Client, ids: list[str], options: dict[str, Any] | None = None,
+             topic: str = TOPIC) -> list[Any]:
+    group: list[Any] = [topic, ids, [i.encode() for i in ids]]
+    if options is not None:
+        group.append(options)
+    reply = client.publish_frame([group])
+    assert reply[0] == P.PUBLISHED, reply
+    result: list[Any] = reply[3][0]
+    return result
+
+
+def _delivered(client: Client) -> list[tuple[int, str | None, dict[str, str] | None,
+                                           float | None]]:
+    """(offset, key, headers, due) of every message pushed so far, in push order."""
+    out = []
+    for r in client.take(P.DELIVER):
+        f = r.frame if hasattr(r, "frame") else r
+        count = P.check_deliver(f)
+        meta = read_columns(f[8], count) if len(f) > 8 else ([None] * count,) * 3
+        for o, k, h, d in zip(P.offsets_of(f[4], count), *meta, strict=True):
+            out.append((o, k, h, d))
+    return out
+
+
+def test_keys_and_headers_are_delivered_and_fetched_as_published() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC)
+    _publish(client, ["a", "b"], {"keys": ["k1", None], "headers": [None, {"h": "v"}]})
+    _publish(client, ["c"])
+    assert _delivered(client) == [(0, "k1", None, None), (1, None, {"h": "v"}, None),
+                                  (2, None, None, None)]
+    fetched = client.fetch(offset=0)
+    assert read_columns(fetched[7], 3) == (["k1", None, None], [None, {"h": "v"}, None],
+                                           [None, None, None])
+
+
+def test_headers_and_keys_count_in_the_topics_bytes() -> None:
+    shard = Shard()
+    client = shard.connect()
+    _publish(client, ["a"])
+    plain = shard.topic_stats()["held_bytes"]
+    _publish(client, ["b"], {"keys": ["kk"], "headers": [{"n": "vvv"}]})
+    assert shard.topic_stats()["held_bytes"] - plain == plain + 2 + 4  # key "kk", n + vvv
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    ({"keys": [""]}, errors.InvalidKey),
+    ({"keys": ["k" * 256]}, errors.InvalidKey),
+    ({"keys": [5]}, errors.InvalidKey),
+    ({"headers": [{"flux-offset": "1"}]}, errors.InvalidHeaders),
+    ({"headers": [{"a": 1}]}, errors.InvalidHeaders),
+    ({"headers": [["a"]]}, errors.InvalidHeaders),
+    ({"delay": -1}, errors.InvalidDelay),
+    ({"delay": "soon"}, errors.InvalidDelay),
+    ({"delay": 10 ** 9}, errors.InvalidDelay),
+    ({"delay": 1, "deliver_at": 5.0}, errors.InvalidDelay),
+])
+def test_bad_keys_headers_and_delays_are_refused_per_item_and_store_nothing(
+        options: dict[str, Any], error: type[errors.FluxError]) -> None:
+    shard = Shard()
+    client = shard.connect()
+    result = _publish(client, ["a"], options)
+    assert result[0] == [P.REFUSED] and result[2][0][1] == error.code
+    assert shard.topic_stats()["next_offset"] == 0
+    ok = _publish(client, ["b"], {"delay": 1.0})  # the same group shape is fine otherwise
+    assert ok[0] == 0
+
+
+def test_a_malformed_options_column_refuses_the_whole_frame() -> None:
+    shard = Shard()
+    client = shard.connect()
+    reply = client.publish_frame([[TOPIC, ["a", "b"], [b"a", b"b"], {"keys": ["only one"]}]])
+    assert reply[0] == P.ERROR and reply[2] == errors.InvalidRequest.code
+
+
+def test_a_delayed_message_is_acked_at_once_with_its_due_time_and_pushed_when_due() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC)
+    result = _publish(client, ["late"], {"delay": 10.0})
+    assert result[0] == 0 and result[4] == [shard.core.epoch + 10.0]
+    _publish(client, ["now"])
+    assert [o for o, *_ in _delivered(client)] == [1]
+    client.ack(1, 1)
+    shard.advance(9.5)
+    assert _delivered(client) == []
+    shard.advance(10.0)
+    assert _delivered(client) == [(0, None, None, 10.0)]
+
+
+def test_first_pushes_go_in_due_then_offset_order_for_a_late_subscriber() -> None:
+    shard = Shard({"subscriber.max_in_flight": 100})
+    client = shard.connect()
+    _publish(client, ["d5"], {"delay": 5.0})   # 0, due 5
+    _publish(client, ["d2"], {"delay": 2.0})   # 1, due 2
+    shard.advance(1.0)
+    _publish(client, ["p1"])                   # 2, due 1
+    shard.advance(3.0)
+    _publish(client, ["p3"])                   # 3, due 3
+    shard.advance(6.0)
+    client.subscribe(1, topic=TOPIC, read_old=True)
+    assert [o for o, *_ in _delivered(client)] == [2, 1, 3, 0]
+
+
+def test_strict_mode_sees_exactly_the_due_order() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC, max_in_flight=1, credit=100)
+    _publish(client, ["d"], {"delay": 3.0})
+    _publish(client, ["a", "b"])
+    seen = []
+    for _ in range(3):
+        shard.advance(shard.now + 4.0)
+        pushed = _delivered(client)
+        seen += [o for o, *_ in pushed]
+        for o, *_ in pushed:
+            client.ack(1, o)
+    assert seen == [1, 2, 0]
+
+
+def test_an_ack_through_never_acks_a_delayed_message_not_pushed() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC)
+    _publish(client, ["d"], {"delay": 5.0})
+    _publish(client, ["a", "b"])
+    assert [o for o, *_ in _delivered(client)] == [1, 2]
+    client.ack(1, through=2)
+    sub = shard.stats()["topics"][TOPIC]["subscriptions"]
+    (stats,) = sub.values()
+    assert stats["cursor"] == 0 and stats["delayed"] == 1 and stats["lag"] == 0
+    shard.advance(5.0)
+    assert [o for o, *_ in _delivered(client)] == [0]
+    client.ack(1, 0)
+    (stats,) = shard.stats()["topics"][TOPIC]["subscriptions"].values()
+    assert stats["cursor"] == 3 and stats["delayed"] == 0
+
+
+def test_fetch_returns_a_delayed_message_whatever_is_due_with_its_due_time() -> None:
+    shard = Shard()
+    client = shard.connect()
+    _publish(client, ["d"], {"delay": 50.0})
+    fetched = client.fetch(offset=0)
+    assert fetched[4] == ["d"]
+    assert read_columns(fetched[7], 1)[2] == [shard.core.epoch + 50.0]
+
+
+def test_a_pending_message_is_held_until_ttl_after_it_is_due() -> None:
+    shard = Shard({"message.ttl": 20.0})
+    client = shard.connect()
+    _publish(client, ["d"], {"delay": 30.0})
+    shard.advance(45.0)  # stored 45 s ago, due 15 s ago: not yet ttl past its due time
+    assert shard.topic_stats()["held"] == 1
+    shard.advance(56.0)
+    assert shard.topic_stats()["held"] == 0
+
+
+def test_the_timer_index_fires_only_what_is_due() -> None:
+    shard = Shard()
+    client = shard.connect()
+    _publish(client, [f"m{i}" for i in range(50)], {"delay": [float(i + 1) for i in range(50)]})
+    assert len(shard.core._delays) == 50
+    shard.advance(10.5)
+    assert len(shard.core._delays) == 40
+    assert shard.core.next_deadline() == 11.0
+
+
+def test_delay_over_a_topic_policy_max_delay_is_refused() -> None:
+    shard = Shard({"topics": [{"match": "orders.>", "message": {"max_delay": 5}}]})
+    client = shard.connect()
+    result = _publish(client, ["a", "b"], {"delay": [4.0, 6.0]})
+    assert result[0] == [0, P.REFUSED] and result[2][0][1] == errors.InvalidDelay.code
+
+
+def test_deliver_at_in_the_past_means_now() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC)
+    result = _publish(client, ["a"], {"deliver_at": shard.core.epoch - 100.0})
+    assert len(result) == 3
+    assert [o for o, *_ in _delivered(client)] == [0]
+
+
+def test_a_duplicate_of_a_delayed_message_reports_the_originals_due_time() -> None:
+    shard = Shard()
+    client = shard.connect()
+    _publish(client, ["a"], {"delay": 8.0})
+    again = _publish(client, ["a"], {"delay": 1.0})
+    assert again[1] == [0] and again[4] == [shard.core.epoch + 8.0]
+    assert GEN
+
+
+def test_a_cumulative_ack_never_covers_a_delayed_message_pushed_after_a_higher_offset() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC)
+    _publish(client, ["d"], {"delay": 2.0})
+    _publish(client, ["a", "b"])
+    assert [o for o, *_ in _delivered(client)] == [1, 2]
+    shard.advance(2.0)  # offset 0 is pushed now, while the client acks through 2
+    assert [o for o, *_ in _delivered(client)] == [0]
+    cursor, refused = client.ack(1, through=2)
+    assert (cursor, refused) == (0, [])  # 1 and 2 acked, not 0: the client never saw it
+    cursor, refused = client.ack(1, 0)
+    assert (cursor, refused) == (3, [])
+
+
+def test_a_pending_message_does_not_hold_back_the_cleanup_of_others() -> None:
+    shard = Shard({"message.ttl": 20.0})
+    client = shard.connect()
+    _publish(client, ["d"], {"delay": 100.0})  # offset 0, due at 100
+    _publish(client, ["a", "b"])              # offsets 1, 2
+    shard.advance(10.0)
+    _publish(client, ["c"])                   # offset 3, stored at 10
+    shard.advance(26.0)                       # 1 and 2 past their ttl; 0 is not due yet
+    stats = shard.topic_stats()
+    assert (stats["held"], stats["oldest"]) == (2, 3)
+    fetched = client.fetch(offset=0)
+    assert fetched[2]["oldest"] == 0 and fetched[3] == [0, 3] and fetched[4] == ["d", "c"]
+    assert read_columns(fetched[7], 2)[2] == [100.0, None]
+    client.subscribe(1, topic=TOPIC, read_old=True)
+    shard.advance(100.0)
+    assert {o for o, *_ in _delivered(client)} == {3}  # 0 is below the subscription's start
+    client.unsubscribe(1)
+    shard.advance(125.0)                       # ttl past its due time: gone
+    assert shard.topic_stats()["held"] == 0
+
+
+def test_a_kept_message_counts_toward_the_topics_bytes_until_it_goes() -> None:
+    shard = Shard({"message.ttl": 5.0})
+    client = shard.connect()
+    _publish(client, ["d"], {"delay": 50.0, "keys": ["key"]})
+    _publish(client, ["x"])
+    held = shard.topic_stats()["held_bytes"]
+    shard.advance(11.0)
+    assert shard.topic_stats()["held_bytes"] == held - 2  # x went (payload and id); d stays
+    shard.advance(60.0)
+    assert shard.topic_stats()["held"] == 0
