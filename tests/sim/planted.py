@@ -1027,20 +1027,23 @@ def replay_payloads_rotated() -> contextlib.AbstractContextManager[Any]:
 
 
 def dedup_not_recovered() -> contextlib.AbstractContextManager[Any]:
-    """G9: recovery rebuilds messages but not the dedup window: a retry of an id acked
-    before the crash is stored again, in the same generation."""
+    """G9: recovery rebuilds messages but not the dedup window (from PUBLISH records, nor
+    from the IDS records compaction leaves): a retry of an id acked before the crash is
+    stored again, in the same generation."""
     from flux.shard.replay import TopicReplay
 
     def make(f: Any) -> Any:
-        def publish(self: Any, first: int, wall: float, ids: list[str],
-                    payloads: list[bytes], *where: int) -> None:
+        def without_window(self: Any, *args: Any) -> None:
             window, self.dedup.window = self.dedup.window, 0.0
             try:
-                f(self, first, wall, ids, payloads, *where)
+                f(self, *args)
             finally:
                 self.dedup.window = window
-        return publish
-    return _wrap(TopicReplay, "_publish", make)
+        return without_window
+    stack = contextlib.ExitStack()
+    stack.enter_context(_wrap(TopicReplay, "_publish", make))
+    stack.enter_context(_wrap(TopicReplay, "_ids", make))
+    return stack
 
 
 def compaction_ignores_held() -> contextlib.AbstractContextManager[Any]:
@@ -1224,7 +1227,7 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "fetch-unknown-sub-unchecked": "crashes", "reset-starts-at-next": "crashes",
             "restart-forgets-shards": "crashes", "resubscribe-forgotten": "crashes",
             "ack-before-durable": "disk", "no-checksum-on-read": "storage-faults",
-            "torn-tail-kept": "storage-faults", "dedup-not-recovered": "disk",
+            "torn-tail-kept": "storage-faults", "dedup-not-recovered": "disk-errors",
             "compaction-ignores-held": "disk",
             "full-disk-fails-log": "disk-errors", "ack-timeout-from-held-push": "disk-errors",
             "trim-past-exposed": "disk-errors",
