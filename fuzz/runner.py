@@ -20,7 +20,6 @@ import collections
 import json
 import random
 import shutil
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import trio
 
 from chaos.cluster import Cluster, ProcessGroup
+from chaos.runner import free_ports
 from flux import errors, protocol
 from flux.client import trio as flux_trio
 from flux.hashing import shard_for
@@ -75,19 +75,6 @@ class Tally:
     def violation(self, text: str) -> None:
         if len(self.violations) < 200:
             self.violations.append(text)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _owned(shard: int, shards: int, prefix: str, count: int = 4) -> list[str]:

@@ -213,7 +213,7 @@ def slope(points: list[tuple[float, int]]) -> float:
 
 async def soak(s: SoakSettings, workdir: Path, say: Any = print) -> dict[str, Any]:
     from chaos.cluster import Cluster, ProcessGroup
-    from fuzz.runner import free_ports
+    from chaos.runner import free_ports
 
     ports = free_ports(1 + s.shards)
     data_dir = (workdir / "data").resolve()
