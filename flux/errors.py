@@ -176,6 +176,14 @@ class OffsetOutOfRange(RemoteError):
     code = 64
 
 
+class SubscriptionKindMismatch(InvalidRequest):
+    """A subscribe asked for another kind than the named subscription is: a plain
+    subscribe to a shared one (or the reverse), another ``key_ordered``, or a
+    shared pull subscription. Nothing changed."""
+
+    code = 65
+
+
 class ShuttingDown(RemoteError):
     """The server is draining; reconnect and retry."""
 

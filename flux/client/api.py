@@ -108,7 +108,8 @@ class ClientBase:
 
     def subscribe(self, topic: str, name: str | None = None, read_old: bool = False,
                   from_offset: int | None = None, max_in_flight: int | None = None,
-                  prefetch: int | None = None, on_reset: str = "earliest") -> SubscriptionBase:
+                  prefetch: int | None = None, on_reset: str = "earliest", *,
+                  shared: bool = False, key_ordered: bool = False) -> SubscriptionBase:
         """A push subscription, used as ``async with client.subscribe(...) as sub``.
 
         ``name`` makes a durable subscription (resumed from its cursor after a
@@ -118,11 +119,20 @@ class ClientBase:
         created. ``prefetch`` is the credit: how many first deliveries may wait
         in the client (default ``max_in_flight`` or 1000). ``on_reset``
         ("earliest" or "raise") decides what a shard restart does (G7).
+
+        ``shared=True`` joins the named subscription as one member of a worker
+        pool (G10): each message goes to one member at a time, a member that
+        leaves hands its unacked messages to the others, and ``max_in_flight``
+        and ``prefetch`` are this member's. ``key_ordered=True`` (with
+        ``shared``) keeps each message key on one member while it has unacked
+        messages, so a key's messages are worked in order.
         Entering raises InvalidTopic or InvalidRequest (bad options, before
-        sending), OffsetOutOfRange, RetryDeadlineExceeded or ClientClosed.
+        sending), SubscriptionKindMismatch (the name is a subscription of
+        another kind), OffsetOutOfRange, RetryDeadlineExceeded or ClientClosed.
         """
         return self._subscription_class(self, topic, name, read_old=read_old, from_offset=from_offset,
-                            max_in_flight=max_in_flight, prefetch=prefetch, on_reset=on_reset)
+                            max_in_flight=max_in_flight, prefetch=prefetch, on_reset=on_reset,
+                            shared=shared, key_ordered=key_ordered)
 
     async def subscribe_pull(self, topic: str, name: str, *, read_old: bool = False,
                              from_offset: int | None = None, generation: int | None = None,

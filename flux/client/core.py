@@ -138,7 +138,7 @@ class ClientCore(Timers):
     def subscribe(self, topic: str, name: str | None, *, read_old: bool = False,
                   from_offset: int | None = None, max_in_flight: int | None = None,
                   prefetch: int | None = None, on_reset: str = "earliest",
-                  now: float) -> SubState:
+                  shared: bool = False, key_ordered: bool = False, now: float) -> SubState:
         """Start a push subscription; ``sub.ready`` finishes at the first SUBSCRIBED."""
         self._check_open()
         P.check_topic(topic)
@@ -152,10 +152,17 @@ class ClientCore(Timers):
                 raise errors.InvalidRequest(f"{key} must be a positive integer")
         if from_offset is not None and (type(from_offset) is not int or from_offset < 0):
             raise errors.InvalidRequest("from_offset must be an integer >= 0")
+        if type(shared) is not bool or type(key_ordered) is not bool:
+            raise errors.InvalidRequest("shared and key_ordered must be True or False")
+        if shared and name is None:
+            raise errors.InvalidRequest("a shared subscription needs a name")
+        if key_ordered and not shared:
+            raise errors.InvalidRequest("key_ordered applies to a shared subscription only")
         sub = SubState(topic, name, read_old=bool(read_old), from_offset=from_offset,
                        max_in_flight=max_in_flight,
                        prefetch=prefetch or max_in_flight or DEFAULT_PREFETCH,
-                       on_reset=on_reset, deadline=now + self.retry_deadline)
+                       on_reset=on_reset, deadline=now + self.retry_deadline,
+                       shared=shared, key_ordered=key_ordered)
         sub.key = next(self._keys)
         self._subs[sub.key] = sub
         self._route(sub, now)

@@ -49,8 +49,9 @@ class AckSession:
         self.sent_top = -1                 # the highest ack taken for an ACK frame
         self.confirmed = cursor            # the shard's cursor: everything below is acked
         self.next_offset = cursor          # one past the highest offset delivered
-        # delivered delayed messages (DELIVER gave them a due time, G12): pushed out of
-        # offset order, so a cumulative ack never covers them; they are acked by offset
+        # offsets a cumulative ack never covers, acked by offset: delivered delayed
+        # messages (DELIVER gave them a due time, G12) and offsets delivered below one
+        # delivered before (re-pushes, a shared subscription's hand-offs, G10)
         self.delayed: set[int] = set()
 
     def __repr__(self) -> str:
@@ -59,6 +60,11 @@ class AckSession:
                 f" queued={len(self.queued)}>")
 
     def deliver(self, offset: int) -> None:
+        if offset < self.next_offset:
+            # below an offset delivered before (a re-push, or a shared subscription's
+            # hand-off): the shard never applies a cumulative ack to it, so it is acked
+            # by offset (PROTOCOL.md §6.7)
+            self.delayed.add(offset)
         if not self.delivered(offset) and not self.is_acked(offset):
             order = self.order
             if len(order) == self.head or offset > order[-1]:
@@ -139,10 +145,12 @@ class AckSession:
         if queued[-1] > self.sent_top:
             self.sent_top = queued[-1]
         explicit: list[int] = []
-        if self.delayed:  # the shard applies ``through`` to no delayed message: by offset
+        if self.delayed:  # the shard applies ``through`` to none of these: by offset
             explicit = [o for o in queued if o in self.delayed]
             if explicit:
-                queued = [o for o in queued if o not in self.delayed]
+                by_offset = set(explicit)
+                self.delayed -= by_offset
+                queued = [o for o in queued if o not in by_offset]
                 if not queued:
                     return explicit, -1
         below = bisect_left(queued, self.low())
@@ -172,7 +180,8 @@ class SubState(Wakeable):
     """A push subscription as the client keeps it, across reconnects."""
 
     def __init__(self, topic: str, name: str | None, *, read_old: bool, from_offset: int | None,
-                 max_in_flight: int | None, prefetch: int, on_reset: str, deadline: float) -> None:
+                 max_in_flight: int | None, prefetch: int, on_reset: str, deadline: float,
+                 shared: bool = False, key_ordered: bool = False) -> None:
         super().__init__()
         self.topic = topic
         self.name = name
@@ -181,6 +190,8 @@ class SubState(Wakeable):
         self.max_in_flight = max_in_flight
         self.prefetch = prefetch
         self.on_reset = on_reset
+        self.shared = shared                  # a member of a shared subscription (G10)
+        self.key_ordered = key_ordered
         self.deadline = deadline              # for the first SUBSCRIBE only
         self.status: Status = "waiting"
         self.conn: int | None = None          # connection id while subscribing/active
@@ -216,13 +227,17 @@ class SubState(Wakeable):
     def options(self) -> dict[str, Any]:
         """The SUBSCRIBE body: first time the user's start options, later a resume."""
         resuming = self.info is not None
-        return {
+        body = {
             "topic": self.topic, "name": self.name, "mode": "push",
             "read_old": self.read_old and not resuming,
             "from_offset": self.resume_offset if resuming else self.from_offset,
             "max_in_flight": self.max_in_flight, "credit": self.prefetch,
             "generation": self.generation, "on_reset": self.on_reset,
         }
+        if self.shared:
+            body["shared"] = True
+            body["key_ordered"] = self.key_ordered
+        return body
 
     def attached(self, sid: int, body: dict[str, Any]) -> SubscribeInfo:
         """A SUBSCRIBED reply for ``sid``: a new session starts at the shard's cursor."""
@@ -307,6 +322,8 @@ class SubState(Wakeable):
                 credit_back += 1
                 continue
             if attempt > 1 and (offset in buffered or session.is_acked(offset)):
+                if offset in buffered:
+                    session.delayed.add(offset)  # a re-push: acked by offset (see deliver)
                 continue  # still waiting unconsumed here, or already acked: drop it
             session.deliver(offset)
             buffer.append(Message(self.topic, offset, generation, message_id, payload,

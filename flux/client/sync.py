@@ -194,7 +194,8 @@ class Client:
 
     def subscribe(self, topic: str, name: str | None = None, read_old: bool = False,
                   from_offset: int | None = None, max_in_flight: int | None = None,
-                  prefetch: int | None = None, on_reset: str = "earliest") -> Subscription:
+                  prefetch: int | None = None, on_reset: str = "earliest", *,
+                  shared: bool = False, key_ordered: bool = False) -> Subscription:
         """A push subscription, used as ``with client.subscribe(...) as sub: for msg in sub``.
 
         Options as in :meth:`flux.client.trio.Client.subscribe`. Entering raises
@@ -203,7 +204,7 @@ class Client:
         """
         return Subscription(self, cast(aio.Subscription, self._client.subscribe(
             topic, name, read_old=read_old, from_offset=from_offset, max_in_flight=max_in_flight,
-            prefetch=prefetch, on_reset=on_reset)))
+            prefetch=prefetch, on_reset=on_reset, shared=shared, key_ordered=key_ordered)))
 
     def subscribe_pull(self, topic: str, name: str, *, read_old: bool = False,
                        from_offset: int | None = None, generation: int | None = None,

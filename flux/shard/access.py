@@ -62,11 +62,11 @@ class Access(ShardState):
                 continue
             session.identity = new
             for sid, sub in list(session.subs.items()):
-                if sub.session != (session.conn, sid) or new.permissions.may("subscribe",
-                                                                              sub.topic):
+                if not sub.attached_as(session.conn, sid) or new.permissions.may("subscribe",
+                                                                                  sub.topic):
                     continue
                 session.out.append([P.SUB_ENDED, sid, errors.NotAuthorized.code,
                                     f"user {new.user!r} may no longer subscribe to topic"
                                     f" {sub.topic!r} (auth reloaded)"])
                 self._emit("not_authorized", sub.topic, sub.name, (session.conn, sid))
-                self._end_attachment(sub, now)
+                self._detach_sid(sub, session.conn, sid, now)

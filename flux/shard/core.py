@@ -29,7 +29,7 @@ from flux.shard.state import (
     _next_pass,
 )
 from flux.shard.subscribing import Subscribing
-from flux.shard.subscription import Subscription
+from flux.shard.subscription import PushTimers, Subscription
 
 __all__ = ["Session", "ShardCore", "Topic"]
 
@@ -59,6 +59,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
             return
         self._end_session_attachments(session, now)
         session.subs.clear()
+        self._pump(now)  # a shared subscription's members take its messages at once (G10)
 
     def fail(self, conn: int, exc: errors.FluxError, now: float) -> None:
         """Close ``conn`` for a reason the shell saw (framing corruption, output the
@@ -214,10 +215,20 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         # lag is exact: offsets above the cursor acked already are not lag, and delayed
         # messages not due yet are a figure of their own (G12)
         pending = self._pending_of(topic, s, now) if topic.delayed else 0
-        return {"mode": s.mode, "cursor": s.cursor, "active": s.active,
+        info: dict[str, Any] = {"mode": s.mode, "cursor": s.cursor, "active": s.active,
                 "in_flight": len(s.in_flight), "ephemeral": s.ephemeral,
                 "lag": max(0, topic.log.next_offset - s.cursor - len(s.acked) - pending),
                 "delayed": pending, "redelivered": s.redelivered}
+        group = s.group
+        if group is not None:
+            info.update(shared=True, key_ordered=group.key_ordered,
+                        in_flight=len(group.holder), waiting=len(group.waiting),
+                        queued_by_key=group.queued_count, pinned_keys=len(group.pins),
+                        members=[{"in_flight": len(m.in_flight), "credit": m.credit,
+                                  "max_in_flight": m.max_in_flight, "keys": len(m.keys),
+                                  "since": now - m.joined_at}
+                                 for m in group.members.values()])
+        return info
 
     def _storage_stats(self, topic: Topic) -> dict[str, Any] | None:
         """A disk topic's log: its size, marks and what recovery found (None: memory)."""
@@ -256,7 +267,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         if self._delays:
             self._fire_delays(now)
         timers = self._timers
-        due: dict[int, Subscription] = {}
+        due: dict[int, PushTimers] = {}
         while timers and timers[0][0] <= now:
             _, _, sub = heapq.heappop(timers)
             sub.wake_at = None
@@ -330,7 +341,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
             topic = self.topics.get(journal.topic)
             if topic is not None and topic.journal is journal:
                 for sub in topic.subs.values():
-                    if sub.session is not None:
+                    if sub.pushing:
                         self._dirty[id(sub)] = sub
         self._pump(now)
         if self.cache.changed or self.cache.over:

@@ -129,7 +129,7 @@ class Delays(ShardState):
                 continue  # trimmed, or the topic is gone
             entry = (epoch + due, offset)
             for sub in topic.subs.values():
-                if sub.session is not None and _wants(sub, offset):
+                if sub.pushing and _wants(sub, offset):
                     heapq.heappush(sub.due_heap, entry)
                     dirty[id(sub)] = sub
 

@@ -18,22 +18,12 @@ from flux.shard.state import (
     P,
     Session,
 )
-from flux.shard.subscription import Subscription
+from flux.shard.subscription import PushTimers, Subscription
 from flux.shard.topic import TopicLog
 
 
 class Delivery(Delays):
     """Pushes, ack deadlines and redeliveries."""
-
-    def _pump(self, now: float) -> None:
-        """Send first deliveries to every subscription that may have room for them."""
-        if not self._dirty:
-            return
-        dirty = self._dirty
-        self._dirty = {}
-        for sub in dirty.values():
-            if sub.session is not None:
-                self._push_new(sub, now)
 
     def _push_new(self, sub: Subscription, now: float) -> None:
         topic = self.topics[sub.topic]
@@ -154,7 +144,7 @@ class Delivery(Delays):
                 frame.append({name: column[a:b] for name, column in meta.items()})
             session.out.append(frame)
 
-    def _schedule(self, sub: Subscription) -> None:
+    def _schedule(self, sub: PushTimers) -> None:
         """Make sure the timer heap wakes ``sub`` at its earliest timer."""
         at = sub.next_timer()
         if at is not None and (sub.wake_at is None or at < sub.wake_at):
@@ -195,8 +185,8 @@ class Delivery(Delays):
             self._redeliver(sub, repush)
         self._schedule(sub)
 
-    def _await_ack(self, session: Session | None, sub: Subscription, at: float,
-                   offsets: Sequence[int], pushes: int) -> None:
+    def _await_ack(self, session: Session | None, sub: PushTimers, at: float,
+                   offsets: Sequence[int], pushes: Any) -> None:
         """Push ``pushes`` of ``offsets`` waits for its ack until ``at``; or, if the push
         waits behind a held reply (a disk topic's record not yet durable, G9), until the
         timeout after it goes out (:meth:`_pushes_sent`): G4 counts from the push the

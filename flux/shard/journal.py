@@ -35,7 +35,7 @@ log = logging.getLogger("flux.shard")
 
 # record types (flux.storage.record: type 0 is never written)
 PUBLISH = 1        # [first offset, wall time, [id, ...], [payload, ...](, {keys, headers, due})]
-SUBSCRIPTION = 2   # [name, mode, start offset, wall time created]
+SUBSCRIPTION = 2   # [name, kind (journal_mode), start offset, wall time created]
 UNSUBSCRIBED = 3   # [name]: the named subscription was deleted
 CURSOR = 4         # [name, cursor, [acked offset above the cursor, ...]]
 TRIM = 5           # [oldest]: messages below were cleaned up
@@ -89,7 +89,7 @@ class Held:
     behind: list[list[Any]] = field(default_factory=list)
     # pushes among those frames, (subscription, offsets, pushes, epoch): their ack
     # timeout (G4) starts when they go out, not when they were made
-    pushes: list[tuple[Any, Sequence[int], int, int]] = field(default_factory=list)
+    pushes: list[tuple[Any, Sequence[int], Any, int]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -289,9 +289,18 @@ class TopicJournal:
         return stranded
 
 
+def journal_mode(sub: Any) -> str:
+    """How SUBSCRIPTION and SNAPSHOT records name a subscription's kind: ``push``,
+    ``pull``, ``shared`` or ``shared-keyed`` (a shared push subscription, G10)."""
+    group = sub.group
+    if group is None:
+        return str(sub.mode)
+    return "shared-keyed" if group.key_ordered else "shared"
+
+
 def subscription_row(sub: Any, epoch: float) -> list[Any]:
     """A named subscription as SNAPSHOT carries it (``epoch``: wall minus monotonic time)."""
-    return [sub.name, sub.mode, sub.start_offset, epoch + sub.created_at, sub.cursor,
+    return [sub.name, journal_mode(sub), sub.start_offset, epoch + sub.created_at, sub.cursor,
             sorted(sub.acked)]
 
 

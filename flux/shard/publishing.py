@@ -120,7 +120,7 @@ class Publishing(Delays):
         dirty = self._dirty
         for topic in touched.values():
             for sub in topic.subs.values():
-                if sub.session is not None:
+                if sub.session is not None or sub.group is not None:
                     dirty[id(sub)] = sub
 
     def _short_of_room(self, topic: Topic, n: int) -> bool:

@@ -25,6 +25,7 @@ from flux.policies import TopicSettings
 from flux.shard import journal as J
 from flux.shard.dedup import DedupWindow
 from flux.shard.publish_record import read_publish
+from flux.shard.sharing import Group
 from flux.shard.state import Topic
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
@@ -146,10 +147,13 @@ class TopicReplay:
         for name, (mode, start, created, cursor, acked) in self.subs.items():
             if reset:
                 cursor, start, acked = log.oldest, log.oldest, set()
-            sub = Subscription(topic=self.name, name=name, ephemeral=False, mode=mode,
+            shared = mode in ("shared", "shared-keyed")  # (journal_mode)
+            sub = Subscription(topic=self.name, name=name, ephemeral=False,
+                               mode="push" if shared else mode,
                                cursor=cursor, start_offset=start,
                                created_at=created - self.epoch,
-                               acked={o for o in acked if o > cursor})
+                               acked={o for o in acked if o > cursor},
+                               group=Group(mode == "shared-keyed") if shared else None)
             sub.inactive_since = now
             sub.last_activity = now
             topic.subs[name] = sub

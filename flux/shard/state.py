@@ -31,7 +31,7 @@ from flux.shard.journal import (
     snapshot_body,
     subscription_row,
 )
-from flux.shard.subscription import Subscription
+from flux.shard.subscription import PushTimers, Subscription
 from flux.shard.topic import TopicLog
 
 P = protocol
@@ -135,7 +135,7 @@ class ShardState:
         self.sessions: dict[int, Session] = {}
         self._conn_ids = itertools.count(1)
         self._timer_seq = itertools.count()
-        self._timers: list[tuple[float, int, Subscription]] = []
+        self._timers: list[tuple[float, int, PushTimers]] = []
         # the delayed messages not due yet, as (due, offset, topic): the shard's timer index
         # of G12 (a heap: the earliest due on top, nothing else looked at)
         self._delays: list[tuple[float, int, str]] = []
@@ -179,9 +179,14 @@ class ShardState:
         return topic
 
     def _end_session_attachments(self, session: Session, now: float) -> None:
-        for sub in list(session.subs.values()):
-            if sub.session is not None and sub.session[0] == session.conn:
-                self._end_attachment(sub, now)
+        for sid, sub in list(session.subs.items()):
+            self._detach_sid(sub, session.conn, sid, now)
+
+    def _detach_sid(self, sub: Subscription, conn: int, sid: int, now: float) -> None:
+        """Connection ``conn``'s ``sid`` stops taking pushes from ``sub`` (if attached);
+        a shared subscription's member leaves (:mod:`flux.shard.sharing`)."""
+        if sub.session == (conn, sid):
+            self._end_attachment(sub, now)
 
     def _check_owned(self, topic: Any) -> str:
         owned = self._owned.get(topic) if isinstance(topic, str) else None

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from flux import errors
-from flux.shard.delayed import Delays
-from flux.shard.journal import SUBSCRIPTION
+from flux.shard.journal import SUBSCRIPTION, journal_mode
+from flux.shard.sharing import Group, Sharing
 from flux.shard.state import (
     MAX_CREDIT,
     P,
@@ -22,7 +22,7 @@ from flux.shard.state import (
 from flux.shard.subscription import Subscription
 
 
-class Subscribing(Delays):
+class Subscribing(Sharing):
     """The push-subscription and ack handlers."""
 
     def _subscribe(self, session: Session, frame: list[Any], now: float) -> None:
@@ -40,6 +40,16 @@ class Subscribing(Delays):
                 "subscription name must be 1-255 bytes and not start with '~'")
         if sub_name is None and mode == "pull":
             raise errors.InvalidRequest("a pull subscription needs a name")
+        shared = _bool(opts, "shared", False)
+        key_ordered = _bool(opts, "key_ordered", False)
+        if key_ordered and not shared:
+            raise errors.InvalidRequest("key_ordered applies to a shared subscription only")
+        if shared and sub_name is None:
+            raise errors.InvalidRequest("a shared subscription needs a name")
+        if shared and mode == "pull":
+            raise errors.SubscriptionKindMismatch(
+                "a shared subscription is a push subscription; pull readers share a"
+                " subscription by FETCH and COMMIT already")
         read_old = _bool(opts, "read_old", False)
         from_offset = _opt_int(opts, "from_offset")
         known_generation = _opt_int(opts, "generation")
@@ -58,7 +68,7 @@ class Subscribing(Delays):
             raise errors.InvalidRequest("credit must be >= 0")
         credit = max_in_flight if credit is None else min(credit, MAX_CREDIT)
         if mode == "push" and sid in session.subs and not session.subs[sid].deleted \
-                and session.subs[sid].session == (session.conn, sid):
+                and session.subs[sid].attached_as(session.conn, sid):
             raise errors.InvalidRequest(f"sid {sid} is already in use on this connection")
         if mode == "push" and sid not in session.subs:
             self._check_subscription_room(session)
@@ -94,21 +104,29 @@ class Subscribing(Delays):
             if start < log.oldest:
                 start, clamped = log.oldest, True
             sub = Subscription(topic=name, name=key, ephemeral=sub_name is None, mode=mode,
-                               cursor=start, start_offset=start, created_at=now)
+                               cursor=start, start_offset=start, created_at=now,
+                               group=Group(key_ordered) if shared else None)
             topic.subs[key] = sub
             self._subscribed[name] = topic
             if self.topics.setdefault(name, topic) is topic:
                 self.retired.pop(name, None)
             self._emit("created", name, key, start)
             if topic.journal is not None and sub_name is not None:
-                topic.journal.append(SUBSCRIPTION, [key, mode, start, self.epoch + now])
+                topic.journal.append(SUBSCRIPTION, [key, journal_mode(sub), start,
+                                                    self.epoch + now])
         elif sub.mode != mode:
             raise errors.InvalidRequest(
                 f"subscription {sub_name!r} is a {sub.mode} subscription, not {mode}")
+        elif sub.shared != shared or (shared and sub.group.key_ordered != key_ordered):  # type: ignore[union-attr]
+            raise errors.SubscriptionKindMismatch(
+                f"subscription {sub_name!r} is {kind_of(sub)}, not {kind_of(None, shared, key_ordered)}:"
+                " subscribe as it was made")
 
         if mode == "pull":
             sub.active = True
             sub.last_activity = now
+        elif shared:
+            self._join(sub, session, sid, credit, max_in_flight, now)
         else:
             old = sub.session
             if old is not None and old != (session.conn, sid):
@@ -125,8 +143,12 @@ class Subscribing(Delays):
         reply = [P.SUBSCRIBED, rid, sid, {
             "created": created, "start_offset": sub.start_offset, "cursor": sub.cursor,
             "generation": generation, "clamped": clamped, "reset": reset,
-            "next_offset": log.next_offset, "max_in_flight": sub.max_in_flight,
+            "next_offset": log.next_offset,
+            "max_in_flight": max_in_flight if shared else sub.max_in_flight,
         }]
+        if shared:
+            reply[3].update(shared=True, key_ordered=key_ordered,
+                            members=len(sub.group.members))  # type: ignore[union-attr]
         if topic.journal is not None and not sub.ephemeral:
             self._journal_hold(session, reply, [topic.journal])  # its record first (G9)
         else:
@@ -140,7 +162,7 @@ class Subscribing(Delays):
             return
         conn = session.conn
         live = sum(1 for sid, sub in session.subs.items()
-                   if not sub.deleted and sub.session == (conn, sid))
+                   if not sub.deleted and sub.attached_as(conn, sid))
         if live >= limit:
             raise errors.TooManySubscriptions(
                 f"this connection holds {limit} push subscriptions (limits.max_subscriptions);"
@@ -149,8 +171,8 @@ class Subscribing(Delays):
     def _unsubscribe(self, session: Session, frame: list[Any], now: float) -> None:
         rid, sid = frame[1], frame[2]
         sub = session.subs.pop(sid, None) if type(sid) is int else None
-        if sub is not None and sub.session == (session.conn, sid):
-            self._end_attachment(sub, now)
+        if sub is not None:
+            self._detach_sid(sub, session.conn, sid, now)
         session.out.append([P.UNSUBSCRIBED, rid, sid])
 
     def _credit(self, session: Session, frame: list[Any], now: float) -> None:
@@ -158,14 +180,25 @@ class Subscribing(Delays):
         if type(n) is not int or n < 0:
             raise errors.InvalidRequest("CREDIT n must be a non-negative integer")
         sub = session.subs.get(sid) if type(sid) is int else None
-        if sub is not None and sub.session == (session.conn, sid):
+        if sub is None:
+            return
+        if sub.session == (session.conn, sid):
             sub.credit = min(sub.credit + n, MAX_CREDIT)
+            self._dirty[id(sub)] = sub
+        elif (member := self._member(sub, session.conn, sid)) is not None:
+            member.credit = min(member.credit + n, MAX_CREDIT)
             self._dirty[id(sub)] = sub
 
     def _attached(self, session: Session, sid: Any) -> Subscription:
         sub = session.subs.get(sid) if type(sid) is int else None
         if sub is None or sub.deleted:
             raise errors.UnknownSubscription(f"no subscription with sid {sid} on this connection")
+        if sub.group is not None:
+            if (session.conn, sid) not in sub.group.members:
+                raise errors.SubscriptionInactive(
+                    f"this session is no longer a member of subscription {sub.name!r};"
+                    " subscribe again to resume")
+            return sub
         if sub.session != (session.conn, sid):
             if sub.session is None:
                 raise errors.SubscriptionInactive(
@@ -186,6 +219,11 @@ class Subscribing(Delays):
             raise errors.InvalidRequest("ACK offsets must be an array and through an integer")
         refused: list[list[Any]] = []
         acked = 0
+        member = self._member(sub, session.conn, sid)
+        if member is not None:
+            acked = self._member_ack(sub, member, offsets, through, refused)
+            offsets = []
+            through = -1
         for offset in offsets:
             if type(offset) is not int:
                 refused.append([offset, errors.InvalidRequest.code, "offset must be an integer"])
@@ -199,10 +237,20 @@ class Subscribing(Delays):
         if acked:
             self.counters["acked"] += acked
             self._dirty[id(sub)] = sub
-            sub.drop_acked_deadlines()
+            if member is None:
+                sub.drop_acked_deadlines()
         reply = [P.ACKED, rid, sid, sub.cursor, refused]
         journal = self._journal_cursor(topic, sub) if acked else topic.journal
         if journal is not None and not sub.ephemeral:
             self._journal_hold(session, reply, [journal])  # a confirmed ack is durable (G9)
         else:
             session.out.append(reply)
+
+
+def kind_of(sub: Subscription | None, shared: bool = False, key_ordered: bool = False) -> str:
+    """A subscription's kind in words, for errors."""
+    if sub is not None:
+        shared, key_ordered = sub.shared, bool(sub.group and sub.group.key_ordered)
+    if not shared:
+        return "a plain subscription"
+    return "a shared, key-ordered subscription" if key_ordered else "a shared subscription"

@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from flux.shard.inflight import InFlight
+
+if TYPE_CHECKING:
+    from flux.shard.sharing import Group
 
 Mode = Literal["push", "pull"]
 
@@ -23,8 +26,44 @@ DEADLINE = 0
 REPUSH = 1
 
 
+class PushTimers:
+    """Ack deadlines and re-push times of one attachment (a plain subscription's
+    session, or a member of a shared one): two FIFO queues, already in time order."""
+
+    deadlines: deque[tuple[float, Any, Any, int]]
+    repushes: deque[tuple[float, int, int, int]]
+    epoch: int
+    wake_at: float | None
+    topic: str
+    deleted: bool
+
+    def next_timer(self) -> float | None:
+        """When the earliest deadline or re-push falls, if any."""
+        d = self.deadlines[0][0] if self.deadlines else None
+        r = self.repushes[0][0] if self.repushes else None
+        if d is None:
+            return r
+        if r is None:
+            return d
+        return min(d, r)
+
+    def add_deadlines(self, at: float, offsets: Sequence[int], pushes: Any) -> None:
+        """Push ``pushes`` of each of ``offsets`` waits for its ack until ``at`` (a
+        member's ``pushes`` may be one number per offset)."""
+        q = self.deadlines
+        if q and q[-1][0] > at:  # a late tick; keep the queue ordered
+            at = q[-1][0]
+        q.append((at, offsets, pushes, self.epoch))
+
+    def add_repush(self, at: float, offset: int, pushes: int) -> None:
+        q = self.repushes
+        if q and q[-1][0] > at:
+            at = q[-1][0]
+        q.append((at, offset, pushes, self.epoch))
+
+
 @dataclass(eq=False)
-class Subscription:
+class Subscription(PushTimers):
     """State of one subscription; the shard core mutates it."""
 
     topic: str
@@ -47,7 +86,7 @@ class Subscription:
     attached_from: int = 0
     preacked: frozenset[int] = frozenset()
     # (at, offsets, pushes, epoch): one entry per batch of pushes that share a deadline
-    deadlines: deque[tuple[float, Sequence[int], int, int]] = field(default_factory=deque)
+    deadlines: deque[tuple[float, Any, Any, int]] = field(default_factory=deque)
     repushes: deque[tuple[float, int, int, int]] = field(default_factory=deque)
     # activity (G6)
     active: bool = False
@@ -62,6 +101,24 @@ class Subscription:
     due_heap: list[tuple[float, int]] = field(default_factory=list)
     due_pushed: set[int] = field(default_factory=set)
     delayed: dict[int, float] | None = None
+    # a shared subscription (G10): its members and what they share; None: a plain one
+    group: Group | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.group is not None
+
+    @property
+    def pushing(self) -> bool:
+        """Whether a session (or, shared, a member) is attached to take pushes."""
+        return self.session is not None or (self.group is not None and bool(self.group.members))
+
+    def attached_as(self, conn: int, sid: int) -> bool:
+        """Whether connection ``conn``'s ``sid`` is attached to this subscription now."""
+        group = self.group
+        if group is None:
+            return self.session == (conn, sid)
+        return (conn, sid) in group.members
 
     # -- cursor and acks ---------------------------------------------------------------
 
@@ -80,6 +137,12 @@ class Subscription:
         """Ack one pushed offset of the attached session; False if it was not in flight."""
         if self.in_flight.pop(offset, None) is None:
             return False
+        self.mark_acked(offset)
+        return True
+
+    def mark_acked(self, offset: int) -> None:
+        """Count ``offset`` (unacked, at or above the cursor) as acked: move the cursor
+        over it and the acks above it, or remember it above the cursor."""
         if offset == self.cursor:
             cursor = offset + 1
             acked = self.acked
@@ -89,7 +152,6 @@ class Subscription:
             self.cursor = cursor
         else:
             self.acked.add(offset)
-        return True
 
     def ack_through(self, through: int) -> int:
         """Ack every in-flight offset <= ``through`` except delayed messages (G12: pushed
@@ -145,10 +207,15 @@ class Subscription:
     def attach(self, session: tuple[int, int], credit: int, max_in_flight: int,
                now: float) -> None:
         """Attach a session: pushes resume from the cursor with fresh push counts."""
-        self._reset_push_state()
+        self.start_round(now)
         self.session = session
         self.credit = credit
         self.max_in_flight = max_in_flight
+
+    def start_round(self, now: float) -> None:
+        """Become active with pushes starting over from the cursor (no session yet: a
+        shared subscription's members attach to it, :mod:`flux.shard.sharing`)."""
+        self._reset_push_state()
         self.next_push = self.cursor
         self.attached_from = self.cursor
         self.preacked = frozenset(self.acked)
@@ -173,37 +240,12 @@ class Subscription:
         self.due_heap = []
         self.due_pushed = set()
 
-    # -- timers ------------------------------------------------------------------------
-
-    def next_timer(self) -> float | None:
-        """When the earliest deadline or re-push falls, if any."""
-        d = self.deadlines[0][0] if self.deadlines else None
-        r = self.repushes[0][0] if self.repushes else None
-        if d is None:
-            return r
-        if r is None:
-            return d
-        return min(d, r)
-
-    def add_deadlines(self, at: float, offsets: Sequence[int], pushes: int) -> None:
-        """Push ``pushes`` of each of ``offsets`` (increasing) waits for its ack until ``at``."""
-        q = self.deadlines
-        if q and q[-1][0] > at:  # a late tick; keep the queue ordered
-            at = q[-1][0]
-        q.append((at, offsets, pushes, self.epoch))
-
     def drop_acked_deadlines(self) -> None:
         """Forget the oldest ack deadlines whose batches are all below the cursor (acked):
         they would only expire with nothing to do, held for ``subscriber.timeout``."""
         q, cursor = self.deadlines, self.cursor
         while q and (not q[0][1] or q[0][1][-1] < cursor):
             q.popleft()
-
-    def add_repush(self, at: float, offset: int, pushes: int) -> None:
-        q = self.repushes
-        if q and q[-1][0] > at:
-            at = q[-1][0]
-        q.append((at, offset, pushes, self.epoch))
 
     def is_current(self, offset: int, pushes: int, epoch: int) -> bool:
         """Whether a timer entry still refers to an unacked push of this attachment."""

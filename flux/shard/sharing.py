@@ -1,0 +1,560 @@
+"""Shared subscriptions (G10): members of one subscription drain it together.
+
+Every session attached to a shared subscription is a *member* (:class:`Member`)
+with its own credit, window (``max_in_flight``), in-flight pushes and ack
+deadlines. What members share lives in the subscription's :class:`Group`: the
+cursor and acks (the subscription's own, so G5 and the journal treat the group
+as one subscription), which member holds each offset in flight, push counts that
+survive hand-offs and re-attaching, hand-offs waiting for a member with room,
+and, with ``key_ordered``, the member each key is pinned to.
+
+- A message is in flight to at most one member; only that member may ack it.
+- A member that leaves (unsubscribe, disconnect, heartbeat loss) hands its
+  unacked messages to the others at once, in offset order, within their windows
+  and credit; each hand-off is a push. With no member left the group is
+  inactive; the next member to attach resumes from the cursor.
+- An ack timeout re-pushes the message to the member holding it (G4's schedule
+  per message); a message that used all its pushes, a hand-off included, makes
+  the whole group inactive (G4), unless a dead-letter policy takes it.
+- ``key_ordered``: a keyed message goes to the member its key is pinned to; a key
+  is pinned when a member gets its first message and released when that member
+  holds none of it unacked and none waits. A key's first pushes go in offset
+  order: one that cannot go now (its member's window is full) waits in the key's
+  queue, and later ones of that key queue behind it instead of overtaking it.
+- A member's pushes below the highest it was pushed before (hand-offs, re-pushes,
+  a key's queued messages) are *late*: a cumulative ack never covers them, since
+  the client may not have seen them when it sent it; they are acked by offset,
+  as the client library does for every offset delivered out of order (and every
+  re-push).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flux import errors
+from flux.shard.delivery import Delivery
+from flux.shard.state import P, Session
+from flux.shard.subscription import PushTimers, Subscription
+
+# Most messages of a key-ordered group that may wait for their key's member at once;
+# past it, the group takes no new message until some of them went out (memory bound).
+MAX_QUEUED_BY_KEY = 10_000
+
+
+@dataclass(eq=False)
+class Member(PushTimers):
+    """One session attached to a shared subscription (``sub``)."""
+
+    sub: Subscription
+    topic: str
+    conn: int
+    sid: int
+    credit: int
+    max_in_flight: int
+    joined_at: float
+    # offset -> the push number it went out with (the message's push count then)
+    in_flight: dict[int, int] = field(default_factory=dict)
+    late: set[int] = field(default_factory=set)   # acked by offset only (module docstring)
+    top: int = -1                                  # the highest offset pushed to it
+    key_of: dict[int, str] = field(default_factory=dict)  # held keyed offset -> key
+    keys: dict[str, int] = field(default_factory=dict)    # pinned key -> held unacked
+    waiting_keys: set[str] = field(default_factory=set)   # pinned keys with a queue
+    deadlines: deque[tuple[float, Any, Any, int]] = field(default_factory=deque)
+    repushes: deque[tuple[float, int, int, int]] = field(default_factory=deque)
+    epoch: int = 0
+    wake_at: float | None = None
+    deleted: bool = False   # it left
+
+    def room(self) -> int:
+        return min(self.max_in_flight - len(self.in_flight), self.credit)
+
+    def is_current(self, offset: int, pushes: int, epoch: int) -> bool:
+        """Whether a timer entry still refers to an unacked push to this member."""
+        return epoch == self.epoch and self.in_flight.get(offset) == pushes
+
+
+@dataclass(eq=False)
+class Group:
+    """What the members of one shared subscription share."""
+
+    key_ordered: bool
+    members: dict[tuple[int, int], Member] = field(default_factory=dict)
+    holder: dict[int, Member] = field(default_factory=dict)  # offset in flight -> member
+    # pushes used by unacked offsets not in flight now (handed off, or pushed before the
+    # group was last inactive): their next push continues the count
+    pushes: dict[int, int] = field(default_factory=dict)
+    waiting: list[int] = field(default_factory=list)  # hand-offs without a member yet, sorted
+    pins: dict[str, Member] = field(default_factory=dict)    # key_ordered: key -> member
+    queued: dict[str, deque[int]] = field(default_factory=dict)  # key -> first pushes waiting
+    queued_count: int = 0
+    unpinned: set[str] = field(default_factory=set)  # keys with a queue whose member left
+    turn: int = 0                   # where the next round of member choice starts
+    counted_below: int = 0          # offsets from here on have no count from an earlier round
+
+    def clear_round(self) -> None:
+        """Forget what one activation of the group had pending (counts are kept)."""
+        self.waiting = []
+        self.pins = {}
+        self.queued = {}
+        self.queued_count = 0
+        self.unpinned = set()
+        self.counted_below = max(self.pushes, default=-1) + 1
+
+
+class Sharing(Delivery):
+    """Members joining and leaving, the group's pushes, timers and acks."""
+
+    # -- joining and leaving -------------------------------------------------------------
+
+    def _join(self, sub: Subscription, session: Session, sid: int, credit: int,
+              max_in_flight: int, now: float) -> Member:
+        """Attach ``session``'s ``sid`` as a member; the first member of an inactive
+        group starts a new round from the cursor (push counts kept)."""
+        group = sub.group
+        assert group is not None
+        if not group.members:
+            sub.start_round(now)
+            group.clear_round()
+            self._attach_delays(self.topics[sub.topic], sub, now)
+        member = Member(sub, sub.topic, session.conn, sid, credit, max_in_flight, now)
+        group.members[(session.conn, sid)] = member
+        sub.last_activity = now
+        session.subs[sid] = sub
+        self._dirty[id(sub)] = sub
+        self._emit("joined", sub.topic, sub.name, (session.conn, sid))
+        return member
+
+    def _detach_sid(self, sub: Subscription, conn: int, sid: int, now: float) -> None:
+        group = sub.group
+        if group is None:
+            super()._detach_sid(sub, conn, sid, now)
+        elif (member := group.members.get((conn, sid))) is not None:
+            self._leave(sub, member, now)
+
+    def _member(self, sub: Subscription, conn: int, sid: int) -> Member | None:
+        group = sub.group
+        return None if group is None else group.members.get((conn, sid))
+
+    def _leave(self, sub: Subscription, member: Member, now: float, hand_off: bool = True
+               ) -> None:
+        """``member`` leaves: its unacked messages wait for the others (the pump hands
+        them on at once), its keys are released; the last one makes the group inactive."""
+        group = sub.group
+        assert group is not None
+        if group.members.get((member.conn, member.sid)) is not member:
+            return
+        del group.members[(member.conn, member.sid)]
+        member.deleted = True
+        member.epoch += 1
+        holder, pushes = group.holder, group.pushes
+        for offset, count in member.in_flight.items():
+            del holder[offset]
+            pushes[offset] = count
+        if member.in_flight and hand_off:
+            group.waiting = sorted({*group.waiting, *member.in_flight})
+        member.in_flight.clear()
+        member.deadlines.clear()
+        member.repushes.clear()
+        for key in member.keys:
+            del group.pins[key]
+        group.unpinned |= member.waiting_keys
+        member.keys.clear()
+        member.key_of.clear()
+        member.waiting_keys.clear()
+        self._emit("left", sub.topic, sub.name, (member.conn, member.sid))
+        if not group.members:
+            group.clear_round()
+            if sub.active:
+                sub.active = False
+                sub.inactive_since = now
+        else:
+            self._dirty[id(sub)] = sub
+
+    def _end_group(self, sub: Subscription, code: int, message: str, now: float,
+                   keep: int | None = None) -> None:
+        """Every member leaves, each told why (SUB_ENDED); the group is inactive. The
+        push count of ``keep`` (an exhausted message) starts afresh next round."""
+        group = sub.group
+        assert group is not None
+        for member in list(group.members.values()):
+            session = self.sessions.get(member.conn)
+            if session is not None:
+                session.out.append([P.SUB_ENDED, member.sid, code, message])
+            self._leave(sub, member, now, hand_off=False)
+        if keep is not None:
+            group.pushes.pop(keep, None)
+
+    # -- pushing -----------------------------------------------------------------------
+
+    def _pump(self, now: float) -> None:
+        """Send first deliveries to every subscription that may have room for them."""
+        if not self._dirty:
+            return
+        dirty = self._dirty
+        self._dirty = {}
+        for sub in dirty.values():
+            if sub.session is not None:
+                self._push_new(sub, now)
+            elif sub.group is not None and sub.group.members:
+                self._push_shared(sub, now)
+
+    def _push_shared(self, sub: Subscription, now: float) -> None:
+        """Hand-offs, then keys' queued messages, then new messages, to the members with
+        room: one DELIVER per member and push count."""
+        group = sub.group
+        assert group is not None
+        free = [m for m in group.members.values() if m.room() > 0]
+        if not free:
+            return
+        topic = self.topics[sub.topic]
+        log = topic.log
+        max_pushes = 1 + topic.settings.retry_count
+        rooms = {id(m): m.room() for m in free}
+        plan: dict[int, list[int]] = {}
+        firsts: dict[int, range | None] = {}
+        keyed = group.key_ordered and bool(log.metas)
+        turn = group.turn % len(free)
+        group.turn += 1
+        order = free[turn:] + free[:turn]
+
+        spin = [0]
+
+        def pick() -> Member | None:
+            """The next member with room, round robin (messages and keys spread)."""
+            n = len(order)
+            for i in range(n):
+                m = order[(spin[0] + i) % n]
+                if rooms[id(m)] > 0:
+                    spin[0] += i + 1
+                    return m
+            return None
+
+        def assign(m: Member, offset: int) -> None:
+            rooms[id(m)] -= 1
+            plan.setdefault(id(m), []).append(offset)
+
+        def key_of(offset: int) -> str | None:
+            return log.meta_of(offset)[0] if keyed else None
+
+        def pin(key: str, m: Member) -> None:
+            group.pins[key] = m
+            m.keys.setdefault(key, 0)
+            if key in group.unpinned:  # its queue follows it
+                group.unpinned.discard(key)
+                m.waiting_keys.add(key)
+
+        # 1. hand-offs of members that left, in offset order
+        if group.waiting:
+            if any(group.pushes.get(o, 0) >= max_pushes for o in group.waiting):
+                offset = next(o for o in group.waiting if group.pushes.get(o, 0) >= max_pushes)
+                self._group_exhausted(sub, offset, max_pushes, now)
+                return
+            kept: list[int] = []
+            for offset in group.waiting:
+                if not log.holds(offset) or offset < sub.cursor or offset in sub.acked:
+                    group.pushes.pop(offset, None)
+                    continue
+                key = key_of(offset)
+                target = group.pins.get(key) if key is not None else None
+                if target is None:
+                    target = pick()
+                    if target is not None and key is not None:
+                        pin(key, target)
+                if target is None or rooms.get(id(target), 0) <= 0:
+                    kept.append(offset)
+                    continue
+                assign(target, offset)
+            group.waiting = kept
+        # 2. keys' queued first pushes: to their members, or (member gone) to any
+        if group.queued:
+            for key in list(group.unpinned):
+                target = pick()
+                if target is None:
+                    break
+                pin(key, target)
+            for m in order:
+                for key in list(m.waiting_keys):
+                    if rooms[id(m)] <= 0:
+                        break
+                    queue = group.queued[key]
+                    while queue and rooms[id(m)] > 0:
+                        assign(m, queue.popleft())
+                        group.queued_count -= 1
+                    if not queue:
+                        del group.queued[key]
+                        m.waiting_keys.discard(key)
+        # 3. new messages, from the round's scan (and due heap, G12)
+        total = sum(rooms.values())
+        while total > 0 and group.queued_count < MAX_QUEUED_BY_KEY:
+            picks = self._next_firsts(sub, topic, total)
+            if not picks:
+                break
+            if not keyed:
+                if type(picks) is range and not picks.start < group.counted_below:
+                    # the usual case: a run of first pushes, an even slice of it to each
+                    # member with room (what one cannot take goes to the next)
+                    start, left = picks.start, len(picks)
+                    takers = [m for m in order if rooms[id(m)] > 0]
+                    for i, m in enumerate(takers):
+                        n = min(rooms[id(m)], -(-left // (len(takers) - i)))
+                        if n > 0:
+                            firsts[id(m)] = range(start, start + n)
+                            rooms[id(m)] -= n
+                            start += n
+                            left -= n
+                    break
+                for offset in picks:
+                    target = pick()
+                    assert target is not None
+                    assign(target, offset)
+            else:
+                for offset in picks:
+                    key = key_of(offset)
+                    if key is None:
+                        target = pick()
+                        assert target is not None
+                        assign(target, offset)
+                        continue
+                    waiting = group.queued.get(key)
+                    if waiting is not None:
+                        waiting.append(offset)
+                        group.queued_count += 1
+                        continue
+                    target = group.pins.get(key) or pick()
+                    assert target is not None  # (no more picks than room: one always has some)
+                    if key not in group.pins:
+                        pin(key, target)
+                    if rooms.get(id(target), 0) > 0:
+                        assign(target, offset)
+                    else:
+                        group.queued[key] = deque([offset])
+                        group.queued_count += 1
+                        target.waiting_keys.add(key)
+            total = sum(rooms.values())
+        by_id = {id(m): m for m in free}
+        for mid, m in by_id.items():
+            run = firsts.get(mid)
+            offsets = plan.get(mid)
+            if run is not None or offsets:
+                self._send_to_member(sub, m, topic, run, offsets or [], keyed, now)
+        self._schedule_members(free)
+
+    def _next_firsts(self, sub: Subscription, topic: Any, room: int) -> Sequence[int]:
+        """At most ``room`` offsets the group has still to first-push this round, in push
+        order (a range when they are a run), moving its scan past them."""
+        log = topic.log
+        end = topic.exposed
+        start = max(sub.next_push, sub.cursor, log.oldest)
+        delayed = topic.delayed
+        if delayed and (sub.due_heap or next(reversed(delayed)) >= start):
+            picks, next_push = self._due_order(sub, topic, start, end, room)
+            sub.due_pushed.update(o for o in picks if o in delayed)
+            sub.next_push = next_push
+            return picks
+        if start >= end:
+            return ()
+        stop = min(end, start + room)
+        acked = sub.acked
+        if acked and max(acked) >= start:
+            offsets = [o for o in range(start, stop) if o not in acked]
+            o = stop
+            while len(offsets) < room and o < end:
+                if o not in acked:
+                    offsets.append(o)
+                o += 1
+            sub.next_push = o if len(offsets) >= room or o >= end else stop
+            return offsets
+        sub.next_push = stop
+        return range(start, stop)
+
+    def _send_to_member(self, sub: Subscription, m: Member, topic: Any, run: range | None,
+                        offsets: list[int], keyed: bool, now: float) -> None:
+        """Push ``run`` (first pushes of never-counted offsets) and ``offsets`` (any) to
+        ``m``: counts, holders, keys, deadlines, one DELIVER per push count, the frames
+        in order of their lowest offset (the order the client sees them in decides
+        which are late: the shard marks them in that same order)."""
+        group = sub.group
+        assert group is not None
+        session = self.sessions.get(m.conn)
+        log = topic.log
+        holder, pushes, in_flight, late = group.holder, group.pushes, m.in_flight, m.late
+        by_count: dict[int, list[int]] = {}
+        for offset in offsets:
+            count = pushes.pop(offset, 0) + 1
+            in_flight[offset] = count
+            by_count.setdefault(count, []).append(offset)
+            if keyed:
+                key = log.meta_of(offset)[0]
+                if key is not None:
+                    m.key_of[offset] = key
+                    m.keys[key] = m.keys.get(key, 0) + 1
+        holder.update(dict.fromkeys(offsets, m))
+        batches: list[tuple[Sequence[int], int]] = [
+            (sorted(batch), count) for count, batch in by_count.items()]
+        if run is not None and len(run):
+            holder.update(dict.fromkeys(run, m))
+            in_flight.update(dict.fromkeys(run, 1))
+            batches.append((run, 1))
+        batches.sort(key=lambda b: b[0][0])
+        top = m.top
+        for batch, _ in batches:
+            if type(batch) is range and batch.start > top:
+                top = batch.stop - 1
+                continue
+            for offset in batch:
+                if offset <= top:
+                    late.add(offset)
+                else:
+                    top = offset
+        m.top = top
+        n = (len(run) if run is not None else 0) + len(offsets)
+        m.credit -= n
+        self.counters["delivered"] += n
+        timeout = topic.settings.timeout
+        for batch, count in batches:
+            self._await_ack(session, m, now + timeout, batch, count)
+            if count > 1:
+                self.counters["redelivered"] += len(batch)
+                sub.redelivered += len(batch)
+            if session is None:
+                continue
+            try:  # a disk topic's evicted payloads are read back here
+                if type(batch) is range:
+                    ids, payloads, times = log.span(batch.start, batch.stop, self.epoch)
+                else:
+                    ids, payloads, times = self._columns(log, batch)
+            except errors.StorageUnavailable:
+                continue  # damage read back (the shard stops to recover): times out as lost
+            meta = log.meta_columns(batch, self.epoch) if log.metas else None
+            self._deliver(session, m.sid, topic.generation, count, batch, ids, payloads,
+                          times, meta)
+
+    def _schedule_members(self, members: list[Member]) -> None:
+        for m in members:
+            self._schedule(m)
+
+    # -- timers --------------------------------------------------------------------------
+
+    def _run_timers(self, sub: PushTimers, now: float) -> None:
+        if type(sub) is Member:
+            self._member_timers(sub, now)
+        else:
+            assert isinstance(sub, Subscription)
+            super()._run_timers(sub, now)
+
+    def _member_timers(self, m: Member, now: float) -> None:
+        """``m``'s ack deadlines and re-pushes due by ``now`` (G4, per message)."""
+        sub = m.sub
+        if m.deleted:
+            return
+        settings = self.topics[sub.topic].settings
+        max_pushes = 1 + settings.retry_count
+        retry_interval = settings.retry_interval
+        repush: list[tuple[float, int, int]] = []
+        while True:
+            d = m.deadlines[0] if m.deadlines else None
+            r = m.repushes[0] if m.repushes else None
+            if d is not None and d[0] <= now and (r is None or d[0] <= r[0]):
+                m.deadlines.popleft()
+                at, offsets, counts, epoch = d
+                for i, offset in enumerate(offsets):
+                    count = counts if type(counts) is int else counts[i]
+                    if not m.is_current(offset, count, epoch):
+                        continue
+                    if count >= max_pushes:
+                        self._group_exhausted(sub, offset, count, now)
+                        return
+                    if retry_interval <= 0:
+                        repush.append((at, offset, count))
+                    else:
+                        m.add_repush(at + retry_interval, offset, count)
+            elif r is not None and r[0] <= now:
+                m.repushes.popleft()
+                at, offset, count, epoch = r
+                if m.is_current(offset, count, epoch):
+                    repush.append((at, offset, count))
+            else:
+                break
+        if repush:
+            self._member_redeliver(m, repush)
+        self._schedule(m)
+
+    def _member_redeliver(self, m: Member, due: list[tuple[float, int, int]]) -> None:
+        """Re-push ``due`` (at, offset, count) to ``m``, which holds them."""
+        sub = m.sub
+        topic = self.topics[sub.topic]
+        log, timeout = topic.log, topic.settings.timeout
+        session = self.sessions.get(m.conn)
+        by_count: dict[int, list[int]] = {}
+        for at, offset, count in sorted(due, key=lambda e: (e[0], e[1])):
+            if not log.holds(offset):
+                continue
+            m.in_flight[offset] = count + 1
+            m.late.add(offset)
+            self._await_ack(session, m, at + timeout, [offset], count + 1)
+            by_count.setdefault(count + 1, []).append(offset)
+        if session is None:
+            return
+        for offsets, count in sorted((sorted(o), c) for c, o in by_count.items()):
+            try:
+                columns = self._columns(log, offsets)
+            except errors.StorageUnavailable:
+                continue
+            self.counters["redelivered"] += len(offsets)
+            sub.redelivered += len(offsets)
+            self._deliver(session, m.sid, topic.generation, count, offsets, *columns,
+                          log.meta_columns(offsets, self.epoch))
+
+    def _group_exhausted(self, sub: Subscription, offset: int, pushes: int, now: float) -> None:
+        """A message of a shared subscription used all its pushes: the group is inactive
+        (G4), every member told; its push count starts afresh when a member attaches."""
+        self._emit("exhausted", sub.topic, sub.name, offset)
+        self._end_group(sub, errors.SubscriptionInactive.code,
+                        f"offset {offset} was pushed {pushes} times without an ack; subscribe"
+                        " again to resume", now, keep=offset)
+
+    # -- acks --------------------------------------------------------------------------
+
+    def _member_ack(self, sub: Subscription, m: Member, offsets: list[Any], through: int,
+                    refused: list[list[Any]]) -> int:
+        """Apply one ACK of member ``m``; returns how many it acked (refusals appended)."""
+        acked = 0
+        in_flight = m.in_flight
+        for offset in offsets:
+            if type(offset) is not int:
+                refused.append([offset, errors.InvalidRequest.code, "offset must be an integer"])
+            elif offset in in_flight:
+                self._member_acked(sub, m, offset)
+                acked += 1
+            elif offset >= sub.cursor and offset not in sub.acked:
+                refused.append([offset, errors.NotDelivered.code,
+                                f"offset {offset} is not held by this member"])
+        if through >= 0 and in_flight:
+            late = m.late
+            delayed = self.topics[sub.topic].delayed
+            covered = [o for o in in_flight
+                       if o <= through and o not in late and o not in delayed]
+            for offset in covered:
+                self._member_acked(sub, m, offset)
+            acked += len(covered)
+        return acked
+
+    def _member_acked(self, sub: Subscription, m: Member, offset: int) -> None:
+        group = sub.group
+        assert group is not None
+        del m.in_flight[offset]
+        del group.holder[offset]
+        m.late.discard(offset)
+        sub.mark_acked(offset)
+        key = m.key_of.pop(offset, None) if m.key_of else None
+        if key is not None:
+            left = m.keys[key] - 1
+            if left or key in m.waiting_keys:
+                m.keys[key] = left  # queued ones follow: the pin holds
+            else:
+                del m.keys[key]
+                del group.pins[key]

@@ -1,0 +1,287 @@
+"""ShardCore: shared subscriptions (G10): members, who may ack, hand-offs, push counts
+across members, key order, late pushes and cumulative acks, kinds refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_core_support import TOPIC, Client, Shard
+
+from flux import errors
+from flux import protocol as P
+
+NAME = "workers"
+
+
+def _join(client: Client, sid: int, **opts: Any) -> dict[str, Any]:
+    """Join as a member with plenty of credit (the window is what limits it)."""
+    return client.subscribe(sid, name=NAME, shared=True, **{"credit": 1000, **opts})
+
+
+def _publish_keyed(client: Client, keys: list[str | None]) -> None:
+    ids = [f"m{client.shard.core.topics[TOPIC].log.next_offset + i}"
+           if TOPIC in client.shard.core.topics else f"m{i}" for i in range(len(keys))]
+    reply = client.publish_frame([[TOPIC, ids, [i.encode() for i in ids], {"keys": keys}]])
+    assert reply[0] == P.PUBLISHED, reply
+
+
+def _held(shard: Shard) -> dict[int, int]:
+    """offset -> the conn of the member holding it."""
+    group = shard.core.topics[TOPIC].subs[NAME].group
+    assert group is not None
+    return {o: m.conn for o, m in group.holder.items()}
+
+
+def test_each_message_goes_to_one_member_within_its_window() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    info = _join(a, 1, max_in_flight=3)
+    assert info["created"] and info["shared"] and info["members"] == 1
+    assert _join(b, 1, max_in_flight=3)["members"] == 2
+    a.publish(*[f"m{i}" for i in range(8)])
+    got_a, got_b = a.deliveries(1), b.deliveries(1)
+    assert len(got_a) == 3 and len(got_b) == 3
+    assert {o for o, _ in got_a}.isdisjoint({o for o, _ in got_b})
+    assert all(attempt == 1 for _, attempt in got_a + got_b)
+    # an ack frees a slot: the next message goes out, to that member
+    a.ack(1, got_a[0][0])
+    assert len(a.deliveries(1)) == 1 and b.deliveries(1) == []
+
+
+def test_only_the_holder_may_ack() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=1)
+    _join(b, 1, max_in_flight=1)
+    a.publish("x", "y")
+    [(oa, _)] = a.deliveries(1)
+    [(ob, _)] = b.deliveries(1)
+    cursor, refused = b.ack(1, oa)
+    assert [r[0] for r in refused] == [oa] and refused[0][1] == errors.NotDelivered.code
+    assert _held(shard)[oa] == a.conn
+    # a cumulative ack never covers another member's message
+    cursor, refused = b.ack(1, through=10)
+    assert refused == [] and oa in _held(shard) and ob not in _held(shard)
+    assert cursor == (oa if oa < ob else ob + 1)
+    cursor, refused = a.ack(1, oa)
+    assert refused == []
+    # acking again what the group has acked changes nothing and is not refused
+    assert a.ack(1, oa)[1] == []
+
+
+def test_a_leaving_member_hands_its_messages_on_at_once_counting_a_push() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=2)
+    _join(b, 1, max_in_flight=4)
+    a.publish("p", "q", "r", "s")
+    got_a = [o for o, _ in a.deliveries(1)]
+    got_b = [o for o, _ in b.deliveries(1)]
+    assert len(got_a) + len(got_b) == 4
+    a.unsubscribe(1)
+    assert shard.now == 0.0
+    handed = b.deliveries(1)
+    # b had room for two more: a's two come to it now, each on its second push
+    assert sorted(o for o, _ in handed) == sorted(got_a)
+    assert all(attempt == 2 for _, attempt in handed)
+    assert set(_held(shard).values()) == {b.conn}
+
+
+def test_hand_offs_wait_for_room_and_go_in_offset_order() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=3)
+    a.publish("p", "q", "r")
+    assert [o for o, _ in a.deliveries(1)] == [0, 1, 2]
+    _join(b, 1, max_in_flight=1)
+    shard.core.disconnect(a.conn, shard.now)
+    shard.collect()
+    assert b.deliveries(1) == [(0, 2)]
+    b.ack(1, 0)
+    assert b.deliveries(1) == [(1, 2)]
+    b.ack(1, 1)
+    assert b.deliveries(1) == [(2, 2)]
+
+
+def test_ack_timeouts_re_push_to_the_holder_on_g4s_schedule() -> None:
+    shard = Shard()  # timeout 7, retry_interval 3, retry_count 2
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=1)
+    _join(b, 1, max_in_flight=1)
+    a.publish("x")
+    [(o, attempt)] = a.deliveries(1)
+    assert attempt == 1
+    shard.advance(9.9)
+    assert a.deliveries(1) == [] and b.deliveries(1) == []
+    shard.advance(10.0)
+    assert a.deliveries(1) == [(o, 2)]
+    shard.advance(20.0)
+    assert a.deliveries(1) == [(o, 3)]
+    # the third push times out: the message is exhausted and the group inactive (G4)
+    shard.advance(27.0)
+    ended = a.take(P.SUB_ENDED) + b.take(P.SUB_ENDED)
+    assert len(ended) == 2 and all(f[2] == errors.SubscriptionInactive.code for f in ended)
+    stats = shard.topic_stats()["subscriptions"][NAME]
+    assert stats["active"] is False and stats["members"] == []
+    # a member attaching again: pushes resume from the cursor, the exhausted message's
+    # count afresh
+    _join(a, 2)
+    assert a.deliveries(2) == [(o, 1)]
+
+
+def test_push_counts_survive_hand_offs_and_run_out() -> None:
+    shard = Shard()  # 3 pushes allowed
+    a, b, c = shard.connect(), shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=1)
+    a.publish("poison")
+    assert a.deliveries(1) == [(0, 1)]
+    _join(b, 1, max_in_flight=1)
+    a.unsubscribe(1)
+    assert b.deliveries(1) == [(0, 2)]
+    _join(c, 1, max_in_flight=1)
+    b.unsubscribe(1)
+    assert c.deliveries(1) == [(0, 3)]
+    _join(a, 3, max_in_flight=1)
+    c.unsubscribe(1)
+    # a fourth push is one too many: exhausted at the hand-off
+    assert a.deliveries(3) == []
+    [ended] = a.take(P.SUB_ENDED)
+    assert ended[1] == 3 and ended[2] == errors.SubscriptionInactive.code
+
+
+def test_counts_survive_the_group_going_inactive_and_back() -> None:
+    shard = Shard()
+    a = shard.connect()
+    _join(a, 1)
+    a.publish("x", "y")
+    assert a.deliveries(1) == [(0, 1), (1, 1)]
+    a.ack(1, 1)
+    a.unsubscribe(1)
+    assert shard.topic_stats()["subscriptions"][NAME]["active"] is False
+    b = shard.connect()
+    _join(b, 1)
+    assert b.deliveries(1) == [(0, 2)]
+    b.publish("z")
+    assert b.deliveries(1) == [(2, 1)]
+
+
+def test_late_pushes_are_not_covered_by_a_cumulative_ack() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=1)
+    _join(b, 1, max_in_flight=5)
+    a.publish("p")
+    assert a.deliveries(1) == [(0, 1)]
+    a.publish("q", "r")
+    assert b.deliveries(1) == [(1, 1), (2, 1)]
+    a.unsubscribe(1)
+    assert b.deliveries(1) == [(0, 2)]
+    # b's client may have sent this before it saw offset 0: it must not ack 0
+    cursor, refused = b.ack(1, through=2)
+    assert refused == [] and cursor == 0
+    assert _held(shard) == {0: b.conn}
+    cursor, _ = b.ack(1, 0)
+    assert cursor == 3
+
+
+def test_key_order_pins_a_key_to_one_member_until_its_messages_are_acked() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=2, key_ordered=True)
+    _join(b, 1, max_in_flight=2, key_ordered=True)
+    _publish_keyed(a, ["k1", "k1", "k1", "k2"])
+    got_a, got_b = a.deliveries(1), b.deliveries(1)
+    by_member = {a.conn: [o for o, _ in got_a], b.conn: [o for o, _ in got_b]}
+    k1 = a.conn if 0 in by_member[a.conn] else b.conn
+    other = b.conn if k1 == a.conn else a.conn
+    # k1's first two on one member; its third waits for that member, never the other
+    assert by_member[k1][:2] == [0, 1]
+    assert 2 not in by_member[other] and 3 in by_member[other]
+    holder = a if k1 == a.conn else b
+    holder.ack(1, 0)
+    assert [o for o, _ in holder.deliveries(1)] == [2]
+    holder.ack(1, 1, 2)
+    group = shard.core.topics[TOPIC].subs[NAME].group
+    assert group is not None and "k1" not in group.pins
+
+
+def test_a_keys_messages_follow_it_when_its_member_leaves() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=1, key_ordered=True)
+    _publish_keyed(a, ["k", "k", "k"])
+    assert a.deliveries(1) == [(0, 1)]
+    _join(b, 1, max_in_flight=3, key_ordered=True)
+    assert b.deliveries(1) == []  # k is a's
+    a.unsubscribe(1)
+    assert b.deliveries(1) == [(0, 2), (1, 1), (2, 1)]
+
+
+def test_unkeyed_messages_of_a_key_ordered_group_go_anywhere() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=1, key_ordered=True)
+    _join(b, 1, max_in_flight=1, key_ordered=True)
+    _publish_keyed(a, [None, None])
+    assert len(a.deliveries(1)) == 1 and len(b.deliveries(1)) == 1
+
+
+@pytest.mark.parametrize(("first", "then", "error"), [
+    ({}, {"shared": True}, errors.SubscriptionKindMismatch),
+    ({"shared": True}, {}, errors.SubscriptionKindMismatch),
+    ({"shared": True}, {"shared": True, "key_ordered": True}, errors.SubscriptionKindMismatch),
+])
+def test_kinds_never_mix(first: dict[str, Any], then: dict[str, Any],
+                         error: type[errors.RemoteError]) -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    a.subscribe(1, name=NAME, **first)
+    reply = b.subscribe_frame(1, name=NAME, **then)
+    assert reply[0] == P.ERROR and reply[2] == error.code
+
+
+@pytest.mark.parametrize(("opts", "error"), [
+    ({"shared": True, "name": None}, errors.InvalidRequest),
+    ({"shared": True, "name": NAME, "mode": "pull"}, errors.SubscriptionKindMismatch),
+    ({"key_ordered": True, "name": NAME}, errors.InvalidRequest),
+    ({"shared": "yes", "name": NAME}, errors.InvalidRequest),
+])
+def test_bad_shared_subscribes_are_refused(opts: dict[str, Any],
+                                           error: type[errors.RemoteError]) -> None:
+    shard = Shard()
+    a = shard.connect()
+    reply = a.subscribe_frame(1, **opts)
+    assert reply[0] == P.ERROR and reply[2] == error.code, reply
+    topic = shard.core.topics.get(TOPIC)
+    assert topic is None or NAME not in topic.subs
+
+
+def test_no_takeover_members_join() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1)
+    _join(b, 1)
+    assert a.take(P.SUB_ENDED) == [] and b.take(P.SUB_ENDED) == []
+
+
+def test_stats_show_members_and_their_in_flight() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=2)
+    _join(b, 1, max_in_flight=5)
+    a.publish("p", "q", "r")
+    stats = shard.topic_stats()["subscriptions"][NAME]
+    assert stats["shared"] is True and stats["in_flight"] == 3
+    assert sum(m["in_flight"] for m in stats["members"]) == 3
+    assert sorted(m["max_in_flight"] for m in stats["members"]) == [2, 5]
+
+
+def test_a_member_that_left_cannot_ack() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1)
+    _join(b, 1)
+    a.unsubscribe(1)
+    reply = a.ack_frame(1, [0])
+    assert reply[0] == P.ERROR and reply[2] == errors.UnknownSubscription.code
