@@ -233,7 +233,11 @@ class Sharing(Delivery):
                     return m
             return None
 
+        exhausted: list[int] = []
+
         def assign(m: Member, offset: int) -> None:
+            if group.pushes and group.pushes.get(offset, 0) >= max_pushes:
+                exhausted.append(offset)  # its count survived from an earlier round
             rooms[id(m)] -= 1
             plan.setdefault(id(m), []).append(offset)
 
@@ -249,10 +253,6 @@ class Sharing(Delivery):
 
         # 1. hand-offs of members that left, in offset order
         if group.waiting:
-            if any(group.pushes.get(o, 0) >= max_pushes for o in group.waiting):
-                offset = next(o for o in group.waiting if group.pushes.get(o, 0) >= max_pushes)
-                self._group_exhausted(sub, offset, max_pushes, now)
-                return
             kept: list[int] = []
             for offset in group.waiting:
                 if not log.holds(offset) or offset < sub.cursor or offset in sub.acked:
@@ -335,6 +335,11 @@ class Sharing(Delivery):
                         group.queued_count += 1
                         target.waiting_keys.add(key)
             total = sum(rooms.values())
+        if exhausted:
+            # a message that used all its pushes (a hand-off or a new round would be one
+            # more): nothing of this round goes out
+            self._group_exhausted(sub, exhausted[0], max_pushes, now)
+            return
         by_id = {id(m): m for m in free}
         for mid, m in by_id.items():
             run = firsts.get(mid)
@@ -373,10 +378,10 @@ class Sharing(Delivery):
 
     def _send_to_member(self, sub: Subscription, m: Member, topic: Any, run: range | None,
                         offsets: list[int], keyed: bool, now: float) -> None:
-        """Push ``run`` (first pushes of never-counted offsets) and ``offsets`` (any) to
-        ``m``: counts, holders, keys, deadlines, one DELIVER per push count, the frames
-        in order of their lowest offset (the order the client sees them in decides
-        which are late: the shard marks them in that same order)."""
+        """Push ``offsets`` (any, in the order picked) and ``run`` (first pushes of
+        never-counted offsets, after them) to ``m``: counts, holders, keys, deadlines,
+        one DELIVER per push count (the order the client sees them in decides which are
+        late: the shard marks them in that same order)."""
         group = sub.group
         assert group is not None
         session = self.sessions.get(m.conn)
@@ -393,13 +398,14 @@ class Sharing(Delivery):
                     m.key_of[offset] = key
                     m.keys[key] = m.keys.get(key, 0) + 1
         holder.update(dict.fromkeys(offsets, m))
+        # one frame per push count, in the order they were picked (hand-offs by offset,
+        # then keys' queued ones, then first pushes in push order: G12's due order)
         batches: list[tuple[Sequence[int], int]] = [
-            (sorted(batch), count) for count, batch in by_count.items()]
+            (batch, count) for count, batch in by_count.items()]
         if run is not None and len(run):
             holder.update(dict.fromkeys(run, m))
             in_flight.update(dict.fromkeys(run, 1))
             batches.append((run, 1))
-        batches.sort(key=lambda b: b[0][0])
         top = m.top
         for batch, _ in batches:
             if type(batch) is range and batch.start > top:
@@ -412,7 +418,9 @@ class Sharing(Delivery):
                     top = offset
         m.top = top
         n = (len(run) if run is not None else 0) + len(offsets)
-        m.credit -= n
+        # credit is for first pushes, as a client gives it back for those only (a hand-off
+        # or a message pushed before is bounded by the window alone)
+        m.credit -= n - sum(len(batch) for count, batch in by_count.items() if count > 1)
         self.counters["delivered"] += n
         timeout = topic.settings.timeout
         for batch, count in batches:

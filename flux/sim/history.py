@@ -166,6 +166,8 @@ class Subscribed(Event):
     # the generation of the shard incarnation that answered (HELLO_OK on this connection):
     # ``generation`` when the topic is in memory; a disk topic has its own (G9)
     shard_generation: int | None = None
+    shared: bool = False        # a member of a shared subscription (G10)
+    key_ordered: bool = False
 
 
 @_event
@@ -266,6 +268,7 @@ class SessionEnded(Event):
     session: int
     topic: str
     reason: str
+    requested: float | None = None  # "unsubscribed": when the UNSUBSCRIBE was sent
 
 
 # -- the pull path ---------------------------------------------------------------------

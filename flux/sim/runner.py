@@ -85,7 +85,9 @@ def run(seed: int, scenario: str = "default", plan: FaultPlan | None = None, *,
         "seed": seed, "scenario": scenario, "plan": plan.encode(), "config": config.to_dict(),
         "epoch": EPOCH, "latency_bound": LATENCY_BOUND, "oracle": True, "close_reasons": True,
         "liveness": [{"subscriber": s.subscriber, "topic": s.topic, "from_offset": s.from_offset,
-                      "pull": s.behaviour == "puller"}
+                      "pull": s.behaviour == "puller",
+                      # members of one shared subscription are given its messages together
+                      "group": s.sub_name if s.shared else None}
                      for s in workload.subscribers if s.live],
         "canaries": [[t, f"canary-{t}"] for t in workload.topics],
         # the user each client logs in as (G13; "*": every client not named)

@@ -408,9 +408,41 @@ def delays(rng: random.Random) -> Workload:
     return replace(w, scenario="delays", producers=producers)
 
 
+def _group(rng: random.Random, first: int, topic: str, name: str,
+           key_ordered: bool) -> list[SubscriberSpec]:
+    """1-5 members of the shared subscription ``name`` on ``topic``, each on its own
+    host with its own window, behaving as workers do: ack, ack slowly, stall on a job,
+    crash (no unsubscribe), leave and come back, or ack what another member holds."""
+    members = []
+    for k in range(rng.randint(1, 5)):
+        behaviour = rng.choice(("ack", "ack", "slow", "stall", "flaky", "unsub", "meddle"))
+        spec = SubscriberSpec(name=f"w{first + k}", topic=topic, sub_name=name,
+                              behaviour=behaviour, live=True, shared=True,
+                              key_ordered=key_ordered,
+                              max_in_flight=rng.choice((None, 1, 2, 5)))
+        if behaviour in ("flaky", "unsub"):
+            spec = replace(spec, churn=rng.uniform(2.0, 8.0))
+        members.append(spec)
+    return members
+
+
+def shared(rng: random.Random) -> Workload:
+    """Shared subscriptions (G10) above all: on each topic a pool of 1-5 workers shares a
+    subscription, key-ordered on some topics (producers key their messages), besides a
+    plain subscriber or two; members join, leave, crash, stall and meddle; every fault
+    kind, and disk topics a third of the time (a group's cursor survives restarts)."""
+    w = disk(rng) if rng.random() < 0.33 else default(rng)
+    producers = tuple(replace(p, keyed=True, delay=0.0) for p in w.producers)
+    subscribers: list[SubscriberSpec] = [
+        s for s in w.subscribers if s.behaviour in ("ack", "slow", "flaky", "puller")][:2]
+    for i, topic in enumerate(w.topics):
+        subscribers += _group(rng, 10 * i, topic, f"pool{i}", key_ordered=rng.random() < 0.5)
+    return replace(w, scenario="shared", producers=producers, subscribers=tuple(subscribers))
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
-    "disk-errors": disk_errors, "auth": auth, "delays": delays,
+    "disk-errors": disk_errors, "auth": auth, "delays": delays, "shared": shared,
 }

@@ -143,7 +143,7 @@ class WireTap:
         elif kind == P.SUBSCRIBE:
             self.pending[frame[1]] = ("subscribe", frame[2], frame[3], now)
         elif kind == P.UNSUBSCRIBE:
-            self.pending[frame[1]] = ("unsubscribe", frame[2])
+            self.pending[frame[1]] = ("unsubscribe", frame[2], now)
         elif kind == P.FETCH:
             self._pull_request("fetch", frame[1], frame[2], now)
         elif kind == P.COMMIT:
@@ -236,10 +236,11 @@ class WireTap:
                           errors.SubscriptionTakenOver.code: "taken_over"}.get(frame[2], "ended")
                 self._add(h.SessionEnded(now, s.subscriber, s.id, s.topic, reason))
         elif kind == P.UNSUBSCRIBED:
-            self.pending.pop(frame[1], None)
+            pending = self.pending.pop(frame[1], None)
+            sent = pending[2] if pending is not None and pending[0] == "unsubscribe" else None
             s = self.sessions.pop(frame[2], None)
             if s is not None:
-                self._add(h.SessionEnded(now, s.subscriber, s.id, s.topic, "unsubscribed"))
+                self._add(h.SessionEnded(now, s.subscriber, s.id, s.topic, "unsubscribed", sent))
         elif kind == P.HELLO_OK:
             pending = self.pending.pop(frame[1], None)
             body = frame[2]
@@ -310,7 +311,8 @@ class WireTap:
                                body.get("max_in_flight", 0), opts.get("max_in_flight"), sent,
                                opts.get("generation"), bool(opts.get("read_old", False)),
                                opts.get("from_offset"), opts.get("on_reset", "earliest"),
-                               "pull" if pull else "push", self.shard_generation))
+                               "pull" if pull else "push", self.shard_generation,
+                               opts.get("shared") is True, opts.get("key_ordered") is True))
 
     def _error(self, frame: list[Any], now: float) -> None:
         pending = self.pending.pop(frame[1], None)

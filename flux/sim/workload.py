@@ -40,7 +40,7 @@ ENDED = (errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.Topic
 # Subscriber behaviours; "live" ones must have everything delivered (pullers: read and
 # committed) after the heal.
 BEHAVIOURS = ("ack", "slow", "never", "flaky", "unsub", "strict", "window", "reader", "takeover",
-              "ephemeral", "raise", "puller")
+              "ephemeral", "raise", "puller", "stall", "meddle")
 
 # Errors after which a pull reader subscribes again (its subscription is gone, or of
 # another generation) before it reads on.
@@ -74,6 +74,8 @@ class SubscriberSpec:
     on_reset: str = "earliest"
     page: int = 0              # puller: most messages per FETCH
     commit_every: int = 1      # puller: pages read between two COMMITs
+    shared: bool = False       # a member of the shared subscription ``sub_name`` (G10)
+    key_ordered: bool = False
 
     @property
     def subscriber(self) -> str:
@@ -296,7 +298,8 @@ class Actors:
                 async with client.subscribe(
                         spec.topic, name=spec.sub_name, read_old=spec.read_old,
                         from_offset=spec.from_offset, max_in_flight=spec.max_in_flight,
-                        prefetch=spec.prefetch, on_reset=spec.on_reset) as sub:
+                        prefetch=spec.prefetch, on_reset=spec.on_reset, shared=spec.shared,
+                        key_ordered=spec.key_ordered) as sub:
                     ended = await self._consume(sub, spec, rng, churn)
                     if ended is not None:
                         raise ended
@@ -347,6 +350,16 @@ class Actors:
             acks.start_soon(_ack_later, msg, rng.uniform(0.0, 2.0 * self.timeout))
         elif behaviour == "strict" and not self.healed.is_set():
             await trio.sleep(rng.uniform(0.0, 0.3 * self.timeout))
+            await msg.ack()
+        elif behaviour == "stall" and not self.healed.is_set() and rng.random() < 0.2:
+            # a worker stuck on a job, connected and heartbeating: its messages time out
+            # and come back to it, nothing reaches it meanwhile
+            await trio.sleep(rng.uniform(0.0, 3.0 * self.timeout))
+            await msg.ack()
+        elif behaviour == "meddle" and not self.healed.is_set() and rng.random() < 0.3:
+            # acks an offset next to its own, which another member may hold (a buggy
+            # worker): the shard must refuse it unless this member holds it
+            _meddle(msg, msg.offset + rng.choice((-2, -1, 1, 2)))
             await msg.ack()
         else:
             await msg.ack()
@@ -510,6 +523,17 @@ async def _try(client: Client, operation: str, topic: str, tag: str) -> str:
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
+
+
+def _meddle(msg: Any, offset: int) -> None:
+    """Queue an ack of ``offset`` on ``msg``'s session as if its user had been given it
+    (a client library never does this; a buggy or hostile one might): it goes out by
+    offset with the next ack."""
+    session = msg._session
+    if offset >= 0 and offset >= session.confirmed and offset not in session.acked:
+        session.acked.add(offset)
+        session.queued.append(offset)
+        session.delayed.add(offset)
 
 
 async def _ack_later(msg: Any, delay: float) -> None:

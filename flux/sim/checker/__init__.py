@@ -115,6 +115,14 @@ RULES: dict[str, str] = {
                      " come in (due time, offset) order",
     "G2/meta-changed": "every message delivered or fetched carries the key and headers its"
                        " id was published with",
+    # shared.py: G10 (shared subscriptions)
+    "G10/held-twice": "a message, and with key_ordered a key, is held by one member of a"
+                      " shared subscription at a time",
+    "G10/key-order": "a key's first pushes to a key-ordered shared subscription go out in"
+                     " offset order",
+    "G10/push-count": "a message's push count grows across members: no attempt number"
+                      " twice",
+    "G10/ack-not-held": "an ack counts only from the member holding the message",
     # bad_input.py: G8
     "G8/untyped-error": "a bad request gets an error of a class a caller can act on",
     "G8/batch-item": "each item of a PUBLISH gets its own result: valid ones stored,"
@@ -202,6 +210,7 @@ def check(history: History) -> Report:
         publish,
         pull,
         retention,
+        shared,
         starts,
     )
 
@@ -218,6 +227,7 @@ def check(history: History) -> Report:
     durable.check(index, report)
     access.check(index, report)
     delayed.check(index, report)
+    shared.check(index, report)
     # the same fact can break a rule more than once (e.g. one message, many sessions)
     report.violations = sorted(set(report.violations))
     return report

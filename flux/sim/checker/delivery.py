@@ -22,6 +22,16 @@ class _State:
     pushes: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
     ack_sent: dict[int, float] = field(default_factory=dict)  # offset -> first ack sent
     last_repush: dict[int, int] = field(default_factory=dict)  # attempt -> offset last pushed
+    top: int = -1                      # the highest offset delivered
+    # offsets a cumulative ack does not cover: a shared subscription's pushes below one
+    # delivered before (G10), which the shard acks by offset only
+    late: set[int] = field(default_factory=set)
+
+    def covered(self, through: int, sent: float) -> set[int]:
+        """What ``through`` acks on the shard: offsets delivered before the ACK left
+        (``sent``), up to it, but no late one."""
+        return {o for o, pushes in self.pushes.items()
+                if o <= through and pushes[0][0] <= sent and o not in self.late}
 
 
 class _Confirmed:
@@ -148,7 +158,7 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report,
             acks.add(covered)
         elif isinstance(e, h.AckConfirmed):
             acks.check(e, e.cursor, inc, report)
-            for o in set(e.offsets) | {o for o in st.delivered if o <= e.through}:
+            for o in set(e.offsets) | st.covered(e.through, e.requested):
                 confirmed.offsets.setdefault(o, []).append((e.t, e.session))
             # the shard answered the ACK some time after it was sent: a reply held up on
             # its way may arrive after another session's acks moved the cursor on
@@ -189,11 +199,15 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
     if confirmed.acked(e.offset, e.session, session.sub.requested):
         report.add("G1", "redelivered-acked", e.t,
                    f"{where} attempt {e.attempt} after the shard confirmed its ack")
+    # a shared subscription's member gets first pushes in no order among the group's
+    # (a key's queued messages, G10), and attempts count the message's pushes to any
+    # member: G10's rules judge those (flux.sim.checker.shared)
+    shared = session.sub.shared
     if e.attempt == 1:
-        if not delayed:
+        if not delayed and not shared:
             report.examine("G1", "order")
         report.examine("G1", "window")
-        if e.offset <= st.last_first and not delayed:
+        if e.offset <= st.last_first and not delayed and not shared:
             report.add("G1", "order", e.t,
                        f"{where} first delivered after offset {st.last_first}")
         st.last_first = max(st.last_first, e.offset)
@@ -202,7 +216,7 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
             report.add("G1", "window", e.t,
                        f"{where} pushed while {len(st.unacked)} delivered messages were unacked"
                        f" (max_in_flight={window})")
-    else:
+    elif not shared:
         previous = st.attempts.get(e.offset, 0)
         report.examine("G4", "attempt-numbering")
         if e.attempt != previous + 1:
@@ -214,6 +228,9 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
         report.add("G4", "too-many-pushes", e.t,
                    f"{where} pushed {e.attempt} times (retry_count={p.retry_count})")
     st.attempts[e.offset] = e.attempt
+    if shared and e.offset <= st.top:
+        st.late.add(e.offset)
+    st.top = max(st.top, e.offset)
     st.delivered.add(e.offset)
     if e.offset not in st.ack_sent:
         st.unacked[e.offset] = None
@@ -286,6 +303,8 @@ def _check_schedule(index: Index, session: Session, st: _State, report: Report) 
                 and index.quiet(hosts, t1, due + tol):
             report.add("G4", "missed-redelivery", due,
                        f"{where} unacked since {t1:.3f} was not {what} by {due + tol:.3f}")
+    if session.sub.shared:
+        return  # another member's message may have used its pushes (G10)
     if session.end is not None and session.end.reason == "inactive":
         report.examine("G4", "spurious-inactive")
     if session.end is not None and session.end.reason == "inactive" and not exhausted:

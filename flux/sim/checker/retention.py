@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from flux.sim import history as h
 from flux.sim.checker import Report
-from flux.sim.checker.index import Incarnation, Index
+from flux.sim.checker.index import Incarnation, Index, Session
 
 
 def check(index: Index, report: Report) -> None:
@@ -271,6 +271,13 @@ def _check_subscription_lifetimes(index: Index, report: Report) -> None:
             _check_kept_too_long(index, inc, successor, oracle, report)
 
 
+def _member_overlaps(session: Session, sessions: list[Session], t1: float, t2: float) -> bool:
+    """Whether another session of a shared subscription may have been attached at some
+    time in [t1, t2] (asked to attach by t2, not ended before t1)."""
+    return any(other is not session and other.sub.requested <= t2
+               and (other.end is None or other.end.t >= t1) for other in sessions)
+
+
 def _check_kept_too_long(index: Index, inc: Incarnation, successor: Incarnation | None,
                          oracle: bool, report: Report) -> None:
     """After an unsubscribe or SubscriptionInactive the shard holds the subscription
@@ -285,6 +292,8 @@ def _check_kept_too_long(index: Index, inc: Incarnation, successor: Incarnation 
         limit = end.t + slack
         if session.sub.generation not in index.shard_generations:  # a disk topic (G9)
             limit = index.recovered_deadline(session.sub.shard, end.t, slack)
+        if session.sub.shared and _member_overlaps(session, sessions, end.t - p.latency, limit):
+            continue  # another member was (or may have been) attached: still active (G10)
         host = session.host
         following = sessions[i + 1] if i + 1 < len(sessions) else None
         if following is not None:
