@@ -172,9 +172,18 @@ def pub(topic: str, payload: str | None, url: str, message_id: str | None, lines
 @click.option("--from-offset", type=int, default=None, help="Start at this offset (first use only).")
 @click.option("--count", type=int, default=None, help="Exit after this many messages.")
 @click.option("--no-ack", is_flag=True, help="Do not ack (messages will be redelivered).")
+@click.option("--shared", is_flag=True,
+              help="Join the subscription --name as one worker of a pool (each message goes"
+                   " to one worker).")
+@click.option("--key-ordered", is_flag=True,
+              help="With --shared: keep each message key on one worker while it has unacked"
+                   " messages.")
+@click.option("--max-in-flight", type=int, default=None,
+              help="Most unacked messages this subscriber holds at once.")
 @credential_options
 def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int | None,
-        count: int | None, no_ack: bool, token: str | None, user: str | None,
+        count: int | None, no_ack: bool, shared: bool, key_ordered: bool,
+        max_in_flight: int | None, token: str | None, user: str | None,
         password: str | None, tls_ca: str | None, tls_cert: str | None,
         tls_key: str | None) -> None:
     """Subscribe to TOPIC and print each message as it arrives (Ctrl-C to stop)."""
@@ -187,7 +196,8 @@ def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int
         seen = 0
         async with connect(url, token=token, user=user, password=password, tls=tls) as client, \
                 client.subscribe(topic, name=name, read_old=read_old,
-                                 from_offset=from_offset) as subscription:
+                                 from_offset=from_offset, max_in_flight=max_in_flight,
+                                 shared=shared, key_ordered=key_ordered) as subscription:
             async for msg in subscription:
                 text = msg.payload.decode("utf-8", "backslashreplace")
                 key = f" key={msg.key}" if msg.key is not None else ""

@@ -18,7 +18,10 @@ import msgpack
 
 from flux import errors
 
-VERSION: Final = 5
+VERSION: Final = 6
+# the versions a broker speaks: a client of version 5 (before shared subscriptions,
+# nak/term and dead letters) keeps working for what it knew
+SUPPORTED_VERSIONS: Final = (5, 6)
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
 HEADER = struct.Struct(">I")
 

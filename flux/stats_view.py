@@ -120,7 +120,12 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                                     "delayed", "in flight"),
                   left=("topic", "name", "mode", "state"),
                   caption="lag: messages from the cursor to the topic's next offset, due and"
-                  " not acked; delayed: not due yet (G12)")
+                  " not acked; delayed: not due yet (G12); mode shared: a worker pool (G10)")
+    members = _table("Shared subscriptions: members", ("topic", "name", "member", "in flight",
+                                                        "window", "credit", "keys", "since"),
+                     left=("topic", "name"),
+                     caption="in flight: messages this member holds now; keys: keys pinned"
+                             " to it (key_ordered)")
     for index in sorted(stats):
         reply = stats[index]
         shards.add_row(str(index), f"{reply['generation']:#018x}", _duration(reply["uptime"]),
@@ -148,13 +153,22 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                 sub = topic["subscriptions"][sub_name]
                 shown = "(ephemeral)" if sub["ephemeral"] else sub_name
                 state = "active" if sub["active"] else "inactive"
-                subs.add_row(name, shown, sub["mode"], state, f"{sub['cursor']:,}",
+                mode = sub["mode"]
+                if sub.get("shared"):
+                    mode = "shared, key-ordered" if sub.get("key_ordered") else "shared"
+                    state = f"{state}, {len(sub.get('members', []))} members"
+                    for i, member in enumerate(sub.get("members", []), 1):
+                        members.add_row(name, sub_name, str(i), f"{member['in_flight']:,}",
+                                        f"{member['max_in_flight']:,}", f"{member['credit']:,}",
+                                        f"{member['keys']:,}", _duration(member["since"]))
+                subs.add_row(name, shown, mode, state, f"{sub['cursor']:,}",
                              f"{sub.get('lag', max(0, topic['next_offset'] - sub['cursor'])):,}",
                              f"{sub.get('delayed', 0):,}", f"{sub['in_flight']:,}")
     retired = sum(reply.get("retired_topics", 0) for reply in stats.values())
     if retired:
         topics.title = f"Topics ({retired:,} more retired: empty, only their next offset kept)"
-    return [t for t in (shards, counters, topics, policies, disk, caches, subs) if t.row_count]
+    return [t for t in (shards, counters, topics, policies, disk, caches, subs, members)
+            if t.row_count]
 
 
 def show(stats: dict[int, dict[str, Any]], pattern: str = "*",

@@ -324,7 +324,7 @@ class Fuzzer:
 def _bad_hello(frame: list[Any]) -> bool:
     """A HELLO asking for another protocol version (or none)."""
     return bool(frame) and frame[0] == P.HELLO and not (
-        len(frame) > 2 and isinstance(frame[2], dict) and frame[2].get("version") == P.VERSION
+        len(frame) > 2 and isinstance(frame[2], dict) and frame[2].get("version") in P.SUPPORTED_VERSIONS
         and type(frame[2].get("version")) is int)
 
 

@@ -285,3 +285,51 @@ def test_a_member_that_left_cannot_ack() -> None:
     a.unsubscribe(1)
     reply = a.ack_frame(1, [0])
     assert reply[0] == P.ERROR and reply[2] == errors.UnknownSubscription.code
+
+
+def test_hand_offs_use_no_credit_only_window_room() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=2)
+    a.publish("p", "q")
+    assert [o for o, _ in a.deliveries(1)] == [0, 1]
+    _join(b, 1, max_in_flight=4, credit=1)
+    a.unsubscribe(1)
+    # b's one credit is for a first push; the two hand-offs need only window room
+    assert b.deliveries(1) == [(0, 2), (1, 2)]
+    b.publish("r", "s")
+    assert b.deliveries(1) == [(2, 1)]
+    stats = shard.topic_stats()["subscriptions"][NAME]
+    assert stats["members"][0]["credit"] == 0
+
+
+def test_a_surviving_count_at_its_limit_ends_the_next_round() -> None:
+    shard = Shard()  # 3 pushes allowed
+    a = shard.connect()
+    _join(a, 1)
+    a.publish("x")
+    assert a.deliveries(1) == [(0, 1)]
+    shard.advance(10.0)
+    shard.advance(20.0)
+    assert a.deliveries(1) == [(0, 2), (0, 3)]
+    a.unsubscribe(1)  # holding it at its third push: the count survives
+    b = shard.connect()
+    _join(b, 1)
+    assert b.deliveries(1) == []
+    [ended] = b.take(P.SUB_ENDED)
+    assert ended[2] == errors.SubscriptionInactive.code
+    _join(b, 2)  # its count starts afresh now
+    assert b.deliveries(2) == [(0, 1)]
+
+
+def test_first_pushes_of_a_delayed_topic_keep_due_order_per_member() -> None:
+    shard = Shard()
+    a = shard.connect()
+    _join(a, 1)
+    reply = a.publish_frame([[TOPIC, ["late"], [b"late"], {"delay": 5.0}]])
+    assert reply[0] == P.PUBLISHED
+    shard.advance(1.0)
+    a.publish("now")
+    assert a.deliveries(1) == [(1, 1)]
+    shard.advance(6.0)
+    assert a.deliveries(1) == [(0, 1)]

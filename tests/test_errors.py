@@ -33,6 +33,7 @@ REMOTE_CODES: dict[int, tuple[type[errors.RemoteError], bool]] = {
     62: (errors.SubscriptionTakenOver, False),
     63: (errors.NotDelivered, False),
     64: (errors.OffsetOutOfRange, False),
+    65: (errors.SubscriptionKindMismatch, False),
     70: (errors.ShuttingDown, True),
     80: (errors.NotAuthorized, False),
     81: (errors.TooManyConnections, True),

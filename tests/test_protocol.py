@@ -241,7 +241,7 @@ def test_protocol_md_example_bytes_are_what_encode_produces() -> None:
     text = PROTOCOL_MD.read_text()
     examples = {
         "PING [4, 1]": [P.PING, 1],
-        'HELLO [1, 1, {"version": 5, "role": "client"}]':
+        'HELLO [1, 1, {"version": 6, "role": "client"}]':
             [P.HELLO, 1, {"version": P.VERSION, "role": "client"}],
         'PUBLISH [10, 2, [["orders.eu", ["order-17"], [b"hi"]]]]':
             [P.PUBLISH, 2, [["orders.eu", ["order-17"], [b"hi"]]]],

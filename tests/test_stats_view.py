@@ -97,3 +97,19 @@ def test_disk_topics_table_shows_the_log_and_what_recovery_found() -> None:
                                              "880"]
     assert "corrupt at 77" in disk and "new generation" in disk
     assert "Disk topics" not in printed(STATS)  # memory topics only: no such table
+
+
+def test_shared_subscriptions_show_their_members() -> None:
+    pool = {"mode": "push", "cursor": 12, "active": True, "in_flight": 5, "ephemeral": False,
+            "shared": True, "key_ordered": True,
+            "members": [{"in_flight": 3, "credit": 97, "max_in_flight": 10, "keys": 2,
+                         "since": 65.0},
+                        {"in_flight": 2, "credit": 8, "max_in_flight": 4, "keys": 1,
+                         "since": 5.0}]}
+    text = printed({0: reply(0, {"jobs": {**TOPIC, "subscriptions": {"pool": pool}}})})
+    row = next(line for line in text.splitlines() if "pool" in line and "key-ordered" in line)
+    assert "2 members" in row
+    assert "Shared subscriptions: members" in text
+    members = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines()
+               if line.startswith("│ jobs") and "pool" in line and "key-ordered" not in line]
+    assert [m[2:7] for m in members] == [["1", "3", "10", "97", "2"], ["2", "2", "4", "8", "1"]]

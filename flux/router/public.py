@@ -129,10 +129,10 @@ async def answer(router: Router, frame: list[Any], stream: trio.abc.Stream,
             f"the router answers HELLO, PING and STATS, not frame kind {kind}; send other"
             " requests to the shard that owns the topic")), False
     body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
-    if body.get("version") != protocol.VERSION:
+    if body.get("version") not in protocol.SUPPORTED_VERSIONS:
         return protocol.error_frame(rid, errors.UnsupportedVersion(
             f"protocol version {body.get('version')!r} is not supported; this router"
-            f" speaks {protocol.VERSION}")), True
+            f" speaks {', '.join(map(str, protocol.SUPPORTED_VERSIONS))}")), True
     extra: dict[str, Any] = {}
     if auth.enabled:
         try:
@@ -153,7 +153,7 @@ async def answer(router: Router, frame: list[Any], stream: trio.abc.Stream,
         return protocol.error_frame(rid, errors.Busy(
             f"shards {missing} have not registered (restarting?); retry shortly")), False
     return [protocol.HELLO_OK, rid, {
-        "version": protocol.VERSION, "role": "router", "shard_count": router.shard_count,
+        "version": body["version"], "role": "router", "shard_count": router.shard_count,
         "shards": shard_map(router, peer.local if peer is not None else _local_host(stream)),
         **extra}], False
 

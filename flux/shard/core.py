@@ -146,12 +146,13 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
     def _hello(self, session: Session, frame: list[Any], now: float) -> None:
         rid, body = frame[1], _map(frame, 2)
         version = body.get("version")
-        if version != P.VERSION:
+        if version not in P.SUPPORTED_VERSIONS or type(version) is not int:
             # the connection closes now: the ERROR goes ahead of replies still held for
             # durability (which never go), as for every closing error
             (session.ready if session.holds else session.out).append(P.error_frame(
                 rid, errors.UnsupportedVersion(f"protocol version {version!r} is not"
-                                               f" supported; this shard speaks {P.VERSION}")))
+                                               " supported; this shard speaks"
+                                               f" {', '.join(map(str, P.SUPPORTED_VERSIONS))}")))
             session.close = True
             return
         try:
@@ -164,7 +165,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
             return
         session.hello = True
         reply = {
-            "version": P.VERSION, "role": "shard", "index": self.index,
+            "version": version, "role": "shard", "index": self.index,
             "shard_count": self.shard_count, "generation": self.generation,
             "heartbeat": self.config.subscriber.heartbeat,
             "max_frame_bytes": self.config.max_frame_bytes,

@@ -207,13 +207,16 @@ class Sharing(Delivery):
         room: one DELIVER per member and push count."""
         group = sub.group
         assert group is not None
-        free = [m for m in group.members.values() if m.room() > 0]
+        free = [m for m in group.members.values() if len(m.in_flight) < m.max_in_flight]
         if not free:
             return
         topic = self.topics[sub.topic]
         log = topic.log
         max_pushes = 1 + topic.settings.retry_count
-        rooms = {id(m): m.room() for m in free}
+        # room in each member's window, and its credit (first pushes only use credit)
+        rooms = {id(m): m.max_in_flight - len(m.in_flight) for m in free}
+        credits = {id(m): m.credit for m in free}
+        counts = group.pushes
         plan: dict[int, list[int]] = {}
         firsts: dict[int, range | None] = {}
         keyed = group.key_ordered and bool(log.metas)
@@ -223,12 +226,16 @@ class Sharing(Delivery):
 
         spin = [0]
 
-        def pick() -> Member | None:
-            """The next member with room, round robin (messages and keys spread)."""
+        def fits(m: Member, offset: int) -> bool:
+            """Whether ``m`` has room for ``offset`` (and credit, for a first push)."""
+            return rooms.get(id(m), 0) > 0 and (credits[id(m)] > 0 or offset in counts)
+
+        def pick(offset: int) -> Member | None:
+            """The next member ``offset`` fits, round robin (messages and keys spread)."""
             n = len(order)
             for i in range(n):
                 m = order[(spin[0] + i) % n]
-                if rooms[id(m)] > 0:
+                if fits(m, offset):
                     spin[0] += i + 1
                     return m
             return None
@@ -236,9 +243,12 @@ class Sharing(Delivery):
         exhausted: list[int] = []
 
         def assign(m: Member, offset: int) -> None:
-            if group.pushes and group.pushes.get(offset, 0) >= max_pushes:
+            count = counts.get(offset, 0) if counts else 0
+            if count >= max_pushes:
                 exhausted.append(offset)  # its count survived from an earlier round
             rooms[id(m)] -= 1
+            if not count:
+                credits[id(m)] -= 1
             plan.setdefault(id(m), []).append(offset)
 
         def key_of(offset: int) -> str | None:
@@ -261,10 +271,10 @@ class Sharing(Delivery):
                 key = key_of(offset)
                 target = group.pins.get(key) if key is not None else None
                 if target is None:
-                    target = pick()
+                    target = pick(offset)
                     if target is not None and key is not None:
                         pin(key, target)
-                if target is None or rooms.get(id(target), 0) <= 0:
+                if target is None or not fits(target, offset):
                     kept.append(offset)
                     continue
                 assign(target, offset)
@@ -272,7 +282,7 @@ class Sharing(Delivery):
         # 2. keys' queued first pushes: to their members, or (member gone) to any
         if group.queued:
             for key in list(group.unpinned):
-                target = pick()
+                target = pick(group.queued[key][0])
                 if target is None:
                     break
                 pin(key, target)
@@ -281,14 +291,15 @@ class Sharing(Delivery):
                     if rooms[id(m)] <= 0:
                         break
                     queue = group.queued[key]
-                    while queue and rooms[id(m)] > 0:
+                    while queue and fits(m, queue[0]):
                         assign(m, queue.popleft())
                         group.queued_count -= 1
                     if not queue:
                         del group.queued[key]
                         m.waiting_keys.discard(key)
-        # 3. new messages, from the round's scan (and due heap, G12)
-        total = sum(rooms.values())
+        # 3. new messages, from the round's scan (and due heap, G12); no more of them
+        # than first pushes fit (so each one fits some member)
+        total = sum(min(rooms[id(m)], credits[id(m)]) for m in free)
         while total > 0 and group.queued_count < MAX_QUEUED_BY_KEY:
             picks = self._next_firsts(sub, topic, total)
             if not picks:
@@ -298,24 +309,25 @@ class Sharing(Delivery):
                     # the usual case: a run of first pushes, an even slice of it to each
                     # member with room (what one cannot take goes to the next)
                     start, left = picks.start, len(picks)
-                    takers = [m for m in order if rooms[id(m)] > 0]
+                    takers = [m for m in order if min(rooms[id(m)], credits[id(m)]) > 0]
                     for i, m in enumerate(takers):
-                        n = min(rooms[id(m)], -(-left // (len(takers) - i)))
+                        n = min(rooms[id(m)], credits[id(m)], -(-left // (len(takers) - i)))
                         if n > 0:
                             firsts[id(m)] = range(start, start + n)
                             rooms[id(m)] -= n
+                            credits[id(m)] -= n
                             start += n
                             left -= n
                     break
                 for offset in picks:
-                    target = pick()
+                    target = pick(offset)
                     assert target is not None
                     assign(target, offset)
             else:
                 for offset in picks:
                     key = key_of(offset)
                     if key is None:
-                        target = pick()
+                        target = pick(offset)
                         assert target is not None
                         assign(target, offset)
                         continue
@@ -324,17 +336,17 @@ class Sharing(Delivery):
                         waiting.append(offset)
                         group.queued_count += 1
                         continue
-                    target = group.pins.get(key) or pick()
-                    assert target is not None  # (no more picks than room: one always has some)
+                    target = group.pins.get(key) or pick(offset)
+                    assert target is not None  # (no more picks than fit: one always fits)
                     if key not in group.pins:
                         pin(key, target)
-                    if rooms.get(id(target), 0) > 0:
+                    if fits(target, offset):
                         assign(target, offset)
                     else:
                         group.queued[key] = deque([offset])
                         group.queued_count += 1
                         target.waiting_keys.add(key)
-            total = sum(rooms.values())
+            total = sum(min(rooms[id(m)], credits[id(m)]) for m in free)
         if exhausted:
             # a message that used all its pushes (a hand-off or a new round would be one
             # more): nothing of this round goes out

@@ -118,3 +118,24 @@ def test_pub_with_a_key_headers_and_a_delay_and_sub_shows_them(broker: Broker) -
     assert second.startswith("cli.later@0 ") and " key=k1 trace=ab late" in second
     bad = flux("pub", "--url", broker.url, "cli.later", "x", "--delay", "-1")
     assert bad.returncode == 1 and bad.stderr.startswith("Error: InvalidDelay"), bad.stderr
+
+
+def test_sub_shared_takes_turns_with_another_worker_and_stats_shows_the_pool(
+        broker: Broker) -> None:
+    for i in range(4):
+        flux("pub", "--url", broker.url, "cli.jobs", f"job{i}")
+    first = flux("sub", "--url", broker.url, "cli.jobs", "--name", "pool", "--shared",
+                 "--read-old", "--count", "2")
+    assert first.returncode == 0, first.stderr
+    second = flux("sub", "--url", broker.url, "cli.jobs", "--name", "pool", "--shared",
+                  "--count", "2")
+    assert second.returncode == 0, second.stderr
+    lines = first.stdout.splitlines() + second.stdout.splitlines()
+    assert sorted(line.split()[-1] for line in lines) == ["job0", "job1", "job2", "job3"]
+    pool = stats(broker)["topics"]["cli.jobs"]["subscriptions"]["pool"]
+    assert pool["shared"] is True and pool["cursor"] == 4 and pool["members"] == []
+    plain = flux("sub", "--url", broker.url, "cli.jobs", "--name", "pool", "--count", "1")
+    assert plain.returncode == 1
+    assert plain.stderr.startswith("Error: SubscriptionKindMismatch"), plain.stderr
+    bad = flux("sub", "--url", broker.url, "cli.jobs", "--key-ordered", "--count", "1")
+    assert bad.returncode == 1 and bad.stderr.startswith("Error: InvalidRequest"), bad.stderr

@@ -7,6 +7,7 @@ of ``flux.sim.checker.RULES`` is some bug's catch, except those in ``NO_PLANT``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
@@ -21,11 +22,13 @@ from flux.config import Config
 from flux.policies import TopicSettings
 from flux.router.router import Router, Slot
 from flux.shard import server as shard_server
+from flux.shard import sharing as sharing_mod
 from flux.shard.core import ShardCore
 from flux.shard.dedup import DedupWindow
 from flux.shard.delayed import Delays
 from flux.shard.replay import TopicReplay
 from flux.shard.server import ShardServer
+from flux.shard.sharing import Sharing
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
 
@@ -1465,3 +1468,94 @@ SCENARIO["due-order-by-offset"] = "delays"
 PLANTED["replay-drops-meta"] = replay_drops_meta
 EXPECT["replay-drops-meta"] = ("G2/meta-changed",)
 SCENARIO["replay-drops-meta"] = "delays"
+
+
+def repush_copies_to_another_member() -> contextlib.AbstractContextManager[Any]:
+    """G10: a timed-out message is re-pushed to another member with room as well (to
+    spread load), while the member that holds it keeps it: two members have it."""
+    def make(f: Any) -> Any:
+        def redeliver(self: Any, m: Any, due: list[tuple[float, int, int]]) -> None:
+            f(self, m, due)
+            sub = m.sub
+            others = [o for o in sub.group.members.values() if o is not m and o.room() > 0]
+            topic = self.topics[sub.topic]
+            offsets = [offset for _, offset, _ in due if offset in m.in_flight]
+            session = self.sessions.get(others[0].conn) if others else None
+            if offsets and session is not None:
+                self._deliver(session, others[0].sid, topic.generation, 2, offsets,
+                              *self._columns(topic.log, offsets),
+                              topic.log.meta_columns(offsets, self.epoch))
+        return redeliver
+    return _wrap(Sharing, "_member_redeliver", make)
+
+
+def keys_ignored() -> contextlib.AbstractContextManager[Any]:
+    """G10: a key-ordered group picks members as if no message had a key."""
+    def make(f: Any) -> Any:
+        def push(self: Any, sub: Any, now: float) -> None:
+            group = sub.group
+            key_ordered, group.key_ordered = group.key_ordered, False
+            try:
+                f(self, sub, now)
+            finally:
+                group.key_ordered = key_ordered
+        return push
+    return _wrap(Sharing, "_push_shared", make)
+
+
+class _NewestFirst(collections.deque):  # type: ignore[type-arg]
+    def popleft(self) -> Any:
+        return self.pop()
+
+
+def key_queue_newest_first() -> contextlib.AbstractContextManager[Any]:
+    """G10: a key's queued messages go out newest first when its member has room."""
+    return mock.patch.object(sharing_mod, "deque", _NewestFirst)
+
+
+def hand_off_restarts_count() -> contextlib.AbstractContextManager[Any]:
+    """G10: a member that leaves hands its messages on with their push counts forgotten:
+    each hand-off is pushed as a first push again."""
+    def make(f: Any) -> Any:
+        def leave(self: Any, sub: Any, member: Any, now: float, hand_off: bool = True) -> None:
+            held = list(member.in_flight)
+            f(self, sub, member, now, hand_off)
+            for offset in held:
+                sub.group.pushes.pop(offset, None)
+        return leave
+    return _wrap(Sharing, "_leave", make)
+
+
+def ack_by_any_member() -> contextlib.AbstractContextManager[Any]:
+    """G10: an ack is checked against the group, not the member: any member may ack a
+    message another one holds."""
+    def make(f: Any) -> Any:
+        def member_ack(self: Any, sub: Any, m: Any, offsets: list[Any], through: int,
+                       refused: list[list[Any]]) -> int:
+            acked = 0
+            for offset in offsets:
+                holder = sub.group.holder.get(offset) if type(offset) is int else None
+                if holder is not None and holder is not m:
+                    self._member_acked(sub, holder, offset)
+                    acked += 1
+            return acked + f(self, sub, m, [o for o in offsets if o not in sub.group.holder
+                                            or sub.group.holder[o] is m], through, refused)
+        return member_ack
+    return _wrap(Sharing, "_member_ack", make)
+
+
+PLANTED["repush-copies-to-another-member"] = repush_copies_to_another_member
+EXPECT["repush-copies-to-another-member"] = ("G10/held-twice",)
+SCENARIO["repush-copies-to-another-member"] = "shared"
+PLANTED["keys-ignored"] = keys_ignored
+EXPECT["keys-ignored"] = ("G10/held-twice",)
+SCENARIO["keys-ignored"] = "shared"
+PLANTED["key-queue-newest-first"] = key_queue_newest_first
+EXPECT["key-queue-newest-first"] = ("G10/key-order",)
+SCENARIO["key-queue-newest-first"] = "shared"
+PLANTED["hand-off-restarts-count"] = hand_off_restarts_count
+EXPECT["hand-off-restarts-count"] = ("G10/push-count",)
+SCENARIO["hand-off-restarts-count"] = "shared"
+PLANTED["ack-by-any-member"] = ack_by_any_member
+EXPECT["ack-by-any-member"] = ("G10/ack-not-held",)
+SCENARIO["ack-by-any-member"] = "shared"

@@ -188,21 +188,28 @@ def _check_push_counts(index: Index, inc: Incarnation, members: dict[int, _Membe
     afresh, and exhaustion ends every member at once (a member may not hear of it: its
     connection may be gone), so two pushes are judged only when a witness shows the group
     was never emptied between them: a member attached before the first was sent (its
-    SUBSCRIBED arrived a latency bound before that push arrived, over quiet links) and
-    still served after the second (a delivery or ACKED to it a bound after it)."""
+    SUBSCRIBED arrived a latency bound before that push arrived, over a quiet link) and
+    still a member when the shard sent it something after the second arrived (a
+    delivery or ACKED to it, over a quiet link, a bound after it): a session the shard
+    ended never gets another DELIVER or ACKED."""
     lat = index.params.latency
-    lives: list[tuple[Session, float, float]] = []
+    lives: list[tuple[Session, float, list[float]]] = []
     for m in members.values():
         active = [x.at for x in m.holdings] + [
             e.t for e in m.session.events if isinstance(e, h.AckConfirmed)]
         if active:
-            lives.append((m.session, m.session.sub.t, max(active)))
+            lives.append((m.session, m.session.sub.t, active))
 
-    def witnessed(t1: float, t2: float, sessions: tuple[Session, ...]) -> bool:
-        for witness, joined, last in lives:
-            if joined <= t1 - lat and last >= t2 + lat and index.quiet(
-                    tuple({host for s in (*sessions, witness)
-                           for host in (s.sub.client, s.host)}), joined, last):
+    def hosts(s: Session) -> tuple[str, str]:
+        return (s.sub.client, s.host)
+
+    def witnessed(first: _Holding, t2: float) -> bool:
+        t1 = first.at
+        if not index.quiet(hosts(first.session), t1 - lat, t1):
+            return False
+        for witness, joined, active in lives:
+            if joined <= t1 - lat and any(
+                    t >= t2 + lat and index.quiet(hosts(witness), t - lat, t) for t in active):
                 return True
         return False
 
@@ -211,7 +218,7 @@ def _check_push_counts(index: Index, inc: Incarnation, members: dict[int, _Membe
         report.examine("G10", "push-count")
         other = seen.get((held.offset, held.attempt))
         if other is not None and other.session is not held.session \
-                and witnessed(other.at, held.at, (other.session, held.session)):
+                and witnessed(other, held.at):
             report.add("G10", "push-count", held.at,
                        f"{inc.topic}/{inc.name}: offset {held.offset} pushed to"
                        f" {held.session.sub.subscriber} session {held.session.sub.session}"
