@@ -17,8 +17,8 @@ and, with ``key_ordered``, the member each key is pinned to.
   per message); a message that used all its pushes, a hand-off included, makes
   the whole group inactive (G4), unless a dead-letter policy takes it.
 - ``key_ordered``: a keyed message goes to the member its key is pinned to; a key
-  is pinned when a member gets its first message and released when that member
-  holds none of it unacked and none waits. A key's first pushes go in offset
+  is pinned when a member gets one of its messages and released when that member
+  holds none of them unacked. A key's first pushes go in offset
   order: one that cannot go now (its member's window is full) waits in the key's
   queue, and later ones of that key queue behind it instead of overtaking it.
 - A member's pushes below the highest it was pushed before (hand-offs, re-pushes,
@@ -119,6 +119,10 @@ class Sharing(Delivery):
         if not group.members:
             sub.start_round(now)
             group.clear_round()
+            # messages pushed in an earlier round go first, as hand-offs (window room
+            # only); the round's scan skips them
+            group.waiting = sorted(o for o in group.pushes
+                                   if o >= sub.cursor and o not in sub.acked)
             self._attach_delays(self.topics[sub.topic], sub, now)
         member = Member(sub, sub.topic, session.conn, sid, credit, max_in_flight, now)
         group.members[(session.conn, sid)] = member
@@ -304,6 +308,10 @@ class Sharing(Delivery):
             picks = self._next_firsts(sub, topic, total)
             if not picks:
                 break
+            if picks[0] < group.counted_below:
+                # pushed in an earlier round: waiting as hand-offs, or out again already
+                holder = group.holder
+                picks = [o for o in picks if o not in counts and o not in holder]
             if not keyed:
                 if type(picks) is range and not picks.start < group.counted_below:
                     # the usual case: a run of first pushes, an even slice of it to each
@@ -573,8 +581,14 @@ class Sharing(Delivery):
         key = m.key_of.pop(offset, None) if m.key_of else None
         if key is not None:
             left = m.keys[key] - 1
-            if left or key in m.waiting_keys:
-                m.keys[key] = left  # queued ones follow: the pin holds
-            else:
-                del m.keys[key]
-                del group.pins[key]
+            if left:
+                m.keys[key] = left
+                return
+            # none of the key unacked here: released; its waiting messages (if any) go to
+            # whichever member has room first
+            del m.keys[key]
+            del group.pins[key]
+            if key in m.waiting_keys:
+                m.waiting_keys.discard(key)
+                group.unpinned.add(key)
+                self._dirty[id(sub)] = sub
