@@ -169,7 +169,7 @@ class SharedPool(RuleBasedStateMachine):
             member.late.discard(offset)
             self.acked.add(offset)
             self.counts.pop(offset, None)
-        expected = next((o for o in range(len(self.keys) + 1) if o not in self.acked))
+        expected = next(o for o in range(len(self.keys) + 1) if o not in self.acked)
         assert cursor == expected, (cursor, expected)
         self._receive()
 
