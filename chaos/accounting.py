@@ -65,7 +65,7 @@ def merge(out: RunOutput) -> h.History:
         unreadable += bad
     events.sort(key=lambda e: e.t)   # stable: each process's own order is kept
     producers = [w for w in out.workers if w.role == "producer"]
-    subscribers = [w for w in out.workers if w.role in ("subscriber", "puller")]
+    subscribers = [w for w in out.workers if w.role in ("subscriber", "member", "puller")]
     overrides = list(s.settings)
     if out.data_dir is not None:
         overrides += s.storage_overrides(out.data_dir)
@@ -74,7 +74,8 @@ def merge(out: RunOutput) -> h.History:
         "source": "chaos", "seed": s.seed, "config": config.to_dict(), "oracle": False,
         "latency_bound": s.latency_bound, "plan": " ".join(f.describe() for f in out.plan),
         "liveness": [{"subscriber": w.subscriber_id(t), "topic": t,
-                      "pull": w.role == "puller"} for w in subscribers for t in w.topics],
+                      "pull": w.role == "puller", "group": w.pool}
+                     for w in subscribers for t in w.topics],
         "canaries": [[t, w.canary_id(t)] for w in producers for t in w.topics],
         "topics": out.topics, "storage": out.storage, "unreadable_lines": unreadable,
     }
@@ -255,7 +256,16 @@ def by_storage(out: RunOutput, history: h.History) -> dict[str, StorageTally]:
             result[kinds[e.topic]].resets_seen += 1
         if generation is not None and generation not in seen[topic]:
             seen[topic].append(generation)
-    live = [(spec["subscriber"], spec["topic"]) for spec in history.meta.get("liveness", [])]
+    live = [(spec["subscriber"], spec["topic"]) for spec in history.meta.get("liveness", [])
+            if spec.get("group") is None]
+    # a shared subscription's members count as one reader: what any of them got (G10)
+    for spec in history.meta.get("liveness", []):
+        group = spec.get("group")
+        if group is not None:
+            pooled = received.setdefault((f"pool:{group}", spec["topic"]), set())
+            pooled |= received.get((spec["subscriber"], spec["topic"]), set())
+            if (f"pool:{group}", spec["topic"]) not in live:
+                live.append((f"pool:{group}", spec["topic"]))
     anyone: set[tuple[str, str]] = {(topic, i) for (_, topic), ids in received.items()
                                     for i in ids}
     for (topic, message_id), generations in acked.items():

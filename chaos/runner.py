@@ -119,6 +119,13 @@ def worker_specs(s: ChaosSettings, url: str, topics: list[str], workdir: Path) -
             max_in_flight=1 if strict else None, prefetch=1 if strict else None,
             slow_ack=s.slow_ack if i == 0 else 0.0, slow_ack_max=2.5,
             withhold=s.withhold if i == 1 else 0.0))
+    for i in range(s.pool if topics else 0):
+        name = f"pool-{i}"
+        specs.append(WorkerSpec(
+            index=len(specs), role="member", name=name, flavour=flavours[i % len(flavours)],
+            url=url, topics=(topics[0],), seed=s.seed, out=str(workdir / f"{name}.jsonl"),
+            request_timeout=s.request_timeout, retry_deadline=s.retry_deadline,
+            max_in_flight=4, slow_ack=s.slow_ack, slow_ack_max=2.5, pool="pool"))
     for i in range(s.pullers):
         name = f"pull-{i}"
         specs.append(WorkerSpec(

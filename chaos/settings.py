@@ -52,6 +52,7 @@ class ChaosSettings:
     producers: int = 3
     subscribers: int = 3
     pullers: int = 1                 # pull readers (FETCH, COMMIT after each page)
+    pool: int = 3                    # workers sharing one key-ordered subscription (G10)
     topics: int = 6                  # mixed: every shard holds a disk and a memory topic
     rate: float = 11.0               # messages per second per producer and topic
     flavours: tuple[str, ...] = ("trio", "asyncio")
@@ -100,7 +101,7 @@ class ChaosSettings:
 def from_env(env: dict[str, str] | None = None) -> ChaosSettings:
     """Defaults, with ``CHAOS_SEED``, ``CHAOS_DURATION``, ``CHAOS_FAULTS``, ``CHAOS_MIX``
     (``kind=weight,...``), ``CHAOS_RATE``, ``CHAOS_LIVENESS``, ``CHAOS_OUT``,
-    ``CHAOS_STORAGE`` and ``CHAOS_FSYNC`` applied.
+    ``CHAOS_STORAGE``, ``CHAOS_FSYNC`` and ``CHAOS_POOL`` applied.
     Raises ValueError for a bad value (naming the variable)."""
     env = dict(os.environ) if env is None else env
     s = ChaosSettings()
@@ -109,7 +110,7 @@ def from_env(env: dict[str, str] | None = None) -> ChaosSettings:
         "CHAOS_FAULTS": ("faults", int), "CHAOS_MIX": ("mix", parse_mix),
         "CHAOS_RATE": ("rate", float), "CHAOS_LIVENESS": ("liveness", float),
         "CHAOS_OUT": ("out", Path), "CHAOS_STORAGE": ("storage", _choice(STORAGE_MODES)),
-        "CHAOS_FSYNC": ("fsync", _choice(FSYNC_MODES)),
+        "CHAOS_FSYNC": ("fsync", _choice(FSYNC_MODES)), "CHAOS_POOL": ("pool", int),
     }
     for var, (attr, parse) in readers.items():
         raw = env.get(var)

@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import sys
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -47,7 +48,7 @@ PAYLOAD_PAD = b"." * 64
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
     index: int
-    role: str                       # "producer", "subscriber" or "puller"
+    role: str                       # "producer", "subscriber", "member" or "puller"
     name: str                       # its host name in the history
     flavour: str                    # "trio" or "asyncio"
     url: str
@@ -66,9 +67,10 @@ class WorkerSpec:
     withhold: float = 0.0           # subscriber: share of messages never acked in their first
                                     # session, so they use all their pushes (G4: inactive)
     page: int = 50                  # puller: most messages per FETCH
+    pool: str | None = None         # member: the shared, key-ordered subscription (G10)
 
     def subscription(self, topic: str) -> str:
-        return f"{self.name}-{topic}"
+        return self.pool if self.pool is not None else f"{self.name}-{topic}"
 
     def subscriber_id(self, topic: str) -> str:
         """The id the history uses for this process's subscription to ``topic`` (tap format)."""
@@ -191,10 +193,12 @@ class Worker:
         payloads = [i.encode() + PAYLOAD_PAD for i in ids]
         while True:
             try:
+                # keyed, so a key-ordered pool has keys to keep in order (G10)
+                keys = [f"k{zlib.crc32(i.encode()) % 16}" for i in ids]
                 if len(ids) == 1:
-                    await client.publish(topic, payloads[0], id=ids[0])
+                    await client.publish(topic, payloads[0], id=ids[0], key=keys[0])
                 else:
-                    await client.publish_many(topic, payloads, ids=ids)
+                    await client.publish_many(topic, payloads, ids=ids, keys=keys)
                 self.published += len(ids)
                 return
             except RETRYABLE:
@@ -212,7 +216,9 @@ class Worker:
             try:
                 async with client.subscribe(topic, name=spec.subscription(topic), read_old=True,
                                             max_in_flight=spec.max_in_flight,
-                                            prefetch=spec.prefetch) as sub:
+                                            prefetch=spec.prefetch,
+                                            shared=spec.pool is not None,
+                                            key_ordered=spec.pool is not None) as sub:
                     async for msg in sub:
                         self.log.add(h.Consumed(monotonic(), spec.subscriber_id(topic), msg.topic,
                                                 msg.generation, msg.offset, msg.id, msg.attempt))

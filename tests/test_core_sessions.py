@@ -383,6 +383,16 @@ def test_hello_with_an_unsupported_version_is_refused_and_closes() -> None:
     assert client.closed
 
 
+def test_a_version_5_client_is_still_served_and_told_its_version() -> None:
+    shard = Shard()
+    client = shard.connect()
+    reply = client.request([P.HELLO, 1, {"version": 5, "role": "client"}])
+    assert reply[0] == P.HELLO_OK and reply[2]["version"] == 5
+    assert client.publish("a") and not client.closed
+    reply = shard.connect().request([P.HELLO, 1, {"version": 4, "role": "client"}])
+    assert reply[0] == P.ERROR and reply[2] == errors.UnsupportedVersion.code
+
+
 def test_hello_reply_describes_the_shard() -> None:
     shard = Shard(HEARTBEAT, index=1, shard_count=3)
     client = shard.connect()

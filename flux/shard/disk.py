@@ -213,9 +213,13 @@ class ShardStorage:
                     "position": report.damage.position, "reason": report.damage.reason,
                     "set_aside": list(report.damage.set_aside)}}
         core.adopt_recovered(topic, host.now(), info)
-        if why is not None:
+        last = table.segments[-1] if table.segments else None
+        if why is not None or (last is not None and last.end == last.first):
             # the new generation must be on disk before anyone hears of it: a snapshot
-            # starts a segment of that generation (synced in run, before serving)
+            # starts a segment of that generation (synced in run, before serving). So
+            # must an empty last segment (a crash right after it was made, or a torn
+            # first record cut): every segment starts with a snapshot, or dropping the
+            # ones before it would lose the subscriptions they record
             journal.append(*core._snapshot(topic))
             self._unsettled.append(writer)
         self.recovered.append(Recovered(name, report, replay.records, replay.messages,
