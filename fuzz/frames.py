@@ -58,8 +58,11 @@ def valid_frame(kind: int, rng: random.Random, rid: int, topic: str, tag: str) -
         return [P.HELLO, rid, {"version": P.VERSION, "role": "client"}]
     if kind == P.PUBLISH:
         n = rng.randint(1, 8)
-        return [P.PUBLISH, rid, [[topic, [f"{tag}-{i}" for i in range(n)],
-                                  [rng.randbytes(rng.randint(0, 200)) for _ in range(n)]]]]
+        group: list[Any] = [topic, [f"{tag}-{i}" for i in range(n)],
+                            [rng.randbytes(rng.randint(0, 200)) for _ in range(n)]]
+        if rng.random() < 0.3:  # keys, for the key-ordered shared subscriptions
+            group.append({"keys": [rng.choice(("k1", "k2", None)) for _ in range(n)]})
+        return [P.PUBLISH, rid, [group]]
     if kind == P.SUBSCRIBE:
         options: dict[str, Any] = {"topic": topic, "read_old": rng.random() < 0.5,
                                    "credit": rng.randint(0, 50)}
@@ -67,6 +70,10 @@ def valid_frame(kind: int, rng: random.Random, rid: int, topic: str, tag: str) -
             options["name"] = name
         if rng.random() < 0.3:
             options["mode"] = "pull"
+        elif name is not None and rng.random() < 0.4:  # a member of a shared one (G10)
+            options["shared"] = True
+            options["key_ordered"] = rng.random() < 0.5
+            options["max_in_flight"] = rng.randint(1, 5)
         return [P.SUBSCRIBE, rid, sid, options]
     if kind == P.UNSUBSCRIBE:
         return [P.UNSUBSCRIBE, rid, sid]
