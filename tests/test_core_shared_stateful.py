@@ -134,7 +134,7 @@ class SharedPool(RuleBasedStateMachine):
             member.client.unsubscribe(member.sid)
         self._receive()
 
-    @rule(keys=st.lists(st.sampled_from(["a", "b", "c", None]), min_size=1, max_size=5))
+    @rule(keys=st.lists(st.sampled_from(["a", "b", "c", None]), min_size=1, max_size=8))
     def publish(self, keys: list[str | None]) -> None:
         ids = [f"m{len(self.keys) + i}" for i in range(len(keys))]
         reply = self.publisher.publish_frame([[TOPIC, ids, [b"x"] * len(ids), {"keys": keys}]])
