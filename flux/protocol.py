@@ -17,6 +17,7 @@ from typing import Any, Final, overload
 import msgpack
 
 from flux import errors
+from flux.hashing import DEAD_LETTER_SEP
 
 VERSION: Final = 5
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
@@ -351,10 +352,29 @@ def check_topic(topic: object) -> str:
     if not 1 <= size <= MAX_TOPIC_BYTES:
         raise errors.InvalidTopic(f"topic must be 1-{MAX_TOPIC_BYTES} bytes, got {size}")
     if not _TOPIC_RE.match(topic):
+        if DEAD_LETTER_SEP in topic:
+            raise errors.InvalidTopic(
+                f"{topic!r} is a dead-letter topic (TOPIC~SUBSCRIPTION): only the broker"
+                " writes to it; read it with subscribe or fetch")
         raise errors.InvalidTopic(
             f"bad topic {topic!r}: use tokens of [A-Za-z0-9_-] separated by single dots"
             " ('*' and '>' are reserved)")
     return topic
+
+
+def check_readable_topic(topic: object) -> str:
+    """Return ``topic`` if it names a topic or a dead-letter topic (``TOPIC~SUBSCRIPTION``,
+    G11: read by SUBSCRIBE, FETCH and COMMIT, never published to), else raise
+    InvalidTopic."""
+    if isinstance(topic, str) and DEAD_LETTER_SEP in topic:
+        source, _, subscription = topic.partition(DEAD_LETTER_SEP)
+        check_topic(source)
+        if not subscription or len(subscription.encode("utf-8", "surrogatepass")) > 255:
+            raise errors.InvalidTopic(
+                f"bad dead-letter topic {topic!r}: TOPIC~SUBSCRIPTION, the subscription"
+                " name 1-255 bytes")
+        return topic
+    return check_topic(topic)
 
 
 def check_message_id(message_id: object) -> str:

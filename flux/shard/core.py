@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from flux import errors
+from flux.hashing import dead_letter_source
 from flux.shard.access import BEFORE_HELLO, Access
 from flux.shard.cleanup import Cleanup
 from flux.shard.delivery import Delivery
@@ -187,9 +188,9 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         ``visible`` allows, if given: a non-admin user's)."""
         topics: dict[str, Any] = {}
         for name, topic in self.topics.items():
-            if visible is not None and not visible(name):
+            if visible is not None and not visible(dead_letter_source(name) or name):
                 continue
-            topics[name] = {
+            topics[name] = info = {
                 "oldest": topic.log.oldest, "next_offset": topic.log.next_offset,
                 "held": len(topic.log), "held_bytes": topic.held_bytes(now),
                 "dedup_ids": len(topic.dedup),
@@ -200,6 +201,11 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
                     s.name: self._subscription_stats(topic, s, now)
                     for s in topic.subs.values()},
             }
+            if topic.settings.dead_letter:  # its dead-letter topics' sizes (G11)
+                info.update(self._dead_letter_stats(topic))
+            source = dead_letter_source(name)
+            if source is not None:
+                info["dead_letter_of"] = source
         return {"index": self.index, "generation": self.generation,
                 "shard_count": self.shard_count, "uptime": now - self._started,
                 "sessions": len(self.sessions), "counters": dict(self.counters),
@@ -214,10 +220,14 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         # lag is exact: offsets above the cursor acked already are not lag, and delayed
         # messages not due yet are a figure of their own (G12)
         pending = self._pending_of(topic, s, now) if topic.delayed else 0
-        return {"mode": s.mode, "cursor": s.cursor, "active": s.active,
+        info = {"mode": s.mode, "cursor": s.cursor, "active": s.active,
                 "in_flight": len(s.in_flight), "ephemeral": s.ephemeral,
                 "lag": max(0, topic.log.next_offset - s.cursor - len(s.acked) - pending),
                 "delayed": pending, "redelivered": s.redelivered}
+        if topic.settings.dead_letter or s.dead_lettered or s.dead_letter_refused:
+            info.update(dead_lettered=s.dead_lettered, dead_letter_refused=s.dead_letter_refused,
+                        dead_letter_pending=len(s.dead_pending))  # G11
+        return info
 
     def _storage_stats(self, topic: Topic) -> dict[str, Any] | None:
         """A disk topic's log: its size, marks and what recovery found (None: memory)."""
@@ -318,6 +328,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
             if due > now:
                 heapq.heappush(self._delays, (due, offset, topic.name))
         self._recount(topic)
+        self._reconcile_dead_letters(topic)  # a dead letter's record is its ack too (G11)
 
     def storage_progress(self, journal: TopicJournal, now: float) -> None:
         """The durable mark of ``journal`` moved: release replies, expose offsets, push."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from flux import errors
-from flux.shard.delayed import Delays
-from flux.shard.journal import SUBSCRIPTION
+from flux.shard.journal import SUBSCRIPTION, TopicJournal
+from flux.shard.naks import Settling
 from flux.shard.state import (
     MAX_CREDIT,
     P,
@@ -22,14 +22,14 @@ from flux.shard.state import (
 from flux.shard.subscription import Subscription
 
 
-class Subscribing(Delays):
+class Subscribing(Settling):
     """The push-subscription and ack handlers."""
 
     def _subscribe(self, session: Session, frame: list[Any], now: float) -> None:
         rid, sid, opts = frame[1], frame[2], _map(frame, 3)
         if type(sid) is not int:
             raise errors.InvalidRequest("SUBSCRIBE sid must be an integer")
-        name = self._authorize(session, "subscribe", self._check_owned(opts.get("topic")))
+        name = self._authorize(session, "subscribe", self._check_owned(opts.get("topic"), True))
         sub_name = opts.get("name")
         mode = opts.get("mode", "push")
         if mode not in ("push", "pull"):
@@ -119,6 +119,7 @@ class Subscribing(Delays):
                                             " session"])
                 self._emit("taken_over", name, key, old)
             sub.attach((session.conn, sid), credit, max_in_flight, now)
+            sub.carry_max = max(sub.push_counts, default=-1)  # counts kept (G11)
             self._attach_delays(topic, sub, now)
             session.subs[sid] = sub
             self._dirty[id(sub)] = sub
@@ -176,6 +177,7 @@ class Subscribing(Delays):
 
     def _ack(self, session: Session, frame: list[Any], now: float) -> None:
         rid, sid, generation, offsets, through = frame[1], frame[2], frame[3], frame[4], frame[5]
+        settle = frame[6] if len(frame) > 6 else None  # nak, term, in_progress (G11)
         sub = self._attached(session, sid)
         topic = self.topics[sub.topic]
         if generation != topic.generation:
@@ -186,10 +188,19 @@ class Subscribing(Delays):
             raise errors.InvalidRequest("ACK offsets must be an array and through an integer")
         refused: list[list[Any]] = []
         acked = 0
+        journals: list[TopicJournal] = []
+        settled = False  # terms counted as acks: the cursor record is due
+        if settle is not None:  # before the acks: a through never covers a termed offset
+            cursor, held = sub.cursor, len(sub.acked)
+            journals = self._settle(sub, topic, settle, refused, now)
+            settled = sub.cursor != cursor or len(sub.acked) != held
+            if sub.session is None:  # a nak on a last push ended it (no dead-letter policy)
+                session.out.append([P.ACKED, rid, sid, sub.cursor, refused])
+                return
         for offset in offsets:
             if type(offset) is not int:
                 refused.append([offset, errors.InvalidRequest.code, "offset must be an integer"])
-            elif sub.ack(offset):
+            elif sub.ack(offset) or (sub.nak_waiting and self._ack_waiting(sub, offset)):
                 acked += 1
             elif not sub.was_delivered(offset):
                 refused.append([offset, errors.NotDelivered.code,
@@ -200,9 +211,12 @@ class Subscribing(Delays):
             self.counters["acked"] += acked
             self._dirty[id(sub)] = sub
             sub.drop_acked_deadlines()
+            if sub.push_counts:
+                self._forget_counts(sub)
         reply = [P.ACKED, rid, sid, sub.cursor, refused]
-        journal = self._journal_cursor(topic, sub) if acked else topic.journal
-        if journal is not None and not sub.ephemeral:
-            self._journal_hold(session, reply, [journal])  # a confirmed ack is durable (G9)
+        journal = self._journal_cursor(topic, sub) if acked or settled else topic.journal
+        if journals or (journal is not None and not sub.ephemeral):
+            # a confirmed ack is durable (G9), and so is a confirmed term's dead letter
+            self._journal_hold(session, reply, [j for j in (journal, *journals) if j is not None])
         else:
             session.out.append(reply)

@@ -62,6 +62,20 @@ class Subscription:
     due_heap: list[tuple[float, int]] = field(default_factory=list)
     due_pushed: set[int] = field(default_factory=set)
     delayed: dict[int, float] | None = None
+    # G11, for the attached session (reset on attach/detach): nak'd offsets out of the
+    # window until their re-push -> pushes used, their re-push times as a heap of (at,
+    # offset, pushes, epoch), and in_progress's later ack deadlines (offset -> when)
+    nak_waiting: dict[int, int] = field(default_factory=dict)
+    naks: list[tuple[float, int, int, int]] = field(default_factory=list)
+    extended: dict[int, float] = field(default_factory=dict)
+    # G11, across attachments: pushes used by each unacked offset (kept only when the
+    # topic has a dead-letter policy: "push counts that survive"), and the offsets whose
+    # dead letter the dead-letter topic refused (full): not pushed, (pushes, reason) each
+    push_counts: dict[int, int] = field(default_factory=dict)
+    dead_pending: dict[int, tuple[int, str]] = field(default_factory=dict)
+    carry_max: int = -1            # the highest offset with a count when it last attached
+    dead_lettered: int = 0         # messages written to its dead-letter topic
+    dead_letter_refused: int = 0   # messages its dead-letter topic refused (at first)
 
     # -- cursor and acks ---------------------------------------------------------------
 
@@ -79,6 +93,27 @@ class Subscription:
     def ack(self, offset: int) -> bool:
         """Ack one pushed offset of the attached session; False if it was not in flight."""
         if self.in_flight.pop(offset, None) is None:
+            return False
+        if offset == self.cursor:
+            cursor = offset + 1
+            acked = self.acked
+            while cursor in acked:
+                acked.remove(cursor)
+                cursor += 1
+            self.cursor = cursor
+        else:
+            self.acked.add(offset)
+        return True
+
+    def count_acked(self, offset: int) -> bool:
+        """Count ``offset`` as acked whether or not it is in flight (G11: a dead letter,
+        or a term without a dead-letter policy); False if it was acked already."""
+        self.in_flight.pop(offset, None)
+        self.nak_waiting.pop(offset, None)
+        self.extended.pop(offset, None)
+        self.dead_pending.pop(offset, None)
+        self.push_counts.pop(offset, None)
+        if offset < self.cursor or offset in self.acked:
             return False
         if offset == self.cursor:
             cursor = offset + 1
@@ -172,6 +207,9 @@ class Subscription:
         self.preacked = frozenset()
         self.due_heap = []
         self.due_pushed = set()
+        self.nak_waiting.clear()
+        self.naks = []
+        self.extended.clear()
 
     # -- timers ------------------------------------------------------------------------
 
@@ -179,6 +217,9 @@ class Subscription:
         """When the earliest deadline or re-push falls, if any."""
         d = self.deadlines[0][0] if self.deadlines else None
         r = self.repushes[0][0] if self.repushes else None
+        if self.naks:  # a nak'd message's re-push (G11)
+            n = self.naks[0][0]
+            r = n if r is None else min(r, n)
         if d is None:
             return r
         if r is None:
