@@ -231,6 +231,12 @@ class ClientCore(Timers):
             if self.ack(sub, msg, clock() if held is None else held):
                 act()
 
+        def settle(msg: Message, kind: str, value: Any) -> None:
+            if sub.settle(msg, kind, value):
+                dirty(sub)
+                act()
+
+        ack.settle = settle  # type: ignore[attr-defined]  # Message.nak, term, in_progress
         return ack
 
     def unsubscribe(self, sub: SubState, now: float) -> Waiter:

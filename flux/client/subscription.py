@@ -37,7 +37,7 @@ class AckSession:
     """
 
     __slots__ = ("acked", "confirmed", "delayed", "generation", "head", "next_offset", "order",
-                 "queued", "sent_top", "sid")
+                 "queued", "sent_top", "settles", "sid")
 
     def __init__(self, sid: int, generation: int, cursor: int) -> None:
         self.sid = sid
@@ -52,6 +52,8 @@ class AckSession:
         # delivered delayed messages (DELIVER gave them a due time, G12): pushed out of
         # offset order, so a cumulative ack never covers them; they are acked by offset
         self.delayed: set[int] = set()
+        # nak, term and in_progress items not sent yet (G11): ACK's seventh field
+        self.settles: dict[str, list[Any]] = {}
 
     def __repr__(self) -> str:
         return (f"<AckSession sid={self.sid} gen={self.generation:#x} confirmed={self.confirmed}"
@@ -149,6 +151,29 @@ class AckSession:
         if below >= 2:
             return sorted(queued[below:] + explicit), queued[below - 1]
         return sorted(queued + explicit) if explicit else queued, -1
+
+    def settle(self, offset: int, kind: str, value: Any) -> bool:
+        """Queue a nak (``value``: its delay), term (its reason) or in_progress of a message
+        delivered here; False if it is acked (or termed) already. A nak'd message stays
+        unacked here, so no cumulative ack covers it; a termed one counts as acked (the
+        shard settles an ACK's terms before its acks)."""
+        if self.is_acked(offset):
+            return False
+        if kind == "progress":
+            self.settles.setdefault(kind, []).append(offset)
+            return True
+        self.settles.setdefault(kind, []).append([offset, value])
+        if kind == "term":
+            self.acked.add(offset)
+            self.sent_top = max(self.sent_top, offset)
+        return True
+
+    def take_settle(self) -> dict[str, list[Any]] | None:
+        """The settle map of the next ACK frame, if any item is queued."""
+        if not self.settles:
+            return None
+        settles, self.settles = self.settles, {}
+        return settles
 
     def confirm(self, cursor: int) -> None:
         """The shard's cursor after an ACKED: forget acks below it."""
@@ -337,6 +362,8 @@ class SubState(Wakeable):
     def ack_due_at(self) -> float:
         """When queued acks must go out: ``-inf`` means now, ``inf`` that none are queued."""
         session = self.session
+        if session is not None and session.settles:
+            return -math.inf  # a nak, term or in_progress goes at once
         if session is None or not session.queued:
             return math.inf
         if self.ack_first_at is None or len(session.queued) >= self.ack_batch:
@@ -357,6 +384,16 @@ class SubState(Wakeable):
             return None
         self.ack_first_at = None
         return session.take_ack()
+
+    def settle(self, msg: Message, kind: str, value: Any) -> bool:
+        """Queue a nak, term or in_progress of ``msg`` (G11); True if it was queued (it
+        goes out at once). A message of an earlier session or generation is not held
+        by this one: nothing is sent."""
+        session = self.session
+        if self.status != "active" or session is None or msg.generation != self.generation \
+                or not (msg._session is session or session.delivered(msg.offset)):
+            return False
+        return session.settle(msg.offset, kind, value)
 
     def credit_due(self) -> int:
         """Credit to send now: coalesced into quarters of ``prefetch``. Holding less than

@@ -190,7 +190,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         for name, topic in self.topics.items():
             if visible is not None and not visible(dead_letter_source(name) or name):
                 continue
-            topics[name] = info = {
+            info: dict[str, Any] = {
                 "oldest": topic.log.oldest, "next_offset": topic.log.next_offset,
                 "held": len(topic.log), "held_bytes": topic.held_bytes(now),
                 "dedup_ids": len(topic.dedup),
@@ -206,6 +206,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
             source = dead_letter_source(name)
             if source is not None:
                 info["dead_letter_of"] = source
+            topics[name] = info
         return {"index": self.index, "generation": self.generation,
                 "shard_count": self.shard_count, "uptime": now - self._started,
                 "sessions": len(self.sessions), "counters": dict(self.counters),

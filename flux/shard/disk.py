@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-from urllib.parse import quote, unquote
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 import trio
 
