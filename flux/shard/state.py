@@ -177,9 +177,19 @@ class ShardState:
     def _authorize(self, session: Session, operation: str, topic: str) -> str:
         """``topic`` if the session may do ``operation`` on it; else NotAuthorized."""
         identity = session.identity
-        # a dead-letter topic (G11) is read with the permissions of its source topic
-        if identity is not None and not identity.permissions.may(
-                operation, dead_letter_source(topic) or topic):
+        if identity is None:
+            return topic
+        # a dead-letter topic (G11) is read by those who may subscribe to its source
+        # topic, or administer it (flux dlq)
+        source = dead_letter_source(topic)
+        if source is not None:
+            may = identity.permissions.may
+            if may(operation, source) or (operation == "subscribe" and may("admin", source)):
+                return topic
+            raise errors.NotAuthorized(
+                f"user {identity.user!r} may not {operation} on dead-letter topic {topic!r}"
+                f" (it needs {operation} or admin on {source!r})")
+        if not identity.permissions.may(operation, topic):
             raise errors.NotAuthorized(
                 f"user {identity.user!r} may not {operation} on topic {topic!r}")
         return topic
