@@ -295,3 +295,47 @@ def test_a_dead_letter_topic_never_dead_letters_itself() -> None:
     assert c.deliveries(2) == [(0, 1)]
     _settle(c, 2, term=[[0, ""]])  # counts as an ack: no dead letter of a dead letter
     assert dead_letter_topic(DLQ, "r") not in shard.stats()["topics"]
+
+
+def test_on_disk_a_term_is_confirmed_once_its_dead_letter_is_durable_and_replay_keeps_all(
+) -> None:
+    from test_core_disk import Disk
+
+    from flux.shard import journal as J
+    from flux.shard.core import ShardCore
+    from flux.shard.replay import TopicReplay
+
+    shard = Shard({"storage.dir": "/data", "storage.kind": "disk", "dead_letter.enabled": True})
+    disk = Disk(shard)
+    c = shard.connect()
+    c.send([P.PUBLISH, c.rid(), [[TOPIC, ["a", "b"], [b"a", b"b"]]]])
+    c.send([P.SUBSCRIBE, c.rid(), 1, {"topic": TOPIC, "name": "w", "read_old": True}])
+    disk.sync()
+    c.take()
+    shard.advance(7.0 + 3.0)  # both time out: each pushed twice
+    c.take()
+    c.send([P.ACK, c.rid(), 1, shard.generation, [], -1, {"term": [[0, "bad"]]}])
+    disk.sync()
+    assert c.take(P.ACKED) == []  # its dead letter is not durable yet
+    disk.sync(DLQ)
+    [acked] = c.take(P.ACKED)
+    assert acked[3] == 1 and acked[4] == []
+    assert J.PUSHES in disk.writer().kinds()
+
+    def rebuilt(name: str, records: list[Any]) -> Any:
+        held = shard.core.topics[name]
+        replay = TopicReplay(name, held.settings, epoch=0.0)
+        for rec in records:
+            replay.feed(rec)
+        return replay.build(held.generation, now=shard.now)
+
+    # without the source's cursor records, the dead letter's record acks offset 0
+    source = rebuilt(TOPIC, [r for r in disk.writer().records if r.type != J.CURSOR])
+    assert source.subs["w"].push_counts == {0: 2, 1: 2}
+    dlq = rebuilt(DLQ, disk.writer(DLQ).records)
+    core = ShardCore(shard.config, generation=shard.generation, now=shard.now)
+    core.adopt_recovered(dlq, shard.now)
+    core.adopt_recovered(source, shard.now)
+    w = core.topics[TOPIC].subs["w"]
+    assert (w.cursor, w.acked) == (1, set())
+    assert dlq.log.meta_of(0)[1]["flux-offset"] == "0"  # (its payload stays in the log)
