@@ -76,7 +76,7 @@ class PushCounts(Delays):
         counts, parked = sub.push_counts, sub.dead_pending
         max_pushes = 1 + topic.settings.retry_count
         plan: list[tuple[int, int]] = []
-        for o in sorted(offsets):
+        for o in offsets:  # in push order: offset order, or due order (G12)
             if o in parked:
                 continue
             used = counts.get(o, 0)
@@ -98,13 +98,13 @@ class PushCounts(Delays):
             return False
         in_flight = sub.in_flight
         delayed = topic.delayed
-        for o, pushes in plan:  # increasing offsets: in_flight stays in offset order
+        for o, pushes in plan:  # (a batch of first pushes: above every offset in flight)
             in_flight[o] = pushes
             if o in delayed:
                 sub.due_pushed.add(o)
         at = now + topic.settings.timeout
-        for pushes, group in sorted(by_attempt.items(), key=lambda e: e[1][0]):
-            self._await_ack(session, sub, at, group, pushes)
+        for pushes, group in sorted(by_attempt.items(), key=lambda e: min(e[1])):
+            self._await_ack(session, sub, at, sorted(group), pushes)
             self._count_pushes(topic, sub, group, pushes)
             if pushes == 1:
                 sub.credit -= len(group)
