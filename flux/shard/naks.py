@@ -35,9 +35,12 @@ class Settling(DeadLetters):
     """The nak, term and in_progress items of ACK frames, and nak'd messages' timers."""
 
     def _settle(self, sub: Subscription, topic: Topic, body: Any, refused: list[list[Any]],
-                now: float) -> list[TopicJournal]:
-        """Apply an ACK's settle map; refusals go to ``refused``. Returns the journals of
-        dead-letter topics written to (a confirmed term is durable, as an ack is)."""
+                now: float, exhausted: list[tuple[int, int]]) -> list[TopicJournal]:
+        """Apply an ACK's settle map; refusals go to ``refused``, and (offset, pushes) of
+        messages a nak exhausted without a dead-letter policy to ``exhausted`` (the
+        caller ends the attachment once the frame's acks are applied). Returns the
+        journals of dead-letter topics written to (a confirmed term is durable, as an
+        ack is)."""
         if not isinstance(body, dict):
             raise errors.InvalidRequest("ACK's seventh field must be a map of nak, term and"
                                         " progress items")
@@ -58,7 +61,7 @@ class Settling(DeadLetters):
                             f"a {name} item is " + ("an offset" if name == "progress"
                                                     else "[offset, value]"))
                     if name == "nak":
-                        self._nak(sub, topic, offset, item[1], now)
+                        self._nak(sub, topic, offset, item[1], now, exhausted)
                     elif name == "term":
                         journal = self._term(sub, topic, offset, item[1], now)
                         if journal is not None and journal not in journals:
@@ -81,14 +84,20 @@ class Settling(DeadLetters):
                 f" acked, nak'd, termed or exhausted already): nothing to {what}")
         return pushes
 
-    def _nak(self, sub: Subscription, topic: Topic, offset: int, delay: Any,
-             now: float) -> None:
-        """nak ``offset``: out of the window now, pushed again at ``now + delay``."""
+    def _nak(self, sub: Subscription, topic: Topic, offset: int, delay: Any, now: float,
+             exhausted: list[tuple[int, int]] | None = None) -> None:
+        """nak ``offset``: out of the window now, pushed again at ``now + delay``; on its
+        last allowed push, exhausted at once (G11): dead-lettered, or (no dead-letter
+        policy) listed in ``exhausted`` for the caller to end the attachment."""
         delay = check_delay(delay, topic.settings.max_delay, "nak delay")
         pushes = self._held(sub, offset, "nak")
         if pushes >= 1 + topic.settings.retry_count:
-            # the last allowed push: the message is exhausted at once (G11)
-            self._exhausted(sub, offset, pushes, now)
+            if topic.settings.dead_letter or exhausted is None:
+                self._exhausted(sub, offset, pushes, now)
+                return
+            sub.in_flight.pop(offset)  # never acked by the frame's through
+            sub.extended.pop(offset, None)
+            exhausted.append((offset, pushes))
             return
         sub.in_flight.pop(offset)
         sub.extended.pop(offset, None)

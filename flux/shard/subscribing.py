@@ -190,13 +190,11 @@ class Subscribing(Settling):
         acked = 0
         journals: list[TopicJournal] = []
         settled = False  # terms counted as acks: the cursor record is due
+        exhausted: list[tuple[int, int]] = []  # by a nak on its last push (no dead letters)
         if settle is not None:  # before the acks: a through never covers a termed offset
             cursor, held = sub.cursor, len(sub.acked)
-            journals = self._settle(sub, topic, settle, refused, now)
+            journals = self._settle(sub, topic, settle, refused, now, exhausted)
             settled = sub.cursor != cursor or len(sub.acked) != held
-            if sub.session is None:  # a nak on a last push ended it (no dead-letter policy)
-                session.out.append([P.ACKED, rid, sid, sub.cursor, refused])
-                return
         for offset in offsets:
             if type(offset) is not int:
                 refused.append([offset, errors.InvalidRequest.code, "offset must be an integer"])
@@ -220,3 +218,5 @@ class Subscribing(Settling):
             self._journal_hold(session, reply, [j for j in (journal, *journals) if j is not None])
         else:
             session.out.append(reply)
+        if exhausted:  # the frame's acks are applied: now the attachment ends (G4)
+            self._exhausted(sub, *exhausted[0], now)

@@ -431,7 +431,9 @@ def dead_letters(rng: random.Random) -> Workload:
                        churn=rng.choice((0.0, rng.uniform(4.0, 10.0))))
                for i in range(rng.randint(2, 4))]
     others = [s for s in w.subscribers if s.behaviour in ("ack", "slow", "puller", "window")]
-    return replace(w, scenario="deadletters", config=config,
+    # half the runs' messages carry keys and headers: a dead letter keeps them
+    producers = tuple(replace(p, keyed=rng.random() < 0.5) for p in w.producers)
+    return replace(w, scenario="deadletters", config=config, producers=producers,
                    subscribers=tuple(workers + others[:2]), dead_letter_readers=("d0",))
 
 

@@ -117,10 +117,11 @@ def _check_terms(index: Index, inc: Incarnation, dead_letter: bool,
     for e in inc.events:
         if isinstance(e, h.AckConfirmed):
             for o in e.terms:
-                confirmed.setdefault(o, (e.t, e.session))
+                if o not in confirmed:
+                    report.examine("G11", "termed-pushed")
+                    confirmed[o] = (e.t, e.session)
         elif isinstance(e, h.Delivered) and e.offset in confirmed:
             at, where = confirmed[e.offset]
-            report.examine("G11", "termed-pushed")
             session = index.sessions[e.session]
             if (e.session == where and e.t > at) or session.sub.requested > at:
                 report.add("G11", "termed-pushed", e.t,

@@ -339,12 +339,24 @@ class Index:
         """Offsets of ``inc`` the shard may count acked without an ack (G11): those a term
         was sent for (from its sending) and dead letters seen (from when written)."""
         out = dict(self.terms.get(inc.key, {}))
+        if self.params_for(inc.topic).dead_letter and self._dead_letters_may_be_lost(inc):
+            # a dead letter no reader saw may be gone: any message delivered may be one
+            for e in inc.events:
+                if isinstance(e, h.Delivered) and e.offset not in out:
+                    out[e.offset] = e.t
         if inc.name is not None:
             for o, letter in self.dead_letters.get((inc.topic, inc.generation, inc.name),
                                                    {}).items():
                 if o not in out or letter.at < out[o]:
                     out[o] = letter.at
         return out
+
+    def _dead_letters_may_be_lost(self, inc: Incarnation) -> bool:
+        """Whether a storage fault (power, flipped bits, I/O errors) hit the machine of
+        ``inc``'s shard: its dead-letter topic may have lost dead letters (G9)."""
+        hosts = {f"shard-{s.sub.shard}" for s in inc.sessions}
+        return any(d.fault in ("power", "flip", "eio") and hosts & set(d.hosts)
+                   for d in self.disturbances)
 
     @functools.cached_property
     def commits(self) -> dict[tuple[str, str], list[tuple[float, int | None, int]]]:
