@@ -1535,8 +1535,9 @@ def nak_delay_ignored() -> contextlib.AbstractContextManager[Any]:
     from flux.shard.naks import Settling
 
     def make(f: Any) -> Any:
-        def nak(self: Any, sub: Any, topic: Any, offset: int, delay: Any, now: float) -> None:
-            f(self, sub, topic, offset, delay, now)
+        def nak(self: Any, sub: Any, topic: Any, offset: int, delay: Any, now: float,
+                exhausted: Any = None) -> None:
+            f(self, sub, topic, offset, delay, now, exhausted)
             if isinstance(delay, (int, float)) and delay > 0:
                 sub.naks = [(now if o == offset else at, o, p, e) for at, o, p, e in sub.naks]
                 heapq.heapify(sub.naks)
