@@ -94,6 +94,12 @@ class Subscription:
         """Ack one pushed offset of the attached session; False if it was not in flight."""
         if self.in_flight.pop(offset, None) is None:
             return False
+        self._mark_acked(offset)
+        return True
+
+    def _mark_acked(self, offset: int) -> None:
+        """Record the ack of unacked ``offset``: the cursor moves past it (and the acked
+        offsets right above it), or it joins ``acked``."""
         if offset == self.cursor:
             cursor = offset + 1
             acked = self.acked
@@ -103,7 +109,6 @@ class Subscription:
             self.cursor = cursor
         else:
             self.acked.add(offset)
-        return True
 
     def count_acked(self, offset: int) -> bool:
         """Count ``offset`` as acked whether or not it is in flight (G11: a dead letter,
@@ -115,15 +120,7 @@ class Subscription:
         self.push_counts.pop(offset, None)
         if offset < self.cursor or offset in self.acked:
             return False
-        if offset == self.cursor:
-            cursor = offset + 1
-            acked = self.acked
-            while cursor in acked:
-                acked.remove(cursor)
-                cursor += 1
-            self.cursor = cursor
-        else:
-            self.acked.add(offset)
+        self._mark_acked(offset)
         return True
 
     def ack_through(self, through: int) -> int:
