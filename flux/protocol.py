@@ -41,7 +41,7 @@ UNSUBSCRIBED: Final = 23  # [UNSUBSCRIBED, rid, sid]
 CREDIT: Final = 24        # [CREDIT, sid, n]
 DELIVER: Final = 30       # [DELIVER, sid, generation, attempt, offsets, ids, payloads, times(, meta)]
 SUB_ENDED: Final = 31     # [SUB_ENDED, sid, code, message]
-ACK: Final = 40           # [ACK, rid, sid, generation, [offset, ...], through]
+ACK: Final = 40           # [ACK, rid, sid, generation, [offset, ...], through(, settle)]
 ACKED: Final = 41         # [ACKED, rid, sid, cursor, [[offset, code, message], ...]]
 # pull path
 FETCH: Final = 50         # [FETCH, rid, {topic, name, generation, offset, max_messages, max_bytes}]
