@@ -27,13 +27,28 @@ def test_a_nakd_offset_stays_unacked_so_no_through_covers_it() -> None:
     assert session.take_settle() is None
 
 
-def test_a_termed_offset_counts_as_acked_and_goes_in_the_settle_map() -> None:
+def test_a_termed_offset_counts_as_acked_only_once_the_shard_confirmed_it() -> None:
     session = _session()
     assert session.settle(1, "term", "bad")
     assert session.settle(3, "progress", None)
-    assert not session.settle(1, "term", "again")  # settled already
-    assert session.is_acked(1) and not session.is_acked(3)
+    assert not session.settle(1, "term", "again")  # termed already
     assert session.take_settle() == {"term": [[1, "bad"]], "progress": [3]}
+    for o in (0, 2):
+        session.ack(o)
+    assert session.take_ack() == ([0, 2], -1)  # no through across the termed offset
+    session.termed([1], set())
+    assert session.is_acked(1) and not session.is_acked(3)
+    assert session.low() == 3
+    session.ack(3)
+    session.ack(4)
+    assert session.take_ack() == ([], 4)  # a confirmed term may be covered
+
+
+def test_a_refused_term_leaves_the_offset_unacked() -> None:
+    session = _session()
+    session.settle(1, "term", "bad")
+    session.termed([1], {1})
+    assert not session.is_acked(1) and session.settle(1, "term", "again")
 
 
 async def test_bad_delays_and_reasons_raise_before_anything_is_queued() -> None:

@@ -99,7 +99,8 @@ class Pushes(Routing):
             if settle is not None:  # nak, term, in_progress (G11; PROTOCOL.md §6.7)
                 frame.append(settle)
             out.append(frame)
-            conn.pending[rid] = ("ack", (sub, session))
+            terms = [item[0] for item in settle.get("term", ())] if settle is not None else []
+            conn.pending[rid] = ("ack", (sub, session, terms))
             conn.timeouts.append((now + self.request_timeout, rid))
         if session.queued:
             self._held_acks[sub.key] = sub

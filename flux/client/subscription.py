@@ -37,7 +37,7 @@ class AckSession:
     """
 
     __slots__ = ("acked", "confirmed", "delayed", "generation", "head", "next_offset", "order",
-                 "queued", "sent_top", "settles", "sid")
+                 "queued", "sent_top", "settles", "sid", "terming")
 
     def __init__(self, sid: int, generation: int, cursor: int) -> None:
         self.sid = sid
@@ -52,8 +52,10 @@ class AckSession:
         # delivered delayed messages (DELIVER gave them a due time, G12): pushed out of
         # offset order, so a cumulative ack never covers them; they are acked by offset
         self.delayed: set[int] = set()
-        # nak, term and in_progress items not sent yet (G11): ACK's seventh field
+        # nak, term and in_progress items not sent yet (G11): ACK's seventh field; and the
+        # offsets termed, not confirmed yet (no cumulative ack covers them meanwhile)
         self.settles: dict[str, list[Any]] = {}
+        self.terming: set[int] = set()
 
     def __repr__(self) -> str:
         return (f"<AckSession sid={self.sid} gen={self.generation:#x} confirmed={self.confirmed}"
@@ -154,19 +156,27 @@ class AckSession:
 
     def settle(self, offset: int, kind: str, value: Any) -> bool:
         """Queue a nak (``value``: its delay), term (its reason) or in_progress of a message
-        delivered here; False if it is acked (or termed) already. A nak'd message stays
-        unacked here, so no cumulative ack covers it; a termed one counts as acked (the
-        shard settles an ACK's terms before its acks)."""
-        if self.is_acked(offset):
+        delivered here; False if it is acked or termed already. Neither a nak'd nor a
+        termed message counts as acked here, so no cumulative ack covers it; a termed
+        one does once the shard confirmed the term (:meth:`termed`)."""
+        if self.is_acked(offset) or offset in self.terming:
             return False
         if kind == "progress":
             self.settles.setdefault(kind, []).append(offset)
             return True
         self.settles.setdefault(kind, []).append([offset, value])
         if kind == "term":
-            self.acked.add(offset)
-            self.sent_top = max(self.sent_top, offset)
+            self.terming.add(offset)
         return True
+
+    def termed(self, offsets: list[int], refused: set[int]) -> None:
+        """An ACKED answered terms of ``offsets``: those not ``refused`` count as acked
+        from now on (the shard settled them)."""
+        for offset in offsets:
+            self.terming.discard(offset)
+            if offset not in refused and offset >= self.confirmed:
+                self.acked.add(offset)
+                self.sent_top = max(self.sent_top, offset)
 
     def take_settle(self) -> dict[str, list[Any]] | None:
         """The settle map of the next ACK frame, if any item is queued."""
@@ -331,8 +341,9 @@ class SubState(Wakeable):
                 session.ack(offset)
                 credit_back += 1
                 continue
-            if attempt > 1 and (offset in buffered or session.is_acked(offset)):
-                continue  # still waiting unconsumed here, or already acked: drop it
+            if attempt > 1 and (offset in buffered or session.is_acked(offset)
+                                or offset in session.terming):
+                continue  # still waiting unconsumed here, or already acked (termed): drop it
             session.deliver(offset)
             buffer.append(Message(self.topic, offset, generation, message_id, payload,
                                   timestamp, attempt, session, self.acker, key, header, due))
