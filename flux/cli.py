@@ -57,6 +57,7 @@ def main() -> None:
       flux sub orders.eu --read-old       # prints messages as they arrive
       flux stats                          # topics, subscriptions and their lag
       flux top                            # the same, live: rates and lag (q quits)
+      flux dlq list orders.eu             # dead letters of each subscription (G11)
     """
 
 
@@ -253,6 +254,57 @@ def top(url: str, interval: float, token: str | None, user: str | None,
 
     _run(lambda: run_top(url, interval, token=token, user=user, password=password,
                          tls=_tls(url, tls_ca, tls_cert, tls_key)))
+
+
+@main.group()
+def dlq() -> None:
+    """Dead letters (G11): what each subscription of a topic gave up on, and redrive."""
+
+
+@dlq.command("list")
+@click.argument("topic")
+@click.option("--url", default=DEFAULT_URL, show_default=True, help="The router's address.")
+@click.option("--json", "as_json", is_flag=True, help="Print the dead letters as JSON.")
+@credential_options
+def dlq_list(topic: str, url: str, as_json: bool, token: str | None, user: str | None,
+             password: str | None, tls_ca: str | None, tls_cert: str | None,
+             tls_key: str | None) -> None:
+    """Show the dead letters of every subscription of TOPIC, with why each died."""
+    from flux import dead_letter_tool as tool
+    from flux.client.trio import connect
+
+    async def run() -> None:
+        async with connect(url, retry_deadline=10.0, token=token, user=user, password=password,
+                           tls=_tls(url, tls_ca, tls_cert, tls_key)) as client:
+            rows = await tool.list_rows(client, topic)
+        tool.show(rows, topic, as_json)
+
+    _run(run)
+
+
+@dlq.command("redrive")
+@click.argument("topic")
+@click.option("--subscription", "-s", required=True,
+              help="The subscription whose dead letters go back to TOPIC.")
+@click.option("--url", default=DEFAULT_URL, show_default=True, help="The router's address.")
+@credential_options
+def dlq_redrive(topic: str, subscription: str, url: str, token: str | None, user: str | None,
+                password: str | None, tls_ca: str | None, tls_cert: str | None,
+                tls_key: str | None) -> None:
+    """Publish SUBSCRIPTION's dead letters to TOPIC again (every subscription of TOPIC
+    gets them), with ids derived from each dead letter's generation and offset: a
+    redrive run twice stores nothing twice within TOPIC's dedup window."""
+    from flux import dead_letter_tool as tool
+    from flux.client.trio import connect
+
+    async def run() -> None:
+        async with connect(url, token=token, user=user, password=password,
+                           tls=_tls(url, tls_ca, tls_cert, tls_key)) as client:
+            sent, duplicates = await tool.redrive(client, topic, subscription)
+        again = f" ({duplicates} stored by an earlier redrive)" if duplicates else ""
+        click.echo(f"redrove {sent} dead letters of {topic}/{subscription} to {topic}{again}")
+
+    _run(run)
 
 
 @main.group()

@@ -21,12 +21,14 @@ import yaml
 from flux.auth.users import DEFAULTS as AUTH_DEFAULTS
 from flux.auth.users import AuthConfig, parse_auth
 from flux.errors import ConfigError
+from flux.hashing import dead_letter_source
 from flux.policies import (
     PLANNED_KEYS,
     POLICY_KEYS,
     TopicPolicy,
     TopicSettings,
     check_pattern,
+    dead_letter_settings,
     resolve,
     storage_defaults,
 )
@@ -56,6 +58,7 @@ DEFAULTS: dict[str, Any] = {
                 "reserved_bytes": 67108864, "inactive_time": 604800.0},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
     "tls": {"cert": None, "key": None, "client_ca": None},
+    "dead_letter": {"enabled": False, "ttl": 604800.0},
     "topics": [],
     "auth": copy.deepcopy(AUTH_DEFAULTS),
 }
@@ -97,6 +100,15 @@ class SubscriberConfig:
     inactive_time: float = 300.0
     heartbeat: float = 5.0
     max_in_flight: int = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetterConfig:
+    """Dead-letter topics (G11): whether exhausted and termed messages go to one, and
+    how long it holds them (7 days)."""
+
+    enabled: bool = False
+    ttl: float = 604800.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +183,7 @@ class Config:
     storage: StorageConfig = StorageConfig()
     http: HttpConfig = HttpConfig()
     tls: TlsConfig = TlsConfig()
+    dead_letter: DeadLetterConfig = DeadLetterConfig()
     topics: tuple[TopicPolicy, ...] = ()  # per-pattern settings; the first match wins
     # users and permissions (G13); off without users
     auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
@@ -184,7 +197,9 @@ class Config:
                              max_bytes=self.topic.max_bytes, retry_count=s.retry_count,
                              retry_interval=s.retry_interval, timeout=s.timeout,
                              inactive_time=s.inactive_time, storage=self.storage.kind,
-                             storage_max_bytes=self.storage.max_bytes)
+                             storage_max_bytes=self.storage.max_bytes,
+                             dead_letter=self.dead_letter.enabled,
+                             dead_letter_ttl=self.dead_letter.ttl)
 
     @functools.cached_property
     def global_settings(self) -> TopicSettings:
@@ -205,7 +220,13 @@ class Config:
     def settings_for(self, topic: str) -> TopicSettings:
         """The settings of ``topic``: the first matching policy over the global keys.
         Resolve once per topic, not per message (it splits the name and tries each
-        pattern in turn)."""
+        pattern in turn). A dead-letter topic (G11) matches no user policy: it takes
+        the global keys with its source topic's storage and ``dead_letter.ttl``."""
+        source = dead_letter_source(topic)
+        if source is not None:
+            return self._by_storage(dead_letter_settings(
+                self.plain_settings, resolve(self.policies, source, self.global_settings)),
+                None)
         return resolve(self.policies, topic, self.global_settings)
 
     @property
@@ -332,9 +353,17 @@ _POLICY_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "subscriber.inactive_time": _seconds_or_zero,
     "storage.kind": lambda path, value: _storage_kind(path, value),
     "storage.max_bytes": lambda path, value: _int(path, value, minimum=0),
+    "dead_letter.enabled": lambda path, value: _flag(path, value),
+    "dead_letter.ttl": _seconds_or_zero,
 }
 assert _POLICY_CHECKS.keys() == POLICY_KEYS.keys()
 _POLICY_SECTIONS = frozenset(path.split(".")[0] for path in POLICY_KEYS)
+
+
+def _flag(path: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(path, f"expected true or false, got {value!r}")
+    return value
 
 
 def _storage_kind(path: str, value: Any) -> str:
@@ -397,6 +426,8 @@ def _topic_policies(raw: Any) -> tuple[TopicPolicy, ...]:
                 continue
             if section == "storage" and not isinstance(keys, dict):
                 keys = {"kind": keys}  # storage: disk is short for storage: {kind: disk}
+            if section == "dead_letter" and not isinstance(keys, dict):
+                keys = {"enabled": keys}  # dead_letter: true, short for {enabled: true}
             if section not in _POLICY_SECTIONS:
                 _check_policy_key(where, str(section))  # raises: it is not a section of them
             if not isinstance(keys, dict):
@@ -426,6 +457,8 @@ def _limits(raw: dict[str, Any], max_frame_bytes: int) -> LimitsConfig:
 
 def from_dict(raw: dict[str, Any]) -> Config:
     """Validate plain data (missing keys take defaults) and build a :class:`Config`."""
+    if isinstance(raw, dict) and isinstance(raw.get("dead_letter"), bool):
+        raw = {**raw, "dead_letter": {"enabled": raw["dead_letter"]}}  # dead_letter: true
     data = _check_keys("", raw, DEFAULTS)
     merged = copy.deepcopy(DEFAULTS)
     for key, value in data.items():
@@ -523,6 +556,9 @@ def from_dict(raw: dict[str, Any]) -> Config:
         ),
         http=_http(merged["http"]),
         tls=_tls(merged["tls"]),
+        dead_letter=DeadLetterConfig(
+            enabled=_flag("dead_letter.enabled", merged["dead_letter"]["enabled"]),
+            ttl=_seconds_or_zero("dead_letter.ttl", merged["dead_letter"]["ttl"])),
         topics=_topic_policies(merged["topics"]),
         auth=parse_auth(merged["auth"]),
     )

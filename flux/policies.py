@@ -26,13 +26,12 @@ POLICY_KEYS: Final[dict[str, str]] = {
     "subscriber.inactive_time": "inactive_time",
     "storage.kind": "storage",
     "storage.max_bytes": "storage_max_bytes",
+    "dead_letter.enabled": "dead_letter",
+    "dead_letter.ttl": "dead_letter_ttl",
 }
 
 # Per-topic keys DESIGN.md names for features not built yet, and what brings each.
-PLANNED_KEYS: Final[dict[str, str]] = {
-    "dead_letter": "dead letters",
-    "dead_letter.ttl": "dead letters",
-}
+PLANNED_KEYS: Final[dict[str, str]] = {}
 
 MAX_PATTERN_BYTES: Final = 255
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+\Z")
@@ -57,6 +56,10 @@ class TopicSettings:
     storage: str = "memory"          # "memory" or "disk" (G9), fixed when the topic is made
     storage_max_bytes: int = 0       # a disk topic's log size cap; 0: only the disk's room
     max_delay: float = 2592000.0     # the longest delay a publish may ask for (G12)
+    # G11: exhausted and termed messages go to the subscription's dead-letter topic,
+    # which holds them this long whether or not anyone reads them
+    dead_letter: bool = False
+    dead_letter_ttl: float = 604800.0
 
     def as_dict(self) -> dict[str, Any]:
         """``{"match": ..., "message.ttl": ..., ...}``: config paths, as STATS reports them."""
@@ -86,6 +89,9 @@ class TopicPolicy:
         storage = data.get("storage")
         if storage is not None and list(storage) == ["kind"]:
             data["storage"] = storage["kind"]  # written as the config file has it: storage: disk
+        dead_letter = data.get("dead_letter")
+        if dead_letter is not None and list(dead_letter) == ["enabled"]:
+            data["dead_letter"] = dead_letter["enabled"]  # dead_letter: true
         return data
 
     def apply(self, base: TopicSettings) -> TopicSettings:
@@ -105,6 +111,14 @@ def storage_defaults(settings: TopicSettings, policy: TopicPolicy | None, *,
     value = disk_inactive_time if settings.storage == "disk" else inactive_time
     return settings if value == settings.inactive_time else dataclasses.replace(
         settings, inactive_time=value)
+
+
+def dead_letter_settings(base: TopicSettings, source: TopicSettings) -> TopicSettings:
+    """The settings of a dead-letter topic (G11): the global ones (``base``: it matches
+    no user policy) with its source topic's storage, held for the source's
+    ``dead_letter.ttl``, and never dead-lettering itself."""
+    return dataclasses.replace(base, match=None, storage=source.storage,
+                               ttl=source.dead_letter_ttl, dead_letter=False)
 
 
 def check_pattern(pattern: object) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Final, overload
 import msgpack
 
 from flux import errors
+from flux.hashing import DEAD_LETTER_SEP
 
 VERSION: Final = 6
 # the versions a broker speaks: a client of version 5 (before shared subscriptions,
@@ -43,7 +44,7 @@ UNSUBSCRIBED: Final = 23  # [UNSUBSCRIBED, rid, sid]
 CREDIT: Final = 24        # [CREDIT, sid, n]
 DELIVER: Final = 30       # [DELIVER, sid, generation, attempt, offsets, ids, payloads, times(, meta)]
 SUB_ENDED: Final = 31     # [SUB_ENDED, sid, code, message]
-ACK: Final = 40           # [ACK, rid, sid, generation, [offset, ...], through]
+ACK: Final = 40           # [ACK, rid, sid, generation, [offset, ...], through(, settle)]
 ACKED: Final = 41         # [ACKED, rid, sid, cursor, [[offset, code, message], ...]]
 # pull path
 FETCH: Final = 50         # [FETCH, rid, {topic, name, generation, offset, max_messages, max_bytes}]
@@ -354,10 +355,29 @@ def check_topic(topic: object) -> str:
     if not 1 <= size <= MAX_TOPIC_BYTES:
         raise errors.InvalidTopic(f"topic must be 1-{MAX_TOPIC_BYTES} bytes, got {size}")
     if not _TOPIC_RE.match(topic):
+        if DEAD_LETTER_SEP in topic:
+            raise errors.InvalidTopic(
+                f"{topic!r} is a dead-letter topic (TOPIC~SUBSCRIPTION): only the broker"
+                " writes to it; read it with subscribe or fetch")
         raise errors.InvalidTopic(
             f"bad topic {topic!r}: use tokens of [A-Za-z0-9_-] separated by single dots"
             " ('*' and '>' are reserved)")
     return topic
+
+
+def check_readable_topic(topic: object) -> str:
+    """Return ``topic`` if it names a topic or a dead-letter topic (``TOPIC~SUBSCRIPTION``,
+    G11: read by SUBSCRIBE, FETCH and COMMIT, never published to), else raise
+    InvalidTopic."""
+    if isinstance(topic, str) and DEAD_LETTER_SEP in topic:
+        source, _, subscription = topic.partition(DEAD_LETTER_SEP)
+        check_topic(source)
+        if not subscription or len(subscription.encode("utf-8", "surrogatepass")) > 255:
+            raise errors.InvalidTopic(
+                f"bad dead-letter topic {topic!r}: TOPIC~SUBSCRIPTION, the subscription"
+                " name 1-255 bytes")
+        return topic
+    return check_topic(topic)
 
 
 def check_message_id(message_id: object) -> str:

@@ -126,6 +126,10 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                      left=("topic", "name"),
                      caption="in flight: messages this member holds now; keys: keys pinned"
                              " to it (key_ordered)")
+    dead = _table("Dead letters (G11)", ("topic", "subscription", "dead-lettered", "refused",
+                                         "waiting", "held"), left=("topic", "subscription"),
+                  caption="refused: dead letters the dead-letter topic refused (full);"
+                          " waiting: still unacked, not pushed; held: in TOPIC~SUBSCRIPTION")
     for index in sorted(stats):
         reply = stats[index]
         shards.add_row(str(index), f"{reply['generation']:#018x}", _duration(reply["uptime"]),
@@ -149,6 +153,13 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
             storage = topic.get("storage")
             if storage is not None:
                 disk.add_row(*_disk_row(name, topic, storage))
+            held = topic.get("dead_letter_topics", {})
+            for sub_name in sorted(topic["subscriptions"]):
+                sub = topic["subscriptions"][sub_name]
+                if "dead_lettered" in sub:
+                    dead.add_row(name, sub_name, f"{sub['dead_lettered']:,}",
+                                 f"{sub['dead_letter_refused']:,}",
+                                 f"{sub['dead_letter_pending']:,}", f"{held.get(sub_name, 0):,}")
             for sub_name in sorted(topic["subscriptions"]):
                 sub = topic["subscriptions"][sub_name]
                 shown = "(ephemeral)" if sub["ephemeral"] else sub_name
@@ -167,7 +178,7 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
     retired = sum(reply.get("retired_topics", 0) for reply in stats.values())
     if retired:
         topics.title = f"Topics ({retired:,} more retired: empty, only their next offset kept)"
-    return [t for t in (shards, counters, topics, policies, disk, caches, subs, members)
+    return [t for t in (shards, counters, topics, policies, disk, caches, subs, members, dead)
             if t.row_count]
 
 

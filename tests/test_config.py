@@ -60,6 +60,7 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "auth": {"users": [], "session_ttl": 600.0, "logins_per_minute": 30},
     "tls": {"cert": None, "key": None, "client_ca": None},
     "message": {"max_delay": 2592000.0},  # DESIGN.md G12
+    "dead_letter": {"enabled": False, "ttl": 604800.0},  # DESIGN.md G11
 }
 
 

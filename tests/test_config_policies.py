@@ -74,6 +74,7 @@ def test_a_policy_inherits_every_key_it_omits_from_the_global_keys() -> None:
     settings = cfg.settings_for("a.b")
     assert settings.as_dict() == {
         "match": "a.*", "message.ttl": 7.0, "message.dedup_window": 9.0, "message.max_delay": 2592000.0,
+        "dead_letter.enabled": False, "dead_letter.ttl": 604800.0,
         "topic.max_bytes": 5000, "subscriber.retry_count": 2,
         "subscriber.retry_interval": 0.5, "subscriber.timeout": 8.0,
         "subscriber.inactive_time": 11.0, "storage.kind": "memory", "storage.max_bytes": 0}
@@ -164,7 +165,8 @@ def test_bad_values_are_refused_with_their_path(entry: dict[str, Any], path: str
      "global key only"),
     ({"match": "a", "storage": "disk"}, "storage.dir", "need a data directory"),
     ({"match": "a", "message": {"max_delay": -5}}, "topics[0].message.max_delay", ">= 0"),
-    ({"match": "a", "dead_letter": True}, "topics[0].dead_letter", "dead letters"),
+    ({"match": "a", "dead_letter": "yes"}, "topics[0].dead_letter.enabled", "true or false"),
+    ({"match": "a", "dead_letter": {"ttl": -1}}, "topics[0].dead_letter.ttl", ">= 0"),
     ({"match": "a", "message": {"cleanup_time": 5}}, "topics[0].message.cleanup_time",
      "global key only"),
     ({"match": "a", "subscriber": {"heartbeat": 5}}, "topics[0].subscriber.heartbeat",

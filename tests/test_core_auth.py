@@ -132,3 +132,18 @@ def test_turning_auth_off_by_reload_allows_everything() -> None:
     bob, _ = hello(s, token=BOB)
     s.core.reload_auth(parse_auth({}), s.now)
     assert bob.publish_rows([["orders.eu", "x", b"x"]])[0][0] == OK
+
+
+def test_a_dead_letter_topic_is_read_with_subscribe_or_admin_on_its_source() -> None:
+    users = [*USERS, {"name": "ops", "token_sha256": token_digest("ops-token"),
+                      "admin": ["orders.>"]}]
+    s = shard(users)
+    for token, allowed in ((ALICE, True), ("ops-token", True), (BOB, False)):
+        client, _ = hello(s, token=token)
+        reply = client.fetch(topic="orders.eu~billing", offset=0)
+        assert (reply[0] == P.FETCHED) == allowed, (token, reply)
+        if not allowed:
+            assert code(reply) == errors.NotAuthorized.code
+    client, _ = hello(s, token=ROOT)
+    reply = client.publish_frame([["orders.eu~billing", ["x"], [b"x"]]])
+    assert reply[3][0][2][0][1] == errors.InvalidTopic.code  # nobody publishes there

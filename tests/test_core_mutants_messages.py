@@ -97,4 +97,5 @@ def test_stats_of_a_new_shard_count_nothing_and_name_the_shard_count() -> None:
     assert stats["shard_count"] == 1
     assert stats["counters"] == {"published": 0, "duplicates": 0, "delivered": 0,
                                  "redelivered": 0, "acked": 0, "trimmed": 0,
-                                 "bytes_in": 0}
+                                 "bytes_in": 0, "dead_lettered": 0,
+                                 "dead_letter_refused": 0}

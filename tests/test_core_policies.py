@@ -131,11 +131,13 @@ def test_stats_show_each_topic_policy_and_the_pattern_that_matched() -> None:
     topics = shard.stats()["topics"]
     assert topics[SLOW]["policy"] == {
         "match": "slow.>", "message.ttl": 100.0, "message.dedup_window": 5.0, "message.max_delay": 2592000.0,
+        "dead_letter.enabled": False, "dead_letter.ttl": 604800.0,
         "topic.max_bytes": 48, "subscriber.retry_count": 1, "subscriber.retry_interval": 1.0,
         "subscriber.timeout": 2.0, "subscriber.inactive_time": 15.0,
         "storage.kind": "memory", "storage.max_bytes": 0}
     assert topics[TOPIC]["policy"] == {
         "match": None, "message.ttl": 20.0, "message.dedup_window": 50.0, "message.max_delay": 2592000.0,
+        "dead_letter.enabled": False, "dead_letter.ttl": 604800.0,
         "topic.max_bytes": 268435456, "subscriber.retry_count": 2,
         "subscriber.retry_interval": 3.0, "subscriber.timeout": 7.0,
         "subscriber.inactive_time": 40.0, "storage.kind": "memory", "storage.max_bytes": 0}

@@ -10,6 +10,7 @@ from test_core_support import TOPIC, Client, Shard
 
 from flux import errors
 from flux import protocol as P
+from flux.hashing import dead_letter_topic
 
 NAME = "workers"
 
@@ -352,3 +353,80 @@ def test_a_run_split_over_unequal_windows_leaves_nothing_out(narrow_first: bool)
                 client.ack(1, *offsets)
         first = 6 * (extra + 1)
         assert shard.topic_stats()["subscriptions"][NAME]["cursor"] == first
+
+
+# -- nak, term, in_progress and dead letters in a shared subscription (G11) -------------
+
+def _settle(client: Client, sid: int, **body: Any) -> list[list[Any]]:
+    reply = client.request([P.ACK, client.rid(), sid, client.shard.generation, [], -1, body])
+    assert reply[0] == P.ACKED, reply
+    return list(reply[4])
+
+
+def test_a_nak_frees_the_slot_and_the_message_comes_back_after_its_delay() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=1)
+    a.publish("x", "y")
+    [(o, attempt)] = a.deliveries(1)
+    assert attempt == 1 and _settle(a, 1, nak=[[o, 2.0]]) == []
+    assert a.deliveries(1) == [(1 - o, 1)]  # the slot is free at once
+    _join(b, 1, max_in_flight=1)
+    shard.advance(1.9)
+    assert b.deliveries(1) == []            # not before its delay
+    shard.advance(2.0)
+    assert b.deliveries(1) == [(o, 2)]      # the re-push counts, to a member with room
+
+
+def test_only_the_holder_may_nak_term_or_extend() -> None:
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=1)
+    _join(b, 1, max_in_flight=1)
+    a.publish("x", "y")
+    [(oa, _)] = a.deliveries(1)
+    refused = _settle(b, 1, nak=[[oa, 0]], term=[[oa, "no"]], progress=[oa])
+    assert [r[1] for r in refused] == [errors.NotDelivered.code] * 3
+    assert _held(shard)[oa] == a.conn
+
+
+def test_in_progress_puts_off_the_ack_deadline() -> None:
+    shard = Shard()  # timeout 7, retry_interval 3
+    a = shard.connect()
+    _join(a, 1)
+    a.publish("x")
+    [(o, _)] = a.deliveries(1)
+    shard.advance(5.0)
+    assert _settle(a, 1, progress=[o]) == []
+    shard.advance(13.0)   # the first deadline (7) was put off to 12; re-push at 15
+    assert a.deliveries(1) == []
+    shard.advance(15.0)
+    assert a.deliveries(1) == [(o, 2)]
+
+
+def test_term_without_a_policy_acks_and_with_one_dead_letters() -> None:
+    shard = Shard({"dead_letter.enabled": True})
+    a = shard.connect()
+    _join(a, 1)
+    a.publish("x", "y")
+    assert [o for o, _ in a.deliveries(1)] == [0, 1]
+    assert _settle(a, 1, term=[[0, "bad input"]]) == []
+    assert 0 not in _held(shard)
+    dlq = shard.topic_stats(dead_letter_topic(TOPIC, NAME))
+    assert dlq["next_offset"] == 1
+    stats = shard.topic_stats()["subscriptions"][NAME]
+    assert stats["cursor"] == 1 and stats["dead_lettered"] == 1
+
+
+def test_with_a_dead_letter_policy_an_exhausted_message_goes_there_and_the_pool_goes_on() -> None:
+    shard = Shard({"dead_letter.enabled": True})  # 3 pushes allowed
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=1)
+    _join(b, 1, max_in_flight=1)
+    a.publish("poison")
+    assert len(a.deliveries(1) + b.deliveries(1)) == 1
+    shard.advance(30.0)   # pushes at 0, 10 and 20; its third times out at 27
+    assert a.take(P.SUB_ENDED) == [] and b.take(P.SUB_ENDED) == []
+    assert shard.topic_stats(dead_letter_topic(TOPIC, NAME))["next_offset"] == 1
+    a.publish("next")
+    assert len(a.deliveries(1) + b.deliveries(1)) >= 1

@@ -141,7 +141,7 @@ class ClientCore(Timers):
                   shared: bool = False, key_ordered: bool = False, now: float) -> SubState:
         """Start a push subscription; ``sub.ready`` finishes at the first SUBSCRIBED."""
         self._check_open()
-        P.check_topic(topic)
+        P.check_readable_topic(topic)
         if name is not None and (not isinstance(name, str) or not name or name[0] == "~"
                                  or len(name.encode()) > 255):
             raise errors.InvalidRequest("subscription name must be 1-255 bytes, not starting '~'")
@@ -238,6 +238,12 @@ class ClientCore(Timers):
             if self.ack(sub, msg, clock() if held is None else held):
                 act()
 
+        def settle(msg: Message, kind: str, value: Any) -> None:
+            if sub.settle(msg, kind, value):
+                dirty(sub)
+                act()
+
+        ack.settle = settle  # type: ignore[attr-defined]  # Message.nak, term, in_progress
         return ack
 
     def unsubscribe(self, sub: SubState, now: float) -> Waiter:
@@ -260,7 +266,7 @@ class ClientCore(Timers):
                        from_offset: int | None = None, generation: int | None = None,
                        on_reset: str = "earliest", now: float) -> Call:
         """Create or resume a pull subscription (SUBSCRIBE mode "pull")."""
-        P.check_topic(topic)
+        P.check_readable_topic(topic)
         if not isinstance(name, str) or not name:
             raise errors.InvalidRequest("a pull subscription needs a name")
         return self._call("subscribe_pull", topic, {
@@ -271,7 +277,7 @@ class ClientCore(Timers):
               max_bytes: int | None = None, name: str | None = None,
               generation: int | None = None, now: float) -> Call:
         """Read held messages from ``offset`` on (FETCH)."""
-        P.check_topic(topic)
+        P.check_readable_topic(topic)
         return self._call("fetch", topic, {
             "topic": topic, "name": name, "generation": generation, "offset": offset,
             "max_messages": max_messages, "max_bytes": max_bytes}, now)
@@ -279,7 +285,7 @@ class ClientCore(Timers):
     def commit(self, topic: str, name: str, offset: int, generation: int | None,
                now: float) -> Call:
         """Move a pull subscription's cursor to ``offset`` (COMMIT)."""
-        P.check_topic(topic)
+        P.check_readable_topic(topic)
         return self._call("commit", topic, {"topic": topic, "name": name,
                                             "generation": generation, "offset": offset}, now)
 

@@ -134,7 +134,10 @@ class Dispatch(Pushes):
         elif kind == "subscribe":
             self._on_subscribed(conn, obj[0], obj[1], frame, error, now)
         elif kind == "ack":
-            sub, session = obj
+            sub, session, terms = obj
+            if terms:  # G11: confirmed terms count as acked, refused ones end their wait
+                refused = {item[0] for item in frame[4]} if error is None else set(terms)
+                session.termed(terms, refused)
             if sub.session is not session or sub.status != "active":
                 return
             if error is not None:

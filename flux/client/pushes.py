@@ -91,10 +91,16 @@ class Pushes(Routing):
             return []
         out: list[list[Any]] = []
         ack = sub.take_ack(now, force)
-        if ack is not None:
+        settle = session.take_settle()
+        if ack is not None or settle is not None:
             rid = next(self._rids)
-            out.append([P.ACK, rid, sid, session.generation, ack[0], ack[1]])
-            conn.pending[rid] = ("ack", (sub, session))
+            explicit, through = ack if ack is not None else ([], -1)
+            frame: list[Any] = [P.ACK, rid, sid, session.generation, explicit, through]
+            if settle is not None:  # nak, term, in_progress (G11; PROTOCOL.md §6.7)
+                frame.append(settle)
+            out.append(frame)
+            terms = [item[0] for item in settle.get("term", ())] if settle is not None else []
+            conn.pending[rid] = ("ack", (sub, session, terms))
             conn.timeouts.append((now + self.request_timeout, rid))
         if session.queued:
             self._held_acks[sub.key] = sub

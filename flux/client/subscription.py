@@ -37,7 +37,7 @@ class AckSession:
     """
 
     __slots__ = ("acked", "confirmed", "delayed", "generation", "head", "next_offset", "order",
-                 "queued", "sent_top", "sid")
+                 "queued", "sent_top", "settles", "sid", "terming")
 
     def __init__(self, sid: int, generation: int, cursor: int) -> None:
         self.sid = sid
@@ -53,6 +53,10 @@ class AckSession:
         # messages (DELIVER gave them a due time, G12) and offsets delivered below one
         # delivered before (re-pushes, a shared subscription's hand-offs, G10)
         self.delayed: set[int] = set()
+        # nak, term and in_progress items not sent yet (G11): ACK's seventh field; and the
+        # offsets termed, not confirmed yet (no cumulative ack covers them meanwhile)
+        self.settles: dict[str, list[Any]] = {}
+        self.terming: set[int] = set()
 
     def __repr__(self) -> str:
         return (f"<AckSession sid={self.sid} gen={self.generation:#x} confirmed={self.confirmed}"
@@ -157,6 +161,37 @@ class AckSession:
         if below >= 2:
             return sorted(queued[below:] + explicit), queued[below - 1]
         return sorted(queued + explicit) if explicit else queued, -1
+
+    def settle(self, offset: int, kind: str, value: Any) -> bool:
+        """Queue a nak (``value``: its delay), term (its reason) or in_progress of a message
+        delivered here; False if it is acked or termed already. Neither a nak'd nor a
+        termed message counts as acked here, so no cumulative ack covers it; a termed
+        one does once the shard confirmed the term (:meth:`termed`)."""
+        if self.is_acked(offset) or offset in self.terming:
+            return False
+        if kind == "progress":
+            self.settles.setdefault(kind, []).append(offset)
+            return True
+        self.settles.setdefault(kind, []).append([offset, value])
+        if kind == "term":
+            self.terming.add(offset)
+        return True
+
+    def termed(self, offsets: list[int], refused: set[int]) -> None:
+        """An ACKED answered terms of ``offsets``: those not ``refused`` count as acked
+        from now on (the shard settled them)."""
+        for offset in offsets:
+            self.terming.discard(offset)
+            if offset not in refused and offset >= self.confirmed:
+                self.acked.add(offset)
+                self.sent_top = max(self.sent_top, offset)
+
+    def take_settle(self) -> dict[str, list[Any]] | None:
+        """The settle map of the next ACK frame, if any item is queued."""
+        if not self.settles:
+            return None
+        settles, self.settles = self.settles, {}
+        return settles
 
     def confirm(self, cursor: int) -> None:
         """The shard's cursor after an ACKED: forget acks below it."""
@@ -321,10 +356,11 @@ class SubState(Wakeable):
                 session.ack(offset)
                 credit_back += 1
                 continue
-            if attempt > 1 and (offset in buffered or session.is_acked(offset)):
+            if attempt > 1 and (offset in buffered or session.is_acked(offset)
+                                or offset in session.terming):
                 if offset in buffered:
                     session.delayed.add(offset)  # a re-push: acked by offset (see deliver)
-                continue  # still waiting unconsumed here, or already acked: drop it
+                continue  # still waiting unconsumed here, or already acked (termed): drop it
             session.deliver(offset)
             buffer.append(Message(self.topic, offset, generation, message_id, payload,
                                   timestamp, attempt, session, self.acker, key, header, due))
@@ -354,6 +390,8 @@ class SubState(Wakeable):
     def ack_due_at(self) -> float:
         """When queued acks must go out: ``-inf`` means now, ``inf`` that none are queued."""
         session = self.session
+        if session is not None and session.settles:
+            return -math.inf  # a nak, term or in_progress goes at once
         if session is None or not session.queued:
             return math.inf
         if self.ack_first_at is None or len(session.queued) >= self.ack_batch:
@@ -374,6 +412,16 @@ class SubState(Wakeable):
             return None
         self.ack_first_at = None
         return session.take_ack()
+
+    def settle(self, msg: Message, kind: str, value: Any) -> bool:
+        """Queue a nak, term or in_progress of ``msg`` (G11); True if it was queued (it
+        goes out at once). A message of an earlier session or generation is not held
+        by this one: nothing is sent."""
+        session = self.session
+        if self.status != "active" or session is None or msg.generation != self.generation \
+                or not (msg._session is session or session.delivered(msg.offset)):
+            return False
+        return session.settle(msg.offset, kind, value)
 
     def credit_due(self) -> int:
         """Credit to send now: coalesced into quarters of ``prefetch``. Holding less than

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import weakref
 from collections.abc import Coroutine, Iterable
@@ -23,6 +24,7 @@ from flux.client import types
 from flux.client.credentials import split_url
 from flux.client.tls import TlsOption, client_context
 from flux.client.types import FetchResult, PublishAck, PublishAcks, SubscribeInfo
+from flux.message_meta import check_delay
 
 __all__ = ["Client", "Message", "Subscription", "connect"]
 
@@ -239,7 +241,8 @@ class Message:
     ``headers`` and ``due`` (a delayed message's due time, else None).
 
     ``msg.ack()`` queues the ack without blocking; it never raises: a refused
-    ack surfaces from the subscription's iterator.
+    ack surfaces from the subscription's iterator. ``nak``, ``term`` and
+    ``in_progress`` (G11) likewise.
     """
 
     __slots__ = ("_client", "_msg", "attempt", "due", "generation", "headers", "id", "key",
@@ -264,6 +267,29 @@ class Message:
         acker = self._msg._acker
         if acker is not None:
             self._client._portal.call_soon(acker, self._msg)
+
+    def nak(self, delay: float = 0) -> None:
+        """Give the message back (G11): out of the in-flight window now, pushed again
+        ``delay`` seconds later (that push counts; a nak on its last allowed push
+        exhausts it). Does not block; a refusal surfaces from the iterator. Raises
+        InvalidDelay for a negative or non-numeric ``delay``."""
+        self._settle("nak", check_delay(delay, math.inf, "nak delay"))
+
+    def term(self, reason: str = "") -> None:
+        """No more pushes of this message (G11): to the dead-letter topic with ``reason``
+        (the topic's ``dead_letter`` policy), else counted as acked. Does not block;
+        raises InvalidRequest for a reason over 1024 bytes."""
+        self._settle("term", types.check_reason(reason))
+
+    def in_progress(self) -> None:
+        """Still working on it (G11): the ack deadline becomes now plus the topic's
+        ``subscriber.timeout``; no push is used. Does not block."""
+        self._settle("progress", None)
+
+    def _settle(self, kind: str, value: Any) -> None:
+        settle = types.settler(self._msg)
+        if settle is not None:
+            self._client._portal.call_soon(settle, self._msg, kind, value)
 
     def __repr__(self) -> str:
         return repr(self._msg)

@@ -7,6 +7,7 @@ shell parks a task on; the core fills it and lists it in ``take_woken()``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -14,6 +15,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, overload
 
 from flux import errors
+from flux.message_meta import check_delay
 
 
 class Wakeable:
@@ -235,9 +237,57 @@ class Message(StoredMessage):
         if acker is not None:
             acker(self)
 
+    async def nak(self, delay: float = 0) -> None:
+        """Give the message back (G11): it leaves the in-flight window now and is pushed
+        again ``delay`` seconds from when the shard gets the nak (that push counts; a
+        nak on its last allowed push exhausts it at once). Sent at once, never raises
+        for the broker: a refusal (NotDelivered: not held by this session any more)
+        surfaces from the subscription's iterator. Raises InvalidDelay for a negative
+        or non-numeric ``delay`` (over the topic's ``message.max_delay``: refused)."""
+        delay = check_delay(delay, math.inf, "nak delay")
+        settle = settler(self)
+        if settle is not None:
+            settle(self, "nak", delay)
+
+    async def term(self, reason: str = "") -> None:
+        """No more pushes of this message (G11): with the topic's ``dead_letter`` policy
+        it goes to the subscription's dead-letter topic with ``reason``; without, it
+        counts as acked. Sent at once; a refusal surfaces from the iterator. Raises
+        InvalidRequest for a ``reason`` that is not a string of at most 1024 bytes."""
+        check_reason(reason)
+        settle = settler(self)
+        if settle is not None:
+            settle(self, "term", reason)
+
+    async def in_progress(self) -> None:
+        """Still working on it (G11): the message's ack deadline becomes now plus the
+        topic's ``subscriber.timeout``; no push is used. Sent at once; a refusal
+        surfaces from the iterator."""
+        settle = settler(self)
+        if settle is not None:
+            settle(self, "progress", None)
+
     def __repr__(self) -> str:
         return (f"<Message {self.topic}@{self.offset} gen={self.generation:#x} id={self.id!r}"
                 f" attempt={self.attempt} {len(self.payload)}B>")
+
+
+MAX_REASON_BYTES = 1024  # a term's reason (the shard's limit too)
+
+
+def check_reason(reason: object) -> str:
+    """Return a term ``reason`` if it is a string of at most 1024 bytes, else raise
+    InvalidRequest."""
+    if not isinstance(reason, str) or len(reason.encode("utf-8", "replace")) > MAX_REASON_BYTES:
+        raise errors.InvalidRequest(f"a term reason is a string of at most {MAX_REASON_BYTES}"
+                                    " bytes")
+    return reason
+
+
+def settler(msg: Message) -> Callable[[Message, str, Any], None] | None:
+    """The function that queues ``msg``'s nak, term or in_progress (None: not ackable)."""
+    acker = msg[8]
+    return getattr(acker, "settle", None) if acker is not None else None
 
 
 class FetchedMessage(StoredMessage):

@@ -15,6 +15,7 @@ from typing import Any
 from flux import errors
 from flux.auth import identity as identities
 from flux.auth.users import AuthConfig
+from flux.hashing import dead_letter_source
 from flux.shard.state import P, Session, ShardState
 
 # frames a session may send before its HELLO proved who it is
@@ -62,8 +63,11 @@ class Access(ShardState):
                 continue
             session.identity = new
             for sid, sub in list(session.subs.items()):
-                if not sub.attached_as(session.conn, sid) or new.permissions.may("subscribe",
-                                                                                  sub.topic):
+                # (a dead-letter topic is read with its source's permissions, G11)
+                source = dead_letter_source(sub.topic)
+                if not sub.attached_as(session.conn, sid) or new.permissions.may(
+                        "subscribe", source or sub.topic) or (
+                        source is not None and new.permissions.may("admin", source)):
                     continue
                 session.out.append([P.SUB_ENDED, sid, errors.NotAuthorized.code,
                                     f"user {new.user!r} may no longer subscribe to topic"

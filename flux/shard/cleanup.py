@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from flux import errors
-from flux.shard.delayed import Delays
+from flux.shard.dead_letters import DeadLetters
 from flux.shard.journal import TRIM
 from flux.shard.state import Topic
 
@@ -19,7 +19,7 @@ CLEANUP_SLICE = 1024
 VISIT_COST = 4
 
 
-class Cleanup(Delays):
+class Cleanup(DeadLetters):
     """Heartbeat checks and the two cleanup passes."""
 
     def _check_sessions(self, now: float) -> None:
@@ -56,6 +56,8 @@ class Cleanup(Delays):
         on where this one stopped)."""
         pending = self._cleanup_pending
         if pending is None:
+            if self._dead_pending:  # dead letters refused earlier: room now? (G11)
+                self._retry_dead_letters(now)
             pending = self._cleanup_pending = list(self.topics)
             pending.reverse()  # popped from the end: creation order
         budget = CLEANUP_SLICE

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from flux import errors
+from flux.hashing import dead_letter_source
 from flux.shard.access import BEFORE_HELLO, Access
 from flux.shard.cleanup import Cleanup
 from flux.shard.delivery import Delivery
@@ -189,9 +190,9 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         ``visible`` allows, if given: a non-admin user's)."""
         topics: dict[str, Any] = {}
         for name, topic in self.topics.items():
-            if visible is not None and not visible(name):
+            if visible is not None and not visible(dead_letter_source(name) or name):
                 continue
-            topics[name] = {
+            info: dict[str, Any] = {
                 "oldest": topic.log.oldest, "next_offset": topic.log.next_offset,
                 "held": len(topic.log), "held_bytes": topic.held_bytes(now),
                 "dedup_ids": len(topic.dedup),
@@ -202,6 +203,12 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
                     s.name: self._subscription_stats(topic, s, now)
                     for s in topic.subs.values()},
             }
+            if topic.settings.dead_letter:  # its dead-letter topics' sizes (G11)
+                info.update(self._dead_letter_stats(topic))
+            source = dead_letter_source(name)
+            if source is not None:
+                info["dead_letter_of"] = source
+            topics[name] = info
         return {"index": self.index, "generation": self.generation,
                 "shard_count": self.shard_count, "uptime": now - self._started,
                 "sessions": len(self.sessions), "counters": dict(self.counters),
@@ -220,6 +227,9 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
                 "in_flight": len(s.in_flight), "ephemeral": s.ephemeral,
                 "lag": max(0, topic.log.next_offset - s.cursor - len(s.acked) - pending),
                 "delayed": pending, "redelivered": s.redelivered}
+        if topic.settings.dead_letter or s.dead_lettered or s.dead_letter_refused:
+            info.update(dead_lettered=s.dead_lettered, dead_letter_refused=s.dead_letter_refused,
+                        dead_letter_pending=len(s.dead_pending))  # G11
         group = s.group
         if group is not None:
             info.update(shared=True, key_ordered=group.key_ordered,
@@ -330,6 +340,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
             if due > now:
                 heapq.heappush(self._delays, (due, offset, topic.name))
         self._recount(topic)
+        self._reconcile_dead_letters(topic)  # a dead letter's record is its ack too (G11)
 
     def storage_progress(self, journal: TopicJournal, now: float) -> None:
         """The durable mark of ``journal`` moved: release replies, expose offsets, push."""

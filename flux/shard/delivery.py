@@ -12,8 +12,8 @@ from itertools import pairwise
 from typing import Any
 
 from flux import errors
-from flux.shard.delayed import Delays
 from flux.shard.journal import Held
+from flux.shard.naks import Settling
 from flux.shard.state import (
     P,
     Session,
@@ -22,7 +22,7 @@ from flux.shard.subscription import PushTimers, Subscription
 from flux.shard.topic import TopicLog
 
 
-class Delivery(Delays):
+class Delivery(Settling):
     """Pushes, ack deadlines and redeliveries."""
 
     def _push_new(self, sub: Subscription, now: float) -> None:
@@ -59,6 +59,11 @@ class Delivery(Delays):
         if not offsets:
             sub.next_push = stop
             return
+        if self._carried(sub, offsets):  # counts kept from earlier attachments (G11)
+            if self._push_carried(session, sub, topic, offsets, now):
+                sub.next_push = stop
+                self._schedule(sub)
+            return
         n = len(offsets)
         payloads: Sequence[bytes]
         try:  # a disk topic's evicted payloads are read back here
@@ -70,6 +75,7 @@ class Delivery(Delays):
             return  # damage read back (logged; the shard stops to recover): nothing pushed
         sub.next_push = stop
         sub.in_flight.push_first(offsets)
+        self._count_pushes(topic, sub, offsets, 1)
         self._await_ack(session, sub, now + topic.settings.timeout, offsets, 1)
         sub.credit -= n
         self.counters["delivered"] += n
@@ -85,6 +91,11 @@ class Delivery(Delays):
         assert sub.session is not None
         log = topic.log
         picks, next_push = self._due_order(sub, topic, start, end, room)
+        if picks and self._carried(sub, picks):  # counts kept from earlier attachments (G11)
+            if self._push_carried(session, sub, topic, picks, now):
+                sub.next_push = next_push
+            self._schedule(sub)
+            return
         if picks:
             try:  # a disk topic's evicted payloads are read back here
                 ids, payloads, times = self._columns(log, picks)
@@ -93,6 +104,7 @@ class Delivery(Delays):
             delayed = topic.delayed
             sub.due_pushed.update(o for o in picks if o in delayed)
             sub.in_flight.push_first(picks)
+            self._count_pushes(topic, sub, sorted(picks), 1)
             self._await_ack(session, sub, now + topic.settings.timeout, sorted(picks), 1)
             sub.credit -= len(picks)
             self.counters["delivered"] += len(picks)
@@ -155,6 +167,10 @@ class Delivery(Delays):
         if sub.session is None or sub.deleted:
             return
         settings = self.topics[sub.topic].settings  # a topic with subscriptions is held
+        if sub.naks:  # nak'd messages due again (G11)
+            due = self._due_naks(sub, now)
+            if due:
+                self._redeliver(sub, due)
         max_pushes = 1 + settings.retry_count
         retry_interval = settings.retry_interval
         repush: list[tuple[float, int, int]] = []
@@ -165,11 +181,13 @@ class Delivery(Delays):
                 sub.deadlines.popleft()
                 at, offsets, pushes, epoch = d
                 for offset in offsets:  # only the unacked ones of the batch time out
-                    if not sub.is_current(offset, pushes, epoch):
+                    if not sub.is_current(offset, pushes, epoch) or (
+                            sub.extended and self._deferred(sub, offset, at)):
                         continue
                     if pushes >= max_pushes:
-                        self._exhausted(sub, offset, max_pushes, now)
-                        return
+                        if self._exhausted(sub, offset, max_pushes, now):
+                            return
+                        continue
                     if retry_interval <= 0:
                         repush.append((at, offset, pushes))
                     else:
@@ -222,6 +240,8 @@ class Delivery(Delays):
             sub.in_flight[offset] = pushes + 1
             self._await_ack(session, sub, at + timeout, [offset], pushes + 1)
             by_attempt.setdefault(pushes + 1, []).append(offset)
+        for attempt, offsets in by_attempt.items():
+            self._count_pushes(topic, sub, offsets, attempt)
         if by_attempt and session is not None:
             # frames in order of their lowest offset
             runs = sorted((sorted(offsets), attempt) for attempt, offsets in by_attempt.items())
@@ -237,8 +257,14 @@ class Delivery(Delays):
                 self._deliver(session, sub.session[1], topic.generation, attempt, offsets,
                               *columns, log.meta_columns(offsets, self.epoch))
 
-    def _exhausted(self, sub: Subscription, offset: int, pushes: int, now: float) -> None:
-        """A message used all its pushes: the subscription becomes inactive (G4)."""
+    def _exhausted(self, sub: Subscription, offset: int, pushes: int, now: float) -> bool:
+        """A message used all its pushes: with a dead-letter policy it goes to the
+        dead-letter topic and pushes go on (G11); else the subscription becomes inactive
+        (G4). True if the attachment ended."""
+        topic = self.topics[sub.topic]
+        if topic.settings.dead_letter:
+            self._dead_letter(topic, sub, offset, pushes, "exhausted", now)
+            return False
         assert sub.session is not None
         conn, sid = sub.session
         session = self.sessions.get(conn)
@@ -248,3 +274,4 @@ class Delivery(Delays):
                                 " times without an ack; subscribe again to resume"])
         self._emit("exhausted", sub.topic, sub.name, offset)
         self._end_attachment(sub, now)
+        return True

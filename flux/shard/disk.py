@@ -23,11 +23,13 @@ import logging
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 import trio
 
 from flux.config import Config
 from flux.errors import ConfigError
+from flux.hashing import DEAD_LETTER_SEP, dead_letter_parts
 from flux.host import Disk, Host
 from flux.shard.core import ShardCore
 from flux.shard.journal import TopicJournal
@@ -49,6 +51,25 @@ log = logging.getLogger("flux.shard")
 FORMAT_VERSION = 1
 MARKER = "flux-data.json"
 ROOM_CHECK = 1.0   # seconds between two looks at the data directory's free room
+
+
+def directory_of_topic(name: str) -> str:
+    """The directory name of a disk topic's log: the topic's name, except that a
+    dead-letter topic's subscription part (any text, G11) is percent-encoded, dots
+    included, so it is one safe path component."""
+    parts = dead_letter_parts(name)
+    if parts is None:
+        return name
+    topic, subscription = parts
+    return f"{topic}{DEAD_LETTER_SEP}{quote(subscription, safe='').replace('.', '%2E')}"
+
+
+def topic_of_directory(entry: str) -> str:
+    """The topic whose log is in directory ``entry`` (:func:`directory_of_topic` undone)."""
+    parts = dead_letter_parts(entry)
+    if parts is None:
+        return entry
+    return f"{parts[0]}{DEAD_LETTER_SEP}{unquote(parts[1])}"
 
 
 async def check_data_dir(disk: Disk, directory: str, shard_count: int) -> None:
@@ -173,9 +194,10 @@ class ShardStorage:
             await self._recover_topic(core, name)
             read += self.recovered[-1].report.bytes
 
-    async def _recover_topic(self, core: ShardCore, name: str) -> None:
+    async def _recover_topic(self, core: ShardCore, entry: str) -> None:
         host = self.host
-        path = posixpath.join(self.directory, name)
+        path = posixpath.join(self.directory, entry)
+        name = topic_of_directory(entry)
         settings = core.config.settings_for(name)
         if settings.storage != "disk":
             log.info("shard %d: topic %r stays on disk (it was made a disk topic; its policy"
@@ -254,7 +276,7 @@ class ShardStorage:
 
     def open_new(self, name: str, start: int) -> TopicJournal:
         """A new disk topic's journal (the core calls this when it makes the topic)."""
-        path = posixpath.join(self.directory, name)
+        path = posixpath.join(self.directory, directory_of_topic(name))
         try:
             self.disk.makedirs(path)
         except OSError as exc:

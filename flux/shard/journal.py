@@ -39,9 +39,12 @@ SUBSCRIPTION = 2   # [name, kind (journal_mode), start offset, wall time created
 UNSUBSCRIBED = 3   # [name]: the named subscription was deleted
 CURSOR = 4         # [name, cursor, [acked offset above the cursor, ...]]
 TRIM = 5           # [oldest]: messages below were cleaned up
-SNAPSHOT = 6       # [next offset, oldest, [[name, mode, start, created, cursor, [acked]], ...]]
+SNAPSHOT = 6       # [next offset, oldest, [[name, mode, start, created, cursor, [acked]
+                   #  (, [offset, pushes, ...])], ...]]
 IDS = 7            # [first offset, wall time, [id, ...]]: a PUBLISH record whose messages
                    # are all gone, kept by compaction for its ids (still in the dedup window)
+PUSHES = 8         # [name, pushes, [first offset, count, ...]]: these runs of offsets were
+                   # pushed for the pushes-th time (G11: counts that survive a restart)
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -236,7 +239,7 @@ class TopicJournal:
             if wall < self.forgotten_before:
                 return False
             return True if rtype == IDS else (IDS, bytes(_pack([first, wall, ids])))
-        return rtype not in (SUBSCRIPTION, UNSUBSCRIBED, CURSOR, TRIM)
+        return rtype not in (SUBSCRIPTION, UNSUBSCRIBED, CURSOR, TRIM, PUSHES)
 
     def publish_body(self, first: int, wall: float, ids: Any, packed_payloads: bytes,
                      meta: dict[str, Any] | None = None) -> bytes:
@@ -299,9 +302,15 @@ def journal_mode(sub: Any) -> str:
 
 
 def subscription_row(sub: Any, epoch: float) -> list[Any]:
-    """A named subscription as SNAPSHOT carries it (``epoch``: wall minus monotonic time)."""
-    return [sub.name, journal_mode(sub), sub.start_offset, epoch + sub.created_at, sub.cursor,
-            sorted(sub.acked)]
+    """A named subscription as SNAPSHOT carries it (``epoch``: wall minus monotonic time);
+    a seventh field, when it has any, holds its surviving push counts (G11) as
+    ``[offset, pushes, ...]``."""
+    row = [sub.name, journal_mode(sub), sub.start_offset, epoch + sub.created_at, sub.cursor,
+           sorted(sub.acked)]
+    counts = getattr(sub, "push_counts", None)
+    if counts:
+        row.append([x for o in sorted(counts) for x in (o, counts[o])])
+    return row
 
 
 def snapshot_body(next_offset: int, oldest: int, subs: list[list[Any]]) -> bytes:

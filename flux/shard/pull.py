@@ -49,7 +49,7 @@ class Pull(ShardState):
 
     def _fetch(self, session: Session, frame: list[Any], now: float) -> None:
         rid, opts = frame[1], _map(frame, 2)
-        name = self._authorize(session, "subscribe", self._check_owned(opts.get("topic")))
+        name = self._authorize(session, "subscribe", self._check_owned(opts.get("topic"), True))
         generation = self._check_generation(opts, name)
         offset = _opt_int(opts, "offset") or 0
         max_messages = _opt_int(opts, "max_messages")  # 0: only "oldest" and "next"
@@ -123,7 +123,7 @@ class Pull(ShardState):
 
     def _commit(self, session: Session, frame: list[Any], now: float) -> None:
         rid, opts = frame[1], _map(frame, 2)
-        name = self._authorize(session, "subscribe", self._check_owned(opts.get("topic")))
+        name = self._authorize(session, "subscribe", self._check_owned(opts.get("topic"), True))
         self._check_generation(opts, name)
         offset = _opt_int(opts, "offset")
         topic = self.topics.get(name)

@@ -62,6 +62,7 @@ class TopicReplay:
         self.gaps = 0
         self.published: list[tuple[int, int, float]] = []  # (end, next offset, wall) each
         self.delayed: dict[int, float] = {}  # offset -> due (monotonic) of delayed messages
+        self.pushes: dict[str, dict[int, int]] = {}  # name -> offset -> pushes used (G11)
 
     def feed(self, rec: Record) -> None:
         """Apply one record (in log order)."""
@@ -85,16 +86,26 @@ class TopicReplay:
         elif rtype == J.SUBSCRIPTION:
             name, mode, start, created = body
             self.subs[name] = [mode, start, created, start, set()]
+            self.pushes.pop(name, None)
         elif rtype == J.UNSUBSCRIBED:
             self.subs.pop(body[0], None)
+            self.pushes.pop(body[0], None)
         elif rtype == J.TRIM:
             self.oldest = max(self.oldest, body[0])
+        elif rtype == J.PUSHES:  # push counts that survive (G11): the highest count wins
+            name, pushes, runs = body
+            counts = self.pushes.setdefault(name, {})
+            for first, count in zip(runs[0::2], runs[1::2], strict=True):
+                for o in range(first, first + count):
+                    if counts.get(o, 0) < pushes:
+                        counts[o] = pushes
         elif rtype == J.SNAPSHOT:
             next_offset, oldest, rows = body
             self.next_offset = max(self.next_offset, next_offset)
             self.oldest = max(self.oldest, oldest)
-            self.subs = {name: [mode, start, created, cursor, set(acked)]
-                         for name, mode, start, created, cursor, acked in rows}
+            self.subs = {row[0]: [row[1], row[2], row[3], row[4], set(row[5])] for row in rows}
+            self.pushes = {row[0]: dict(zip(row[6][0::2], row[6][1::2], strict=True))
+                           for row in rows if len(row) > 6}
         else:
             raise ReplayError(f"topic {self.name!r}: unknown record type {rtype} at"
                               f" position {rec.position}")
@@ -156,5 +167,8 @@ class TopicReplay:
                                group=Group(mode == "shared-keyed") if shared else None)
             sub.inactive_since = now
             sub.last_activity = now
+            if not reset:  # pushes of a new generation's messages start again
+                sub.push_counts = {o: n for o, n in sorted(self.pushes.get(name, {}).items())
+                                   if o >= cursor and o not in sub.acked}
             topic.subs[name] = sub
         return topic

@@ -30,13 +30,18 @@ and, with ``key_ordered``, the member each key is pinned to.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from flux import errors
+from flux.hashing import dead_letter_topic
+from flux.message_meta import check_delay
+from flux.shard.dead_letters import dead_letter_reason
 from flux.shard.delivery import Delivery
+from flux.shard.naks import MAX_REASON_BYTES
 from flux.shard.state import P, Session
 from flux.shard.subscription import PushTimers, Subscription
 
@@ -63,6 +68,7 @@ class Member(PushTimers):
     key_of: dict[int, str] = field(default_factory=dict)  # held keyed offset -> key
     keys: dict[str, int] = field(default_factory=dict)    # pinned key -> held unacked
     waiting_keys: set[str] = field(default_factory=set)   # pinned keys with a queue
+    extended: dict[int, float] = field(default_factory=dict)  # in_progress: offset -> deadline
     deadlines: deque[tuple[float, Any, Any, int]] = field(default_factory=deque)
     repushes: deque[tuple[float, int, int, int]] = field(default_factory=deque)
     epoch: int = 0
@@ -94,6 +100,10 @@ class Group:
     unpinned: set[str] = field(default_factory=set)  # keys with a queue whose member left
     turn: int = 0                   # where the next round of member choice starts
     counted_below: int = 0          # offsets from here on have no count from an earlier round
+    # nak'd messages out of every window until their re-push (G11): offset -> when, and
+    # the timer that wakes the group for them (it outlives members and rounds)
+    nak_at: dict[int, float] = field(default_factory=dict)
+    timer: NakTimer | None = None
 
     def clear_round(self) -> None:
         """Forget what one activation of the group had pending (counts are kept)."""
@@ -103,6 +113,23 @@ class Group:
         self.queued_count = 0
         self.unpinned = set()
         self.counted_below = max(self.pushes, default=-1) + 1
+
+
+@dataclass(eq=False)
+class NakTimer(PushTimers):
+    """Wakes a shared subscription when its nak'd messages are due (G11)."""
+
+    sub: Subscription
+    topic: str
+    naks: list[tuple[float, int]] = field(default_factory=list)  # (at, offset) heap
+    deadlines: deque[tuple[float, Any, Any, int]] = field(default_factory=deque)
+    repushes: deque[tuple[float, int, int, int]] = field(default_factory=deque)
+    epoch: int = 0
+    wake_at: float | None = None
+    deleted: bool = False
+
+    def next_timer(self) -> float | None:
+        return self.naks[0][0] if self.naks else None
 
 
 class Sharing(Delivery):
@@ -121,8 +148,13 @@ class Sharing(Delivery):
             group.clear_round()
             # messages pushed in an earlier round go first, as hand-offs (window room
             # only); the round's scan skips them
+            for o, n in sub.push_counts.items():  # counts a restart kept (G9, G11)
+                if o >= sub.cursor and o not in sub.acked and n > group.pushes.get(o, 0):
+                    group.pushes[o] = n
+            group.counted_below = max(group.pushes, default=-1) + 1
             group.waiting = sorted(o for o in group.pushes
-                                   if o >= sub.cursor and o not in sub.acked)
+                                   if o >= sub.cursor and o not in sub.acked
+                                   and o not in group.nak_at and o not in sub.dead_pending)
             self._attach_delays(self.topics[sub.topic], sub, now)
         member = Member(sub, sub.topic, session.conn, sid, credit, max_in_flight, now)
         group.members[(session.conn, sid)] = member
@@ -245,11 +277,16 @@ class Sharing(Delivery):
             return None
 
         exhausted: list[int] = []
+        dead: list[tuple[int, int]] = []
+        dead_letter = topic.settings.dead_letter
 
         def assign(m: Member, offset: int) -> None:
             count = counts.get(offset, 0) if counts else 0
-            if count >= max_pushes:
-                exhausted.append(offset)  # its count survived from an earlier round
+            if count >= max_pushes:  # a hand-off, or a count kept from an earlier round
+                if dead_letter:
+                    dead.append((offset, count))  # to the dead-letter topic, not pushed
+                    return
+                exhausted.append(offset)
             rooms[id(m)] -= 1
             if not count:
                 credits[id(m)] -= 1
@@ -269,7 +306,8 @@ class Sharing(Delivery):
         if group.waiting:
             kept: list[int] = []
             for offset in group.waiting:
-                if not log.holds(offset) or offset < sub.cursor or offset in sub.acked:
+                if not log.holds(offset) or offset < sub.cursor or offset in sub.acked \
+                        or offset in sub.dead_pending:
                     group.pushes.pop(offset, None)
                     continue
                 key = key_of(offset)
@@ -308,10 +346,12 @@ class Sharing(Delivery):
             picks = self._next_firsts(sub, topic, total)
             if not picks:
                 break
-            if picks[0] < group.counted_below:
-                # pushed in an earlier round: waiting as hand-offs, or out again already
-                holder = group.holder
-                picks = [o for o in picks if o not in counts and o not in holder]
+            if picks[0] < group.counted_below or group.nak_at or sub.dead_pending:
+                # pushed in an earlier round (waiting as hand-offs, or out again already),
+                # nak'd and not due again, or parked for its dead letter (G11)
+                holder, nak_at, parked = group.holder, group.nak_at, sub.dead_pending
+                picks = [o for o in picks if o not in counts and o not in holder
+                         and o not in nak_at and o not in parked]
             if not keyed:
                 if type(picks) is range and not picks.start < group.counted_below:
                     # the usual case: a run of first pushes, an even slice of it to each
@@ -362,6 +402,9 @@ class Sharing(Delivery):
             # more): nothing of this round goes out
             self._group_exhausted(sub, exhausted[0], max_pushes, now)
             return
+        for offset, count in dead:
+            counts.pop(offset, None)
+            self._dead_letter(topic, sub, offset, count, "exhausted", now)
         by_id = {id(m): m for m in free}
         for mid, m in by_id.items():
             run = firsts.get(mid)
@@ -416,7 +459,7 @@ class Sharing(Delivery):
             by_count.setdefault(count, []).append(offset)
             if keyed:
                 key = log.meta_of(offset)[0]
-                if key is not None:
+                if key is not None and offset not in m.key_of:
                     m.key_of[offset] = key
                     m.keys[key] = m.keys.get(key, 0) + 1
         holder.update(dict.fromkeys(offsets, m))
@@ -447,6 +490,7 @@ class Sharing(Delivery):
         timeout = topic.settings.timeout
         for batch, count in batches:
             self._await_ack(session, m, now + timeout, batch, count)
+            self._count_pushes(topic, sub, batch, count)  # survive a restart (G9)
             if count > 1:
                 self.counters["redelivered"] += len(batch)
                 sub.redelivered += len(batch)
@@ -472,6 +516,8 @@ class Sharing(Delivery):
     def _run_timers(self, sub: PushTimers, now: float) -> None:
         if type(sub) is Member:
             self._member_timers(sub, now)
+        elif type(sub) is NakTimer:
+            self._naks_due(sub, now)
         else:
             assert isinstance(sub, Subscription)
             super()._run_timers(sub, now)
@@ -493,9 +539,15 @@ class Sharing(Delivery):
                 at, offsets, counts, epoch = d
                 for i, offset in enumerate(offsets):
                     count = counts if type(counts) is int else counts[i]
-                    if not m.is_current(offset, count, epoch):
+                    if not m.is_current(offset, count, epoch) or (
+                            m.extended and self._deferred(m, offset, at)):  # type: ignore[arg-type]
                         continue
                     if count >= max_pushes:
+                        if self.topics[sub.topic].settings.dead_letter:
+                            self._let_go(sub, m, offset)
+                            self._dead_letter(self.topics[sub.topic], sub, offset, count,
+                                              "exhausted", now)
+                            continue
                         self._group_exhausted(sub, offset, count, now)
                         return
                     if retry_interval <= 0:
@@ -526,6 +578,7 @@ class Sharing(Delivery):
             m.in_flight[offset] = count + 1
             m.late.add(offset)
             self._await_ack(session, m, at + timeout, [offset], count + 1)
+            self._count_pushes(topic, sub, [offset], count + 1)
             by_count.setdefault(count + 1, []).append(offset)
         if session is None:
             return
@@ -546,6 +599,9 @@ class Sharing(Delivery):
         self._end_group(sub, errors.SubscriptionInactive.code,
                         f"offset {offset} was pushed {pushes} times without an ack; subscribe"
                         " again to resume", now, keep=offset)
+        # its count starts afresh, after a restart too (a count of 0 journaled)
+        self._count_pushes(self.topics[sub.topic], sub, [offset], 0)
+        sub.push_counts.pop(offset, None)
 
     # -- acks --------------------------------------------------------------------------
 
@@ -574,12 +630,18 @@ class Sharing(Delivery):
         return acked
 
     def _member_acked(self, sub: Subscription, m: Member, offset: int) -> None:
+        self._let_go(sub, m, offset)
+        sub.mark_acked(offset)
+
+    def _let_go(self, sub: Subscription, m: Member, offset: int) -> None:
+        """``m`` no longer holds ``offset`` (acked, nak'd, termed or dead-lettered): out
+        of its window; its key is released once none of it is held."""
         group = sub.group
         assert group is not None
         del m.in_flight[offset]
         del group.holder[offset]
         m.late.discard(offset)
-        sub.mark_acked(offset)
+        m.extended.pop(offset, None)
         key = m.key_of.pop(offset, None) if m.key_of else None
         if key is not None:
             left = m.keys[key] - 1
@@ -594,3 +656,130 @@ class Sharing(Delivery):
                 m.waiting_keys.discard(key)
                 group.unpinned.add(key)
                 self._dirty[id(sub)] = sub
+
+    # -- nak, term and in_progress (G11) -----------------------------------------------
+
+    def _member_settle(self, sub: Subscription, m: Member, topic: Any, body: Any,
+                       refused: list[list[Any]], now: float,
+                       exhausted: list[tuple[int, int]]) -> list[Any]:
+        """An ACK's nak, term and progress items from member ``m`` (as
+        :meth:`Settling._settle` for a plain subscription); only the member holding an
+        offset may settle it. A nak on a message's last push without a dead-letter policy
+        goes to ``exhausted``: the caller ends the group once the frame's acks are
+        applied. Returns the dead-letter journals written to."""
+        if not isinstance(body, dict):
+            raise errors.InvalidRequest("ACK's seventh field must be a map of nak, term and"
+                                        " progress items")
+        journals: list[Any] = []
+        for name in ("nak", "term", "progress"):
+            items = body.get(name)
+            if items is None:
+                continue
+            if not isinstance(items, list):
+                raise errors.InvalidRequest(f"ACK {name} items must be an array")
+            for item in items:
+                offset = item if name == "progress" else (
+                    item[0] if isinstance(item, list) and len(item) == 2 else item)
+                try:
+                    if type(offset) is not int or (name != "progress"
+                                                   and not isinstance(item, list)):
+                        raise errors.InvalidRequest(
+                            f"a {name} item is " + ("an offset" if name == "progress"
+                                                    else "[offset, value]"))
+                    count = m.in_flight.get(offset)
+                    if count is None:
+                        raise errors.NotDelivered(
+                            f"offset {offset} is not held by this member: nothing to {name}")
+                    if name == "nak":
+                        self._member_nak(sub, m, topic, offset, count, item[1], now,
+                                         exhausted)
+                    elif name == "term":
+                        journal = self._member_term(sub, m, topic, offset, count, item[1], now)
+                        if journal is not None and journal not in journals:
+                            journals.append(journal)
+                    else:
+                        at = now + topic.settings.timeout
+                        m.extended[offset] = at
+                        m.add_deadlines(at, [offset], count)
+                        self._schedule(m)
+                except errors.FluxError as exc:
+                    refused.append([offset if type(offset) is int else -1, exc.code, str(exc)])
+        return journals
+
+    def _member_nak(self, sub: Subscription, m: Member, topic: Any, offset: int, count: int,
+                    delay: Any, now: float, exhausted: list[tuple[int, int]]) -> None:
+        """The message leaves ``m``'s window now and is pushed again (to any member, or its
+        key's) at ``now + delay``; on its last allowed push it is exhausted at once."""
+        delay = check_delay(delay, topic.settings.max_delay, "nak delay")
+        group = sub.group
+        assert group is not None
+        if count >= 1 + topic.settings.retry_count:
+            if topic.settings.dead_letter:
+                self._let_go(sub, m, offset)
+                self._dead_letter(topic, sub, offset, count, "exhausted", now)
+            else:
+                exhausted.append((offset, count))
+            return
+        self._let_go(sub, m, offset)
+        group.pushes[offset] = count
+        group.nak_at[offset] = now + delay
+        timer = group.timer
+        if timer is None:
+            timer = group.timer = NakTimer(sub, sub.topic)
+        heapq.heappush(timer.naks, (now + delay, offset))
+        self._schedule(timer)
+        self._dirty[id(sub)] = sub  # a slot of the window is free
+
+    def _member_term(self, sub: Subscription, m: Member, topic: Any, offset: int, count: int,
+                     reason: Any, now: float) -> Any:
+        """No more pushes: to the dead-letter topic, or (no policy) counted as an ack."""
+        if not isinstance(reason, str) or len(reason.encode("utf-8", "replace")) \
+                > MAX_REASON_BYTES:
+            raise errors.InvalidRequest(f"a term reason is a string of at most"
+                                        f" {MAX_REASON_BYTES} bytes")
+        self._let_go(sub, m, offset)
+        if topic.settings.dead_letter:
+            if self._dead_letter(topic, sub, offset, count, dead_letter_reason("term", reason),
+                                 now):
+                dlq = self.topics.get(dead_letter_topic(topic.name, sub.name))
+                return dlq.journal if dlq is not None else None
+            return None
+        self._count_dead(topic, sub, offset)
+        return None
+
+    def _naks_due(self, timer: NakTimer, now: float) -> None:
+        """nak'd messages due again join the hand-offs (the next push round takes them)."""
+        sub = timer.sub
+        group = sub.group
+        if sub.deleted or group is None:
+            return
+        due: list[int] = []
+        while timer.naks and timer.naks[0][0] <= now:
+            at, offset = heapq.heappop(timer.naks)
+            if group.nak_at.get(offset) == at:
+                del group.nak_at[offset]
+                due.append(offset)
+        if due and group.members:
+            group.waiting = sorted({*group.waiting, *due})
+            self._dirty[id(sub)] = sub
+        self._schedule(timer)
+
+    def _count_dead(self, topic: Any, sub: Subscription, offset: int) -> None:
+        group = sub.group
+        if group is not None:
+            m = group.holder.get(offset)
+            if m is not None:
+                self._let_go(sub, m, offset)
+            group.pushes.pop(offset, None)
+            group.nak_at.pop(offset, None)
+        super()._count_dead(topic, sub, offset)
+
+    def _park(self, topic: Any, sub: Subscription, offset: int, pushes: int, reason: str,
+              exc: errors.FluxError) -> None:
+        group = sub.group
+        if group is not None:
+            m = group.holder.get(offset)
+            if m is not None:
+                self._let_go(sub, m, offset)
+            group.pushes[offset] = pushes
+        super()._park(topic, sub, offset, pushes, reason, exc)

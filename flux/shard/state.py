@@ -17,7 +17,7 @@ from flux import errors, protocol
 from flux.auth.identity import Identity
 from flux.auth.users import AuthConfig
 from flux.config import Config
-from flux.hashing import shard_for
+from flux.hashing import DEAD_LETTER_SEP, dead_letter_source, shard_for
 from flux.histogram import LatencyHistogram
 from flux.policies import TopicSettings
 from flux.shard.cache import PayloadCache, TopicPayloads
@@ -160,7 +160,11 @@ class ShardState:
         # optional observer of internal events, e.g. ("deleted", topic, offset, count)
         self.on_event: Callable[[tuple[Any, ...]], None] | None = None
         self.counters = {"published": 0, "duplicates": 0, "delivered": 0, "redelivered": 0,
-                         "acked": 0, "trimmed": 0, "bytes_in": 0}
+                         "acked": 0, "trimmed": 0, "bytes_in": 0, "dead_lettered": 0,
+                         "dead_letter_refused": 0}
+        # subscriptions with dead letters their dead-letter topic refused (G11): the
+        # cleanup pass tries them again
+        self._dead_pending: dict[int, Subscription] = {}
 
     def _close_session(self, session: Session, exc: errors.FluxError, now: float) -> None:
         """Tell ``session`` why with an ERROR (rid 0), detach its subscriptions and close
@@ -173,7 +177,19 @@ class ShardState:
     def _authorize(self, session: Session, operation: str, topic: str) -> str:
         """``topic`` if the session may do ``operation`` on it; else NotAuthorized."""
         identity = session.identity
-        if identity is not None and not identity.permissions.may(operation, topic):
+        if identity is None:
+            return topic
+        # a dead-letter topic (G11) is read by those who may subscribe to its source
+        # topic, or administer it (flux dlq)
+        source = dead_letter_source(topic)
+        if source is not None:
+            may = identity.permissions.may
+            if may(operation, source) or (operation == "subscribe" and may("admin", source)):
+                return topic
+            raise errors.NotAuthorized(
+                f"user {identity.user!r} may not {operation} on dead-letter topic {topic!r}"
+                f" (it needs {operation} or admin on {source!r})")
+        if not identity.permissions.may(operation, topic):
             raise errors.NotAuthorized(
                 f"user {identity.user!r} may not {operation} on topic {topic!r}")
         return topic
@@ -188,7 +204,16 @@ class ShardState:
         if sub.session == (conn, sid):
             self._end_attachment(sub, now)
 
-    def _check_owned(self, topic: Any) -> str:
+    def _check_owned(self, topic: Any, readable: bool = False) -> str:
+        """``topic`` if it is a valid topic name this shard owns; ``readable``: a
+        dead-letter topic's name too (G11: SUBSCRIBE, FETCH and COMMIT read those)."""
+        if readable and isinstance(topic, str) and DEAD_LETTER_SEP in topic:
+            P.check_readable_topic(topic)
+            index = shard_for(topic, self.shard_count)
+            if self.check_ownership and index != self.index:
+                raise errors.WrongShard(f"topic {topic!r} belongs to shard {index}, not"
+                                        f" {self.index}; refresh the shard map")
+            return topic
         owned = self._owned.get(topic) if isinstance(topic, str) else None
         if owned is None:
             P.check_topic(topic)

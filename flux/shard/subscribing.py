@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from flux import errors
-from flux.shard.journal import SUBSCRIPTION, journal_mode
+from flux.shard.journal import SUBSCRIPTION, TopicJournal, journal_mode
 from flux.shard.sharing import Group, Sharing
 from flux.shard.state import (
     MAX_CREDIT,
@@ -29,7 +29,7 @@ class Subscribing(Sharing):
         rid, sid, opts = frame[1], frame[2], _map(frame, 3)
         if type(sid) is not int:
             raise errors.InvalidRequest("SUBSCRIBE sid must be an integer")
-        name = self._authorize(session, "subscribe", self._check_owned(opts.get("topic")))
+        name = self._authorize(session, "subscribe", self._check_owned(opts.get("topic"), True))
         sub_name = opts.get("name")
         mode = opts.get("mode", "push")
         if mode not in ("push", "pull"):
@@ -137,6 +137,7 @@ class Subscribing(Sharing):
                                             " session"])
                 self._emit("taken_over", name, key, old)
             sub.attach((session.conn, sid), credit, max_in_flight, now)
+            sub.carry_max = max(sub.push_counts, default=-1)  # counts kept (G11)
             self._attach_delays(topic, sub, now)
             session.subs[sid] = sub
             self._dirty[id(sub)] = sub
@@ -209,6 +210,7 @@ class Subscribing(Sharing):
 
     def _ack(self, session: Session, frame: list[Any], now: float) -> None:
         rid, sid, generation, offsets, through = frame[1], frame[2], frame[3], frame[4], frame[5]
+        settle = frame[6] if len(frame) > 6 else None  # nak, term, in_progress (G11)
         sub = self._attached(session, sid)
         topic = self.topics[sub.topic]
         if generation != topic.generation:
@@ -219,7 +221,18 @@ class Subscribing(Sharing):
             raise errors.InvalidRequest("ACK offsets must be an array and through an integer")
         refused: list[list[Any]] = []
         acked = 0
+        journals: list[TopicJournal] = []
+        settled = False  # terms counted as acks: the cursor record is due
+        exhausted: list[tuple[int, int]] = []  # by a nak on its last push (no dead letters)
         member = self._member(sub, session.conn, sid)
+        if settle is not None:  # before the acks: a through never covers a termed offset
+            cursor, held = sub.cursor, len(sub.acked)
+            if member is not None:
+                journals = self._member_settle(sub, member, topic, settle, refused, now,
+                                               exhausted)
+            else:
+                journals = self._settle(sub, topic, settle, refused, now, exhausted)
+            settled = sub.cursor != cursor or len(sub.acked) != held
         if member is not None:
             acked = self._member_ack(sub, member, offsets, through, refused)
             offsets = []
@@ -227,7 +240,7 @@ class Subscribing(Sharing):
         for offset in offsets:
             if type(offset) is not int:
                 refused.append([offset, errors.InvalidRequest.code, "offset must be an integer"])
-            elif sub.ack(offset):
+            elif sub.ack(offset) or (sub.nak_waiting and self._ack_waiting(sub, offset)):
                 acked += 1
             elif not sub.was_delivered(offset):
                 refused.append([offset, errors.NotDelivered.code,
@@ -239,12 +252,20 @@ class Subscribing(Sharing):
             self._dirty[id(sub)] = sub
             if member is None:
                 sub.drop_acked_deadlines()
+            if sub.push_counts:
+                self._forget_counts(sub)
         reply = [P.ACKED, rid, sid, sub.cursor, refused]
-        journal = self._journal_cursor(topic, sub) if acked else topic.journal
-        if journal is not None and not sub.ephemeral:
-            self._journal_hold(session, reply, [journal])  # a confirmed ack is durable (G9)
+        journal = self._journal_cursor(topic, sub) if acked or settled else topic.journal
+        if journals or (journal is not None and not sub.ephemeral):
+            # a confirmed ack is durable (G9), and so is a confirmed term's dead letter
+            self._journal_hold(session, reply, [j for j in (journal, *journals) if j is not None])
         else:
             session.out.append(reply)
+        if exhausted:  # the frame's acks are applied: now the attachment ends (G4)
+            if member is not None:
+                self._group_exhausted(sub, *exhausted[0], now)
+            else:
+                self._exhausted(sub, *exhausted[0], now)
 
 
 def kind_of(sub: Subscription | None, shared: bool = False, key_ordered: bool = False) -> str:

@@ -101,6 +101,21 @@ class Subscription(PushTimers):
     due_heap: list[tuple[float, int]] = field(default_factory=list)
     due_pushed: set[int] = field(default_factory=set)
     delayed: dict[int, float] | None = None
+    # G11, for the attached session (reset on attach/detach): nak'd offsets out of the
+    # window until their re-push -> pushes used, their re-push times as a heap of (at,
+    # offset, pushes, epoch), and in_progress's later ack deadlines (offset -> when)
+    nak_waiting: dict[int, int] = field(default_factory=dict)
+    naks: list[tuple[float, int, int, int]] = field(default_factory=list)
+    extended: dict[int, float] = field(default_factory=dict)
+    # G11, across attachments: pushes used by each unacked offset (kept only when the
+    # topic has a dead-letter policy, or the subscription is shared: "push counts that
+    # survive"), and the offsets whose dead letter the dead-letter topic refused (full):
+    # not pushed, (pushes, reason) each
+    push_counts: dict[int, int] = field(default_factory=dict)
+    dead_pending: dict[int, tuple[int, str]] = field(default_factory=dict)
+    carry_max: int = -1            # the highest offset with a count when it last attached
+    dead_lettered: int = 0         # messages written to its dead-letter topic
+    dead_letter_refused: int = 0   # messages its dead-letter topic refused (at first)
     # a shared subscription (G10): its members and what they share; None: a plain one
     group: Group | None = None
 
@@ -152,6 +167,19 @@ class Subscription(PushTimers):
             self.cursor = cursor
         else:
             self.acked.add(offset)
+
+    def count_acked(self, offset: int) -> bool:
+        """Count ``offset`` as acked whether or not it is in flight (G11: a dead letter,
+        or a term without a dead-letter policy); False if it was acked already."""
+        self.in_flight.pop(offset, None)
+        self.nak_waiting.pop(offset, None)
+        self.extended.pop(offset, None)
+        self.dead_pending.pop(offset, None)
+        self.push_counts.pop(offset, None)
+        if offset < self.cursor or offset in self.acked:
+            return False
+        self.mark_acked(offset)
+        return True
 
     def ack_through(self, through: int) -> int:
         """Ack every in-flight offset <= ``through`` except delayed messages (G12: pushed
@@ -239,7 +267,19 @@ class Subscription(PushTimers):
         self.preacked = frozenset()
         self.due_heap = []
         self.due_pushed = set()
+        self.nak_waiting.clear()
+        self.naks = []
+        self.extended.clear()
 
+    # -- timers ------------------------------------------------------------------------
+
+    def next_timer(self) -> float | None:
+        """When the earliest deadline, re-push or nak'd message's re-push (G11) falls."""
+        at = super().next_timer()
+        if self.naks:
+            n = self.naks[0][0]
+            return n if at is None else min(at, n)
+        return at
     def drop_acked_deadlines(self) -> None:
         """Forget the oldest ack deadlines whose batches are all below the cursor (acked):
         they would only expire with nothing to do, held for ``subscriber.timeout``."""

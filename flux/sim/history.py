@@ -213,6 +213,10 @@ class AckSent(Event):
     generation: int
     offsets: tuple[int, ...]
     through: int
+    # G11, the ACK's settle items: (offset, delay) naks, termed and in-progress offsets
+    naks: tuple[tuple[int, float], ...] = ()
+    terms: tuple[int, ...] = ()
+    progress: tuple[int, ...] = ()
 
 
 @_event
@@ -230,6 +234,9 @@ class AckConfirmed(Event):
     through: int
     cursor: int
     requested: float            # when the ACK was sent
+    naks: tuple[tuple[int, float], ...] = ()  # settle items the shard accepted (G11)
+    terms: tuple[int, ...] = ()
+    progress: tuple[int, ...] = ()
 
 
 @_event
@@ -242,6 +249,7 @@ class AckRefused(Event):
     generation: int
     offset: int
     error: str
+    settle: bool = False    # a refused nak, term or in_progress (G11), not an ack
 
 
 @_event
@@ -521,7 +529,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     cls = _KINDS[data.pop("kind")]
     for f in dataclasses.fields(cls):
         if isinstance(data.get(f.name), list):
-            data[f.name] = tuple(data[f.name])
+            data[f.name] = tuple(tuple(x) if isinstance(x, list) else x
+                                 for x in data[f.name])
     return cls(**data)
 
 

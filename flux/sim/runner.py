@@ -161,6 +161,8 @@ async def _drive(world: World, workload: Workload, plan: FaultPlan, seed: int) -
             clients.start_soon(actors.vandal, name, name=f"vandal {name}")
         for name in workload.auditors:
             clients.start_soon(actors.auditor, name, name=f"auditor {name}")
+        for name in workload.dead_letter_readers:
+            clients.start_soon(actors.dead_letter_reader, name, name=f"dead letters {name}")
         for name in workload.intruders:
             clients.start_soon(actors.intruder, name, name=f"intruder {name}")
         async with trio.open_nursery() as faults:

@@ -440,9 +440,39 @@ def shared(rng: random.Random) -> Workload:
     return replace(w, scenario="shared", producers=producers, subscribers=tuple(subscribers))
 
 
+def dead_letters(rng: random.Random) -> Workload:
+    """Work queues (G11): workers that ack, nak (now or later), term, hold messages in
+    progress past the ack timeout and drop some, on topics most of which have a
+    dead-letter policy (exhausted and termed messages go to TOPIC~SUBSCRIPTION, push
+    counts survive re-subscribing); a reader of the dead-letter topics; every fault
+    kind, and disk topics half the time (dead letters and push counts survive restarts)."""
+    w = disk(rng) if rng.random() < 0.5 else default(rng)
+    config = dict(w.config)
+    config["subscriber"] = {**w.config["subscriber"],  # type: ignore[dict-item]
+                            "retry_count": rng.randint(1, 3)}
+    if rng.random() < 0.5:
+        config["dead_letter"] = {"enabled": True}
+    else:  # a policy per topic: most topics dead-letter, some do not (term acks there)
+        chosen = rng.sample(w.topics, max(1, len(w.topics) - 1))
+        policies = list(config.get("topics") or [])  # type: ignore[call-overload]
+        by_topic = {p["match"]: p for p in policies}
+        for topic in chosen:
+            by_topic[topic] = {**by_topic.get(topic, {"match": topic}), "dead_letter": True}
+        config["topics"] = list(by_topic.values())
+    workers = [replace(_subscriber(rng, 20 + i, rng.choice(w.topics), "worker"),
+                       churn=rng.choice((0.0, rng.uniform(4.0, 10.0))))
+               for i in range(rng.randint(2, 4))]
+    others = [s for s in w.subscribers if s.behaviour in ("ack", "slow", "puller", "window")]
+    # half the runs' messages carry keys and headers: a dead letter keeps them
+    producers = tuple(replace(p, keyed=rng.random() < 0.5) for p in w.producers)
+    return replace(w, scenario="deadletters", config=config, producers=producers,
+                   subscribers=tuple(workers + others[:2]), dead_letter_readers=("d0",))
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
     "disk-errors": disk_errors, "auth": auth, "delays": delays, "shared": shared,
+    "deadletters": dead_letters,
 }

@@ -26,7 +26,7 @@ _CODE_NAMES = {cls.code: cls.__name__ for cls in (
     errors.WrongShard, errors.TopicFull, errors.Busy, errors.TopicReset,
     errors.UnknownSubscription, errors.SubscriptionInactive, errors.SubscriptionTakenOver,
     errors.NotDelivered, errors.OffsetOutOfRange, errors.ShuttingDown, errors.InvalidRequest,
-    errors.ProtocolError)}
+    errors.ProtocolError, errors.InvalidDelay, errors.InvalidTopic)}
 
 
 def error_name(code: Any) -> str:
@@ -150,11 +150,16 @@ class WireTap:
             self._pull_request("commit", frame[1], frame[2], now)
         elif kind == P.ACK:
             rid, sid, generation, offsets, through = frame[1:6]
+            settle = frame[6] if len(frame) > 6 and isinstance(frame[6], dict) else {}
+            naks = tuple((o, float(d)) for o, d in settle.get("nak") or ())
+            terms = tuple(o for o, _ in settle.get("term") or ())
+            progress = tuple(settle.get("progress") or ())
             s = self.sessions.get(sid)
             if s is not None:
-                self.pending[rid] = ("ack", s, tuple(offsets), through, now)
+                self.pending[rid] = ("ack", s, tuple(offsets), through, now, naks, terms,
+                                     progress)
                 self._add(h.AckSent(now, s.subscriber, s.id, s.topic, generation,
-                                    tuple(offsets), through))
+                                    tuple(offsets), through, naks, terms, progress))
 
     def _pull_request(self, request: str, rid: Any, opts: dict[str, Any], now: float) -> None:
         topic, name, generation = opts["topic"], opts.get("name"), opts.get("generation")
@@ -279,14 +284,18 @@ class WireTap:
         pending = self.pending.pop(rid, None)
         if pending is None or pending[0] != "ack":
             return
-        _, s, offsets, through, sent = pending
+        _, s, offsets, through, sent, naks, terms, progress = pending
         refused_offsets = {item[0] for item in refused}
         accepted = tuple(o for o in offsets if o not in refused_offsets)
         self._add(h.AckConfirmed(now, s.subscriber, s.id, s.topic, s.generation, accepted,
-                                 through, cursor, sent))
+                                 through, cursor, sent,
+                                 tuple(n for n in naks if n[0] not in refused_offsets),
+                                 tuple(o for o in terms if o not in refused_offsets),
+                                 tuple(o for o in progress if o not in refused_offsets)))
+        settled = {n[0] for n in naks} | set(terms) | set(progress)
         for offset, code, _message in refused:
             self._add(h.AckRefused(now, s.subscriber, s.id, s.topic, s.generation, offset,
-                                   error_name(code)))
+                                   error_name(code), offset in settled and offset not in offsets))
 
     def _subscribed(self, frame: list[Any], now: float) -> None:
         rid, sid, body = frame[1], frame[2], frame[3]

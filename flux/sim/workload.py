@@ -21,6 +21,7 @@ import trio
 from flux import errors
 from flux.client.trio import Client, connect
 from flux.client.types import PublishAck
+from flux.hashing import dead_letter_topic
 from flux.sim import history as h
 from flux.sim.faults import FaultMix
 from flux.sim.simhost import derive_seed
@@ -40,7 +41,7 @@ ENDED = (errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.Topic
 # Subscriber behaviours; "live" ones must have everything delivered (pullers: read and
 # committed) after the heal.
 BEHAVIOURS = ("ack", "slow", "never", "flaky", "unsub", "strict", "window", "reader", "takeover",
-              "ephemeral", "raise", "puller", "stall", "meddle")
+              "ephemeral", "raise", "puller", "stall", "meddle", "worker")
 
 # Errors after which a pull reader subscribes again (its subscription is gone, or of
 # another generation) before it reads on.
@@ -101,6 +102,8 @@ class Workload:
     give_up_after: float = 20.0  # a producer's own retries of one id (with retry_deadline < dedup)
     vandals: tuple[str, ...] = ()  # clients that send bad input on purpose (G8)
     auditors: tuple[str, ...] = ()  # clients that read every topic back from its oldest
+    # clients that read the dead-letter topics of the subscribers' subscriptions (G11)
+    dead_letter_readers: tuple[str, ...] = ()
     # with auth on (G13): each client's credential (keyword arguments of connect), by
     # client name; "*" for any client not named. Intruders try what their user may not.
     logins: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -257,6 +260,22 @@ class Actors:
             with trio.move_on_after(0.5):
                 await self.healed.wait()
 
+    async def dead_letter_reader(self, name: str) -> None:
+        """Read every dead-letter topic of the workload's named push subscriptions whole,
+        again and again until the end (G11: what was dead-lettered, and its record)."""
+        rng = self.rng(name)
+        host = self.world.client_host(name)
+        names = sorted({dead_letter_topic(s.topic, s.sub_name) for s in self.w.subscribers
+                        if s.sub_name is not None and s.behaviour != "puller"})
+        while True:
+            with contextlib.suppress(errors.FluxError, OSError):
+                async with self._client(host) as client:
+                    while True:
+                        for dlq in names:
+                            await client.fetch(dlq, 0, 1000)
+                        await trio.sleep(rng.uniform(0.5, 1.5))
+            await trio.sleep(0.5)
+
     async def canary(self, topics: tuple[str, ...]) -> None:
         """After the heal: one publish per topic that must be acked (liveness)."""
         host = self.world.client_host("canary")
@@ -361,8 +380,27 @@ class Actors:
             # worker): the shard must refuse it unless this member holds it
             _meddle(msg, msg.offset + rng.choice((-2, -1, 1, 2)))
             await msg.ack()
+        elif behaviour == "worker" and not self.healed.is_set():
+            await self._work(msg, rng, acks)
         else:
             await msg.ack()
+
+    async def _work(self, msg: Any, rng: random.Random, acks: trio.Nursery) -> None:
+        """A worker of a work queue (G11): acks most messages, naks some (now or after a
+        delay), terms some, holds some in progress for longer than the ack timeout, and
+        drops a few (they run out of pushes)."""
+        roll = rng.random()
+        if roll < 0.45:
+            await msg.ack()
+        elif roll < 0.6:
+            await msg.nak(0.0)
+        elif roll < 0.72:
+            await msg.nak(round(rng.uniform(0.1, 1.5 * self.timeout), 3))
+        elif roll < 0.82:
+            await msg.term(f"bad input {msg.offset}")
+        elif roll < 0.92:
+            acks.start_soon(_keep_alive, msg, self.timeout, rng.uniform(1.0, 2.5))
+        # else: dropped, as by a worker that died with it
 
     # -- pull readers ------------------------------------------------------------------
 
@@ -534,6 +572,17 @@ def _meddle(msg: Any, offset: int) -> None:
         session.acked.add(offset)
         session.queued.append(offset)
         session.delayed.add(offset)
+
+
+async def _keep_alive(msg: Any, timeout: float, work: float) -> None:
+    """Work ``work`` timeouts on a message, telling the broker so every half timeout
+    (in_progress), then ack it."""
+    end = trio.current_time() + work * timeout
+    while trio.current_time() + 0.5 * timeout < end:
+        await trio.sleep(0.5 * timeout)
+        await msg.in_progress()
+    await trio.sleep(max(0.0, end - trio.current_time()))
+    await msg.ack()
 
 
 async def _ack_later(msg: Any, delay: float) -> None:

@@ -63,6 +63,17 @@ def suite_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="package")
+def dead_letter_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A broker with the dead-letter policy on every topic, two pushes per message."""
+    factory = _factory(tmp_path_factory, "deadletter")
+    try:
+        yield factory("dead_letter.enabled=true", "subscriber.retry_count=1",
+                      "subscriber.timeout=1", "subscriber.retry_interval=0.2")
+    finally:
+        factory.close()
+
+
+@pytest.fixture(scope="package")
 def tight_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A broker whose topics hold at most 2000 bytes (TopicFull comes quickly)."""
     factory = _factory(tmp_path_factory, "tight")

@@ -41,6 +41,15 @@ class SyncMessage:
     async def ack(self) -> None:
         self.msg.ack()  # never blocks: it only queues the ack on the client's loop
 
+    async def nak(self, delay: float = 0) -> None:
+        self.msg.nak(delay)
+
+    async def term(self, reason: str = "") -> None:
+        self.msg.term(reason)
+
+    async def in_progress(self) -> None:
+        self.msg.in_progress()
+
     def __repr__(self) -> str:
         return repr(self.msg)
 

@@ -91,8 +91,8 @@ def test_serve_refuses_a_bad_policy_with_its_path(tmp_path: Path) -> None:
                            "--port", "0"], capture_output=True, text=True, timeout=30)
     assert done.returncode != 0
     assert "topics[1].message.ttl" in done.stderr
-    path.write_text("topics:\n  - match: orders.>\n    dead_letter: true\n")
+    path.write_text("topics:\n  - match: orders.>\n    dead_letter: maybe\n")
     done = subprocess.run([sys.executable, "-m", "flux", "serve", "--config", str(path),
                            "--port", "0"], capture_output=True, text=True, timeout=30)
     assert done.returncode != 0
-    assert "topics[0].dead_letter" in done.stderr and "dead letters" in done.stderr
+    assert "topics[0].dead_letter.enabled" in done.stderr and "true or false" in done.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import heapq
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -1559,3 +1560,91 @@ SCENARIO["hand-off-restarts-count"] = "shared"
 PLANTED["ack-by-any-member"] = ack_by_any_member
 EXPECT["ack-by-any-member"] = ("G10/ack-not-held",)
 SCENARIO["ack-by-any-member"] = "shared"
+def dead_letter_dropped() -> contextlib.AbstractContextManager[Any]:
+    """G11: a message out of pushes or termed counts as acked, but its dead letter is never
+    written."""
+    from flux.shard.dead_letters import DeadLetters
+
+    def dead_letter(self: Any, topic: Any, sub: Any, offset: int, pushes: int, reason: str,
+                    now: float) -> bool:
+        self._count_dead(topic, sub, offset)
+        return True
+
+    return mock.patch.object(DeadLetters, "_dead_letter", dead_letter)
+
+
+def dead_letter_loses_headers() -> contextlib.AbstractContextManager[Any]:
+    """G11: a dead letter keeps only the broker's reserved headers: the message's own key
+    and headers are lost."""
+    import flux.shard.dead_letters as module
+
+    original = module.make_meta
+
+    def make_meta(keys: Any, headers: Any, dues: Any, count: int) -> Any:
+        kept = [{k: v for k, v in h.items() if k.startswith("flux-")} for h in headers]
+        return original([None] * count, kept, dues, count)
+
+    return mock.patch.object(module, "make_meta", make_meta)
+
+
+def dead_letter_left_unacked() -> contextlib.AbstractContextManager[Any]:
+    """G11: a dead letter is written, and the message leaves the window, but it is not
+    counted as acked (nor is its push count kept): the next session gets it again."""
+    from flux.shard.dead_letters import DeadLetters
+
+    def count_dead(self: Any, topic: Any, sub: Any, offset: int) -> None:
+        sub.in_flight.pop(offset, None)
+        sub.nak_waiting.pop(offset, None)
+        sub.push_counts.pop(offset, None)
+
+    return mock.patch.object(DeadLetters, "_count_dead", count_dead)
+
+
+def term_ignored() -> contextlib.AbstractContextManager[Any]:
+    """G11: the shard confirms a term and does nothing: the message stays in flight and is
+    pushed again when its ack deadline passes."""
+    from flux.shard.naks import Settling
+
+    return mock.patch.object(Settling, "_term", lambda self, sub, topic, offset, reason, now:
+                             None)
+
+
+def exhausted_goes_inactive() -> contextlib.AbstractContextManager[Any]:
+    """G11: a message out of pushes makes the subscription inactive (G4) even when its
+    topic's policy sends it to a dead-letter topic."""
+    def make(f: Any) -> Any:
+        def exhausted(self: ShardCore, sub: Subscription, offset: int, pushes: int,
+                      now: float) -> bool:
+            with _global_values(self, [self.topics[sub.topic]], dead_letter=lambda c: False):
+                ended: bool = f(self, sub, offset, pushes, now)
+            return ended
+        return exhausted
+    return _wrap(ShardCore, "_exhausted", make)
+
+
+def nak_delay_ignored() -> contextlib.AbstractContextManager[Any]:
+    """G11: a nak's delay is ignored: the message is pushed again at once."""
+    from flux.shard.naks import Settling
+
+    def make(f: Any) -> Any:
+        def nak(self: Any, sub: Any, topic: Any, offset: int, delay: Any, now: float,
+                exhausted: Any = None) -> None:
+            f(self, sub, topic, offset, delay, now, exhausted)
+            if isinstance(delay, (int, float)) and delay > 0:
+                sub.naks = [(now if o == offset else at, o, p, e) for at, o, p, e in sub.naks]
+                heapq.heapify(sub.naks)
+                self._schedule(sub)
+        return nak
+    return _wrap(Settling, "_nak", make)
+
+
+for _name, _bug, _rule in (
+        ("dead-letter-dropped", dead_letter_dropped, "G11/dead-letter-missing"),
+        ("dead-letter-loses-headers", dead_letter_loses_headers, "G11/dead-letter-record"),
+        ("dead-letter-left-unacked", dead_letter_left_unacked, "G11/dead-letter-pushed"),
+        ("term-ignored", term_ignored, "G11/termed-pushed"),
+        ("exhausted-goes-inactive", exhausted_goes_inactive, "G11/exhausted-not-dead-lettered"),
+        ("nak-delay-ignored", nak_delay_ignored, "G11/nak-early")):
+    PLANTED[_name] = _bug
+    EXPECT[_name] = (_rule,)
+    SCENARIO[_name] = "deadletters"

@@ -92,6 +92,17 @@ FOUND = [
     # cleanup trimmed messages whose records a full disk kept from being durable: a FETCH
     # saw a head past the end it may read
     ("disk-errors", 90, "full:shard-1@8.451+3.335"),
+    # G11. A nak on a message's last push ended the attachment before the frame's acks
+    # were applied: an ack the ACKED confirmed was dropped, and the message came again
+    ("deadletters", 50, None),
+    ("deadletters", 104, None),
+    # first pushes that carried push counts went out in offset order, not due order
+    ("deadletters", 23, None),
+    # the checker took a refused in_progress (a nak'd message waiting for its re-push)
+    # for a refused ack; and a dead-letter topic's page for a second copy of a call's
+    # message (a checker bug each)
+    ("deadletters", 7, "power:shard-0@2.166"),
+    ("deadletters", 115, None),
 ]
 
 CASES = [(scenario, seed, None) for scenario in SCENARIOS

@@ -123,6 +123,19 @@ RULES: dict[str, str] = {
     "G10/push-count": "a message's push count grows across members: no attempt number"
                       " twice",
     "G10/ack-not-held": "an ack counts only from the member holding the message",
+    # dead_letters.py: G11 (nak, term, in_progress and dead-letter topics)
+    "G11/dead-letter-record": "a dead letter carries its message's id, payload, key and"
+                              " headers, in its subscription's dead-letter topic, with an"
+                              " exhausted or term reason",
+    "G11/dead-letter-missing": "a message termed with a dead-letter policy is in the"
+                               " dead-letter topic",
+    "G11/dead-letter-pushed": "a dead-lettered message is never pushed to its subscription"
+                              " afterwards",
+    "G11/termed-pushed": "a termed message is never pushed again to its subscription",
+    "G11/exhausted-not-dead-lettered": "with a dead-letter policy, a message out of pushes"
+                                       " goes to the dead-letter topic: the session is not"
+                                       " made inactive",
+    "G11/nak-early": "a nak'd message is not pushed again before t_nak + delay",
     # bad_input.py: G8
     "G8/untyped-error": "a bad request gets an error of a class a caller can act on",
     "G8/batch-item": "each item of a PUBLISH gets its own result: valid ones stored,"
@@ -203,6 +216,7 @@ def check(history: History) -> Report:
         access,
         bad_input,
         calls,
+        dead_letters,
         delayed,
         delivery,
         durable,
@@ -228,6 +242,7 @@ def check(history: History) -> Report:
     access.check(index, report)
     delayed.check(index, report)
     shared.check(index, report)
+    dead_letters.check(index, report)
     # the same fact can break a rule more than once (e.g. one message, many sessions)
     report.violations = sorted(set(report.violations))
     return report

@@ -26,6 +26,9 @@ class _State:
     # offsets a cumulative ack does not cover: a shared subscription's pushes below one
     # delivered before (G10), which the shard acks by offset only
     late: set[int] = field(default_factory=set)
+    # offsets a nak, term or in_progress was sent for (G11): off G4's schedule; the
+    # G11 rules judge them
+    settled: set[int] = field(default_factory=set)
 
     def covered(self, through: int, sent: float) -> set[int]:
         """What ``through`` acks on the shard: offsets delivered before the ACK left
@@ -94,7 +97,9 @@ class _AcksSent:
             self.low += 1
 
     def check(self, e: h.Subscribed | h.AckConfirmed, cursor: int, inc: Incarnation,
-              report: Report) -> None:
+              report: Report, dead_letter: bool = False) -> None:
+        if dead_letter:  # an exhausted message's dead letter moves the cursor too (G11)
+            return
         report.examine("G6", "cursor-past-unacked")
         if cursor > self.low:
             what = "SUBSCRIBED" if isinstance(e, h.Subscribed) else "ACKED"
@@ -117,11 +122,12 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report,
     states: dict[int, _State] = {}
     confirmed = _Confirmed()
     acks = _AcksSent(inc.start)
+    dead_letter = index.params_for(inc.topic).dead_letter  # G11's policy
     redeliveries = 0
     for e in inc.events:
         if isinstance(e, h.Subscribed):
             if e.mode == "push":   # a pull cursor moves by COMMIT (the pull rules')
-                acks.check(e, e.cursor, inc, report)
+                acks.check(e, e.cursor, inc, report, dead_letter)
             states[e.session] = _State()
             window = index.sessions[e.session].window(index.params.max_in_flight)
             report.examine("G1", "window")
@@ -155,9 +161,14 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report,
             for o in covered:
                 st.unacked.pop(o, None)
                 st.ack_sent.setdefault(o, e.t)
+            # G11: a term counts as an ack (or a dead letter); a nak frees its window slot
+            covered |= set(e.terms)
+            for o in (*e.terms, *(n[0] for n in e.naks)):
+                st.unacked.pop(o, None)
+            st.settled.update(e.terms, e.progress, (n[0] for n in e.naks))
             acks.add(covered)
         elif isinstance(e, h.AckConfirmed):
-            acks.check(e, e.cursor, inc, report)
+            acks.check(e, e.cursor, inc, report, dead_letter)
             for o in set(e.offsets) | st.covered(e.through, e.requested):
                 confirmed.offsets.setdefault(o, []).append((e.t, e.session))
             # the shard answered the ACK some time after it was sent: a reply held up on
@@ -169,7 +180,7 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report,
                            f"{e.subscriber}: ACKED cursor {e.cursor} below the cursor {before}"
                            " confirmed before the ACK was sent")
             confirmed.cursors.append((e.t, e.session, e.cursor))
-        elif isinstance(e, h.AckRefused) and e.error == "NotDelivered" \
+        elif isinstance(e, h.AckRefused) and e.error == "NotDelivered" and not e.settle \
                 and e.offset in st.delivered and (session.end is None or e.t < session.end.t):
                 report.add("G1", "ack-refused", e.t,
                            f"{e.subscriber} acked {inc.topic}@{e.offset}, delivered to this"
@@ -206,23 +217,28 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
     if e.attempt == 1:
         if not delayed and not shared:
             report.examine("G1", "order")
-        report.examine("G1", "window")
+        if not p.dead_letter:
+            report.examine("G1", "window")
         if e.offset <= st.last_first and not delayed and not shared:
             report.add("G1", "order", e.t,
                        f"{where} first delivered after offset {st.last_first}")
         st.last_first = max(st.last_first, e.offset)
         window = session.window(p.max_in_flight)
-        if e.offset not in st.unacked and len(st.unacked) >= window:
+        # (with a dead-letter policy an exhausted message leaves the window unseen, G11)
+        if e.offset not in st.unacked and len(st.unacked) >= window and not p.dead_letter:
             report.add("G1", "window", e.t,
                        f"{where} pushed while {len(st.unacked)} delivered messages were unacked"
                        f" (max_in_flight={window})")
+    elif e.offset not in st.attempts and p.dead_letter:
+        pass  # G11: a push count carried from an earlier session (push counts that survive)
     elif not shared:
         previous = st.attempts.get(e.offset, 0)
         report.examine("G4", "attempt-numbering")
         if e.attempt != previous + 1:
             report.add("G4", "attempt-numbering", e.t,
                        f"{where} attempt {e.attempt} follows attempt {previous}")
-        if not delayed:  # first pushes in due order: a lower offset may come later
+        # first pushes in due order, or a nak's re-push: a lower offset may come later
+        if not delayed and not st.settled and not p.dead_letter:
             _check_repush_order(st, e, where, report)
     if e.attempt > 1 + p.retry_count:
         report.add("G4", "too-many-pushes", e.t,
@@ -266,6 +282,9 @@ def _check_schedule(index: Index, session: Session, st: _State, report: Report) 
     end = session.end.t if session.end is not None else index.end_at
     exhausted = False
     for offset, pushes in st.pushes.items():
+        if offset in st.settled:  # a nak, term or in_progress: G11's rules judge it
+            exhausted = exhausted or max(a for _, a in pushes) >= 1 + p.retry_count
+            continue
         t1 = next((t for t, attempt in pushes if attempt == 1), None)
         if t1 is None:
             continue
@@ -290,6 +309,8 @@ def _check_schedule(index: Index, session: Session, st: _State, report: Report) 
                 report.add("G4", "late-redelivery", t,
                            f"{where} attempt {attempt} at {t:.3f}, due at {due:.3f}")
         last = max(attempt for _, attempt in pushes)
+        if last >= 1 + p.retry_count and p.dead_letter:
+            continue  # dead-lettered, the session goes on (G11: the dead-letter rules)
         if last >= 1 + p.retry_count:
             exhausted = True  # pushed 1 + retry_count times: the shard may deactivate
             due = t1 + p.retry_count * period + p.timeout

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ class Params:
     heartbeat: float
     max_in_flight: int = 1000
     latency: float = 0.1
+    dead_letter: bool = False   # the topic's dead-letter policy (G11)
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> Params:
@@ -51,7 +53,8 @@ class Params:
                    timeout=s.get("timeout", 30.0), subscriber_cleanup=s.get("cleanup_time", 10.0),
                    inactive_time=s.get("inactive_time", 300.0), heartbeat=s.get("heartbeat", 5.0),
                    max_in_flight=s.get("max_in_flight", 1000),
-                   latency=meta.get("latency_bound", 0.1))
+                   latency=meta.get("latency_bound", 0.1),
+                   dead_letter=bool((config.get("dead_letter") or {}).get("enabled", False)))
 
     @property
     def period(self) -> float:
@@ -63,14 +66,15 @@ class Params:
         return TopicSettings(match=None, ttl=self.ttl, dedup_window=self.dedup_window,
                              max_bytes=0, retry_count=self.retry_count,
                              retry_interval=self.retry_interval, timeout=self.timeout,
-                             inactive_time=self.inactive_time)
+                             inactive_time=self.inactive_time, dead_letter=self.dead_letter)
 
     def with_settings(self, settings: TopicSettings) -> Params:
         """These params with a topic's settings in place of the global values."""
         return dataclasses.replace(
             self, ttl=settings.ttl, dedup_window=settings.dedup_window,
             retry_count=settings.retry_count, retry_interval=settings.retry_interval,
-            timeout=settings.timeout, inactive_time=settings.inactive_time)
+            timeout=settings.timeout, inactive_time=settings.inactive_time,
+            dead_letter=settings.dead_letter)
 
 
 def topic_policies(meta: dict[str, Any], base: TopicSettings
@@ -82,7 +86,10 @@ def topic_policies(meta: dict[str, Any], base: TopicSettings
     if not raw:
         return ()
     try:
-        policies = config_mod.from_dict({"topics": raw}).topics
+        # (with the storage section: a policy of disk storage needs the data directory)
+        storage = meta.get("config", {}).get("storage") or {}
+        policies = config_mod.from_dict(
+            {"topics": raw, "storage": {"dir": storage.get("dir") or "/data"}}).topics
     except ConfigError:
         return ()
     return tuple((policy.tokens, _by_storage(meta, policy.apply(base), policy))
@@ -303,6 +310,55 @@ class Index:
         return params
 
     @functools.cached_property
+    def dead_letters(self) -> dict[tuple[str, int, str], dict[int, DeadLetter]]:
+        """Every dead letter a FETCH of a dead-letter topic showed (G11), by (source topic,
+        source generation, subscription) and source offset: the first sighting."""
+        found: dict[tuple[str, int, str], dict[int, DeadLetter]] = {}
+        epoch = float(self.history.meta.get("epoch", 0.0))
+        for e in self.history:
+            if not isinstance(e, h.Fetched) or "~" not in e.topic or not e.metas:
+                continue
+            for i, (message_id, meta) in enumerate(zip(e.ids, e.metas, strict=False)):
+                letter = DeadLetter.read(e, i, message_id, meta, epoch)
+                if letter is not None:
+                    found.setdefault(letter.key, {}).setdefault(letter.offset, letter)
+        return found
+
+    @functools.cached_property
+    def terms(self) -> dict[tuple[str, int, str | None], dict[int, float]]:
+        """When a term of each offset was first sent, by subscription incarnation key."""
+        sent: dict[tuple[str, int, str | None], dict[int, float]] = {}
+        for inc in self.incarnations:
+            for e in inc.events:
+                if isinstance(e, h.AckSent) and e.terms:
+                    for o in e.terms:
+                        sent.setdefault(inc.key, {}).setdefault(o, e.t)
+        return sent
+
+    def settled(self, inc: Incarnation) -> dict[int, float]:
+        """Offsets of ``inc`` the shard may count acked without an ack (G11): those a term
+        was sent for (from its sending) and dead letters seen (from when written)."""
+        out = dict(self.terms.get(inc.key, {}))
+        if self.params_for(inc.topic).dead_letter and self._dead_letters_may_be_lost(inc):
+            # a dead letter no reader saw may be gone: any message delivered may be one
+            for e in inc.events:
+                if isinstance(e, h.Delivered) and e.offset not in out:
+                    out[e.offset] = e.t
+        if inc.name is not None:
+            for o, letter in self.dead_letters.get((inc.topic, inc.generation, inc.name),
+                                                   {}).items():
+                if o not in out or letter.at < out[o]:
+                    out[o] = letter.at
+        return out
+
+    def _dead_letters_may_be_lost(self, inc: Incarnation) -> bool:
+        """Whether a storage fault (power, flipped bits, I/O errors) hit the machine of
+        ``inc``'s shard: its dead-letter topic may have lost dead letters (G9)."""
+        hosts = {f"shard-{s.sub.shard}" for s in inc.sessions}
+        return any(d.fault in ("power", "flip", "eio") and hosts & set(d.hosts)
+                   for d in self.disturbances)
+
+    @functools.cached_property
     def commits(self) -> dict[tuple[str, str], list[tuple[float, int | None, int]]]:
         """Every COMMIT sent, by (topic, pull subscription name): (when, generation, offset)."""
         commits: dict[tuple[str, str], list[tuple[float, int | None, int]]] = {}
@@ -335,6 +391,45 @@ class Index:
                     and any(host in d.hosts for host in hosts):
                 return False
         return True
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead letter as a FETCH of its dead-letter topic showed it (G11)."""
+
+    topic: str              # the source topic
+    generation: int         # the source topic's generation
+    subscription: str
+    offset: int             # in the source topic
+    id: str
+    payload: str            # payload_key
+    reason: str
+    pushes: int
+    at: float               # when it was dead-lettered (simulated time, from flux-time)
+    seen: float             # when the FETCHED showing it arrived
+    dead_letter_topic: str
+    meta: str | None        # meta_key of its key and headers, the reserved ones left out
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.topic, self.generation, self.subscription)
+
+    @classmethod
+    def read(cls, e: h.Fetched, i: int, message_id: str, meta: str | None,
+             epoch: float) -> DeadLetter | None:
+        if meta is None:
+            return None
+        try:
+            key, headers = json.loads(meta)
+            letter = cls(headers["flux-topic"], int(headers["flux-generation"]),
+                         headers["flux-subscription"], int(headers["flux-offset"]), message_id,
+                         e.payloads[i] if i < len(e.payloads) else "", headers["flux-reason"],
+                         int(headers["flux-pushes"]), float(headers["flux-time"]) - epoch, e.t,
+                         e.topic, h.meta_key(key, {k: v for k, v in headers.items()
+                                                   if not k.startswith("flux-")}))
+        except (ValueError, KeyError, TypeError):
+            return None
+        return letter
 
 
 def _hosts(target: str) -> tuple[str, ...]:

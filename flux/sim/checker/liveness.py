@@ -171,7 +171,7 @@ def _check_left_unacked(index: Index, session: Session, acked: dict[int, str],
     inc = session.incarnation
     if index.heal_at + SETTLE > index.end_at:
         return
-    sent = _ack_times(inc, index.commits)
+    sent = _ack_times(inc, index.commits, index.settled(inc))
     due = [o for o, message_id in acked.items() if o >= inc.start
            and acked_at.get((inc.topic, message_id), index.end_at) <= index.end_at - SETTLE]
     report.examine("G4", "left-unacked", len(due))

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from itertools import pairwise
 
+from flux.hashing import dead_letter_source
 from flux.sim import history as h
 from flux.sim.checker import Report
 from flux.sim.checker.index import Index
@@ -150,13 +151,15 @@ def _check_page(e: h.Fetched, ids: dict[tuple[str, int, int], str],
         report.add("G1", "fetch-next", e.t,
                    f"{where} says next={e.next}, but offset {min(late)} was acked before the"
                    " FETCH was sent")
+    # a dead-letter topic holds messages published to its source topic (G11)
+    published_to = dead_letter_source(e.topic) or e.topic
     for offset, message_id in zip(page, e.ids, strict=False):
         known = ids.setdefault((e.topic, e.generation, offset), message_id)
         if known != message_id:
             report.add("G1", "fetch-id", e.t,
                        f"{where} read {e.topic}@{offset} as {message_id!r}; it holds"
                        f" {known!r} (generation {e.generation:#x})")
-        if (e.topic, message_id) not in attempted:
+        if (published_to, message_id) not in attempted:
             report.add("G2", "fetch-unexpected", e.t,
                        f"{where} read {e.topic}@{offset} id={message_id!r}, never published")
 

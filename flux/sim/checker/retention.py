@@ -23,12 +23,15 @@ def check(index: Index, report: Report) -> None:
 
 
 def _ack_times(inc: Incarnation,
-               commits: dict[tuple[str, str], list[tuple[float, int | None, int]]]) -> dict[int, float]:
+               commits: dict[tuple[str, str], list[tuple[float, int | None, int]]],
+               settled: dict[int, float] | None = None) -> dict[int, float]:
     """When an ack covering each offset was first sent by any session of ``inc``, or a
     COMMIT past it (pull) named it: any COMMIT of its name and generation (or of no
-    stated generation), even one sent to an earlier incarnation, which may arrive late."""
+    stated generation), even one sent to an earlier incarnation, which may arrive late.
+    ``settled``: offsets the shard counts acked without an ack (G11: a term sent, a
+    dead letter written), from when."""
     delivered: dict[int, set[int]] = {}
-    acked: dict[int, float] = {}
+    acked: dict[int, float] = dict(settled or {})
     if inc.name is not None:
         through = 0   # every offset below it is committed from the time of the commit
         for t, generation, offset in commits.get((inc.topic, inc.name), ()):
@@ -42,7 +45,8 @@ def _ack_times(inc: Incarnation,
         elif isinstance(e, h.AckSent):
             mine = delivered.get(e.session, set())
             for o in set(e.offsets) | {o for o in mine if o <= e.through}:
-                acked.setdefault(o, e.t)
+                if o not in acked or e.t < acked[o]:
+                    acked[o] = e.t
     return acked
 
 
@@ -177,7 +181,7 @@ def _unacked_holders(index: Index, incarnations: list[Incarnation], offset: int,
             continue
         report.examine("G5", rule)
         if id(inc) not in ack_times:
-            ack_times[id(inc)] = _ack_times(inc, index.commits)
+            ack_times[id(inc)] = _ack_times(inc, index.commits, index.settled(inc))
         sent = ack_times[id(inc)].get(offset)
         if sent is None or sent > t:
             unacked.append(inc)
