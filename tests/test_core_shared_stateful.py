@@ -86,8 +86,8 @@ class SharedPool(RuleBasedStateMachine):
                 assert offset > self.first_pushed.get(key, -1), (key, offset, "key order")
                 self.first_pushed[key] = offset
             self.counts[offset] = attempt
-            if offset <= member.top or offset in member.held:
-                member.late.add(offset)
+            if offset <= member.top and offset not in member.held:
+                member.late.add(offset)  # (a re-push to its holder is not late)
             member.top = max(member.top, offset)
             if offset not in member.held and attempt == 1:
                 member.credit -= 1

@@ -21,11 +21,11 @@ and, with ``key_ordered``, the member each key is pinned to.
   holds none of them unacked. A key's first pushes go in offset
   order: one that cannot go now (its member's window is full) waits in the key's
   queue, and later ones of that key queue behind it instead of overtaking it.
-- A member's pushes below the highest it was pushed before (hand-offs, re-pushes,
-  a key's queued messages) are *late*: a cumulative ack never covers them, since
-  the client may not have seen them when it sent it; they are acked by offset,
-  as the client library does for every offset delivered out of order (and every
-  re-push).
+- A member's pushes of an offset below the highest it was pushed before (hand-offs,
+  a nak'd message back, a key's queued messages) are *late*: a cumulative ack never
+  covers them, since the client may not have seen them when it sent it; they are
+  acked by offset, as the client library does for every offset delivered below one
+  it had. A re-push after an ack timeout is not late: the member had the message.
 """
 
 from __future__ import annotations
@@ -575,8 +575,7 @@ class Sharing(Delivery):
         for at, offset, count in sorted(due, key=lambda e: (e[0], e[1])):
             if not log.holds(offset):
                 continue
-            m.in_flight[offset] = count + 1
-            m.late.add(offset)
+            m.in_flight[offset] = count + 1  # (not late: the member has seen it before)
             self._await_ack(session, m, at + timeout, [offset], count + 1)
             self._count_pushes(topic, sub, [offset], count + 1)
             by_count.setdefault(count + 1, []).append(offset)

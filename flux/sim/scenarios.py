@@ -412,10 +412,12 @@ def _group(rng: random.Random, first: int, topic: str, name: str,
            key_ordered: bool) -> list[SubscriberSpec]:
     """1-5 members of the shared subscription ``name`` on ``topic``, each on its own
     host with its own window, behaving as workers do: ack, ack slowly, stall on a job,
-    crash (no unsubscribe), leave and come back, or ack what another member holds."""
+    crash (no unsubscribe), leave and come back, ack what another member holds, or nak,
+    term and hold in progress (G11)."""
     members = []
     for k in range(rng.randint(1, 5)):
-        behaviour = rng.choice(("ack", "ack", "slow", "stall", "flaky", "unsub", "meddle"))
+        behaviour = rng.choice(("ack", "ack", "slow", "stall", "flaky", "unsub", "meddle",
+                                "worker"))
         spec = SubscriberSpec(name=f"w{first + k}", topic=topic, sub_name=name,
                               behaviour=behaviour, live=True, shared=True,
                               key_ordered=key_ordered,
@@ -437,7 +439,13 @@ def shared(rng: random.Random) -> Workload:
         s for s in w.subscribers if s.behaviour in ("ack", "slow", "flaky", "puller")][:2]
     for i, topic in enumerate(w.topics):
         subscribers += _group(rng, 10 * i, topic, f"pool{i}", key_ordered=rng.random() < 0.5)
-    return replace(w, scenario="shared", producers=producers, subscribers=tuple(subscribers))
+    config = dict(w.config)
+    readers: tuple[str, ...] = ()
+    if rng.random() < 0.5:  # exhausted and termed messages go to dead-letter topics (G11),
+        config["dead_letter"] = {"enabled": True}  # which a reader reads back
+        readers = ("d0",)
+    return replace(w, scenario="shared", config=config, producers=producers,
+                   subscribers=tuple(subscribers), dead_letter_readers=readers)
 
 
 def dead_letters(rng: random.Random) -> Workload:

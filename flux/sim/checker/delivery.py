@@ -26,6 +26,7 @@ class _State:
     # offsets a cumulative ack does not cover: a shared subscription's pushes below one
     # delivered before (G10), which the shard acks by offset only
     late: set[int] = field(default_factory=set)
+    naked: set[int] = field(default_factory=set)   # nak'd and not delivered again since
     # offsets a nak, term or in_progress was sent for (G11): off G4's schedule; the
     # G11 rules judge them
     settled: set[int] = field(default_factory=set)
@@ -158,13 +159,17 @@ def _check_incarnation(index: Index, inc: Incarnation, report: Report,
             _delivered(index, inc, session, st, e, confirmed, report, delayed)
         elif isinstance(e, h.AckSent):
             covered = set(e.offsets) | {o for o in st.delivered if o <= e.through}
+            # what the shard surely takes as acked: a shared subscription's late pushes
+            # are acked by offset only (G10), so a cumulative ack may leave them
+            for o in set(e.offsets) | st.covered(e.through, e.t):
+                st.ack_sent.setdefault(o, e.t)
             for o in covered:
                 st.unacked.pop(o, None)
-                st.ack_sent.setdefault(o, e.t)
             # G11: a term counts as an ack (or a dead letter); a nak frees its window slot
             covered |= set(e.terms)
             for o in (*e.terms, *(n[0] for n in e.naks)):
                 st.unacked.pop(o, None)
+            st.naked.update(n[0] for n in e.naks)
             st.settled.update(e.terms, e.progress, (n[0] for n in e.naks))
             acks.add(covered)
         elif isinstance(e, h.AckConfirmed):
@@ -244,8 +249,11 @@ def _delivered(index: Index, inc: Incarnation, session: Session, st: _State, e: 
         report.add("G4", "too-many-pushes", e.t,
                    f"{where} pushed {e.attempt} times (retry_count={p.retry_count})")
     st.attempts[e.offset] = e.attempt
-    if shared and e.offset <= st.top:
+    # late (G10): below what was delivered before, and new to the session or back after
+    # its nak; a re-push after an ack timeout is not (the member had it)
+    if shared and e.offset <= st.top and (e.offset not in st.delivered or e.offset in st.naked):
         st.late.add(e.offset)
+    st.naked.discard(e.offset)
     st.top = max(st.top, e.offset)
     st.delivered.add(e.offset)
     if e.offset not in st.ack_sent:

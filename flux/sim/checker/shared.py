@@ -80,7 +80,9 @@ def _check_group(index: Index, inc: Incarnation, report: Report, delayed: bool) 
             member.holdings.append(holding)
             member.delivered.add(e.offset)
         elif isinstance(e, h.AckSent):
-            covered = set(e.offsets) | {o for o in member.open if o <= e.through}
+            # an ack, a nak or a term lets a message go (in_progress keeps it, G11)
+            covered = set(e.offsets) | {o for o in member.open if o <= e.through} \
+                | {o for o, _ in e.naks} | set(e.terms)
             member.acked |= covered
             for offset in covered:
                 acked_by.setdefault(offset, []).append((e.t, e.session))
