@@ -21,7 +21,7 @@ from typing import Any
 from chaos.faults import FaultRecord
 from chaos.runner import RunOutput
 from flux import config as config_mod
-from flux.hashing import shard_for
+from flux.hashing import dead_letter_source, shard_for
 from flux.sim import checker
 from flux.sim import history as h
 
@@ -67,8 +67,8 @@ def merge(out: RunOutput) -> h.History:
     producers = [w for w in out.workers if w.role == "producer"]
     subscribers = [w for w in out.workers if w.role in ("subscriber", "member", "puller")]
     overrides = list(s.settings)
-    if out.data_dir is not None:
-        overrides += s.storage_overrides(out.data_dir)
+    pool = next((w.topics[0] for w in out.workers if w.pool is not None), None)
+    overrides += s.storage_overrides(out.data_dir, pool)
     config = config_mod.load(overrides=overrides, shards=3, port=0)
     meta: dict[str, Any] = {
         "source": "chaos", "seed": s.seed, "config": config.to_dict(), "oracle": False,
@@ -138,6 +138,7 @@ class Tally:
     lost_explained: int = 0       # missed by a subscriber; its generation ended by a crash (G7)
     lost_by_all: int = 0          # ... of which messages no subscriber got at all
     lost_unexplained: int = 0     # missed by a subscriber, no crash to blame (G2 lost)
+    dead_letters: int = 0         # distinct messages read back from dead-letter topics (G11)
     faults: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
     recovery: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -186,8 +187,11 @@ def tally(out: RunOutput, history: h.History, report: checker.Report) -> Tally:
     acked: set[tuple[str, str]] = set()
     stored: dict[tuple[str, str], set[int]] = {}
     consumed: dict[tuple[str, str, str], int] = {}
+    dead: set[tuple[str, str]] = set()
     for e in history:
-        if isinstance(e, h.PublishAttempted):
+        if isinstance(e, h.Fetched) and dead_letter_source(e.topic) is not None:
+            dead.update((e.topic, i) for i in e.ids)
+        elif isinstance(e, h.PublishAttempted):
             attempted.add((e.topic, e.id))
         elif isinstance(e, h.PublishAcked):
             acked.add((e.topic, e.id))
@@ -196,6 +200,7 @@ def tally(out: RunOutput, history: h.History, report: checker.Report) -> Tally:
             key = (e.subscriber, e.topic, e.id)
             consumed[key] = consumed.get(key, 0) + 1
     t.published, t.acked = len(attempted), len(acked)
+    t.dead_letters = len(dead)
     t.delivered = len({(topic, mid) for _, topic, mid in consumed})
     t.deliveries = sum(consumed.values())
     t.duplicated = sum(n - 1 for n in consumed.values())

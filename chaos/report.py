@@ -45,7 +45,8 @@ def as_json(out: RunOutput, t: Tally, report: checker.Report, wall: float, ok: b
                      "stored_in_two_generations": t.stored_again,
                      "lost_explained_by_crash": t.lost_explained,
                      "lost_by_every_subscriber": t.lost_by_all,
-                     "lost_unexplained": t.lost_unexplained},
+                     "lost_unexplained": t.lost_unexplained,
+                     "dead_lettered": t.dead_letters},
         "storage": {"mode": s.storage, "fsync": None if s.storage == "memory" else s.fsync,
                     "data_dir": None if out.data_dir is None else str(out.data_dir),
                     "data_kept": out.data_dir is not None and s.keep_data,
@@ -129,6 +130,7 @@ def show(console: Console, data: dict[str, Any]) -> None:
     console.print(f"{verdict}[/] seed={data['seed']} faults={data['faults']['injected']}"
                   f" published={m['published']} acked={m['acked']}"
                   f" lost(unexplained)={m['lost_unexplained']}{per_kind}"
+                  f" dead-letters={m['dead_lettered']}"
                   f" wall={data['wall_seconds']}s", highlight=False)
 
 

@@ -8,6 +8,7 @@ report are :mod:`chaos.accounting` and :mod:`chaos.report`; this module only run
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -29,7 +30,7 @@ from chaos.schedule import PlannedFault, draw_schedule
 from chaos.settings import DISK_PREFIX, MEMORY_PREFIX, SHARDS, ChaosSettings
 from chaos.worker import WorkerSpec, asyncio_available
 from flux.client.tls import client_context
-from flux.hashing import shard_for
+from flux.hashing import dead_letter_topic, shard_for
 from flux.sim import history as h
 from flux.tls import throwaway_pki
 
@@ -99,6 +100,11 @@ def pick_topics(count: int, shards: int, storage: str = "memory") -> dict[str, s
     return chosen
 
 
+def pool_topic(s: ChaosSettings, topics: list[str]) -> str | None:
+    """The topic the worker pool shares (it has a dead-letter policy), if there is a pool."""
+    return topics[0] if s.pool and topics else None
+
+
 def worker_specs(s: ChaosSettings, url: str, topics: list[str], workdir: Path) -> list[WorkerSpec]:
     specs: list[WorkerSpec] = []
     flavours = [f for f in s.flavours if f != "asyncio" or asyncio_available()] or ["trio"]
@@ -126,6 +132,12 @@ def worker_specs(s: ChaosSettings, url: str, topics: list[str], workdir: Path) -
             url=url, topics=(topics[0],), seed=s.seed, out=str(workdir / f"{name}.jsonl"),
             request_timeout=s.request_timeout, retry_deadline=s.retry_deadline,
             max_in_flight=4, slow_ack=s.slow_ack, slow_ack_max=2.5, pool="pool"))
+    pool = pool_topic(s, topics)
+    if pool is not None:  # every push subscription of the pool's topic dead-letters (G11)
+        dead = tuple(dead_letter_topic(pool, w.subscription(pool)) for w in specs
+                     if w.role in ("subscriber", "member") and pool in w.topics)
+        first = next(i for i, w in enumerate(specs) if w.role == "member")
+        specs[first] = dataclasses.replace(specs[first], read_dead=tuple(dict.fromkeys(dead)))
     for i in range(s.pullers):
         name = f"pull-{i}"
         specs.append(WorkerSpec(
@@ -217,7 +229,7 @@ async def run(s: ChaosSettings, workdir: Path, say: Any = print) -> RunOutput:
     cluster = Cluster(group, workdir, port=router_port, shard_ports=shard_ports,
                       proxy_ports=proxy_ports, settings=[*s.settings, *tls_settings],
                       plant=s.plant, tls=tls_context,
-                      extra_args=[] if data_dir is None else s.serve_args(data_dir))
+                      extra_args=s.serve_args(data_dir, pool_topic(s, topics)))
     proxies = [ShardProxy(i, proxy_ports[i], shard_ports[i]) for i in range(SHARDS)]
     executor: FaultExecutor | None = None
     worker_crashes: list[str] = []

@@ -76,23 +76,38 @@ class ChaosSettings:
         """``--set`` items for ``flux serve`` (defaults, then the user's)."""
         return [*self.broker_settings, *self.extra_settings]
 
-    def storage_overrides(self, data_dir: Path) -> list[str]:
+    def storage_overrides(self, data_dir: Path | None, pool_topic: str | None = None
+                          ) -> list[str]:
         """``--set`` items that give the broker this run's storage, in ``data_dir``
-        (``flux serve --data-dir DIR`` is ``storage.dir=DIR`` plus ``storage.kind=disk``)."""
-        if self.storage == "memory":
-            return []
-        items = [f"storage.dir={data_dir}", f"storage.fsync={self.fsync}"]
-        if self.storage == "disk":
-            return [*items, "storage.kind=disk"]
-        policy = [{"match": f"{DISK_PREFIX}.>", "storage": "disk"}]
-        return [*items, f"topics={json.dumps(policy)}"]
+        (``flux serve --data-dir DIR`` is ``storage.dir=DIR`` plus ``storage.kind=disk``),
+        and the worker pool's topic its dead-letter policy (G11)."""
+        policies: list[dict[str, object]] = []
+        if pool_topic is not None:
+            pool: dict[str, object] = {"match": pool_topic, "dead_letter": True}
+            if self.storage == "mixed" and pool_topic.startswith(DISK_PREFIX + "."):
+                pool["storage"] = "disk"  # (first match wins: it keeps its storage)
+            policies.append(pool)
+        items: list[str] = []
+        if self.storage != "memory" and data_dir is not None:
+            items = [f"storage.dir={data_dir}", f"storage.fsync={self.fsync}"]
+            if self.storage == "disk":
+                items.append("storage.kind=disk")
+            else:
+                policies.append({"match": f"{DISK_PREFIX}.>", "storage": "disk"})
+        if policies:
+            items.append(f"topics={json.dumps(policies)}")
+        return items
 
-    def serve_args(self, data_dir: Path) -> list[str]:
+    def serve_args(self, data_dir: Path | None, pool_topic: str | None = None) -> list[str]:
         """Arguments of ``flux serve`` for this run's storage: ``--data-dir`` when every
         topic is on disk (as a user would start it), else the overrides."""
-        if self.storage == "disk":
-            return ["--data-dir", str(data_dir), "--set", f"storage.fsync={self.fsync}"]
-        return [arg for item in self.storage_overrides(data_dir) for arg in ("--set", item)]
+        if self.storage == "disk" and data_dir is not None:
+            policy = [item for item in self.storage_overrides(data_dir, pool_topic)
+                      if item.startswith("topics=")]
+            return ["--data-dir", str(data_dir), "--set", f"storage.fsync={self.fsync}",
+                    *(arg for item in policy for arg in ("--set", item))]
+        return [arg for item in self.storage_overrides(data_dir, pool_topic)
+                for arg in ("--set", item)]
 
     def replace(self, **changes: object) -> ChaosSettings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ faults happen is not its business.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -68,6 +69,7 @@ class WorkerSpec:
                                     # session, so they use all their pushes (G4: inactive)
     page: int = 50                  # puller: most messages per FETCH
     pool: str | None = None         # member: the shared, key-ordered subscription (G10)
+    read_dead: tuple[str, ...] = () # dead-letter topics it reads back (G11)
 
     def subscription(self, topic: str) -> str:
         return self.pool if self.pool is not None else f"{self.name}-{topic}"
@@ -144,6 +146,8 @@ class Worker:
 
     async def _work(self, client: Any) -> None:
         async with anyio.create_task_group() as tg:
+            if self.spec.read_dead:
+                tg.start_soon(self._read_dead_letters, client)
             for topic in self.spec.topics:
                 if self.spec.role == "producer":
                     tg.start_soon(self._produce, client, topic)
@@ -224,7 +228,9 @@ class Worker:
                                                 msg.generation, msg.offset, msg.id, msg.attempt))
                         self.consumed += 1
                         faulting = not self.healed.is_set()
-                        if faulting and (msg.id in withheld or (
+                        if faulting and spec.pool is not None and rng.random() < 0.01:
+                            await msg.term("chaos: a job that cannot be done")  # (G11)
+                        elif faulting and (msg.id in withheld or (
                                 msg.id not in done and rng.random() < spec.withhold)):
                             withheld.add(msg.id)
                         elif faulting and rng.random() < spec.slow_ack:
@@ -236,6 +242,16 @@ class Worker:
                 done |= withheld
                 withheld.clear()
                 await anyio.sleep(rng.uniform(0.05, 0.5))
+
+    async def _read_dead_letters(self, client: Any) -> None:
+        """Read the dead-letter topics of the pool's topic back whole every few seconds
+        (the tap records the pages: the checker finds each dead letter there, the report
+        counts them)."""
+        while True:
+            await anyio.sleep(3.0)
+            for name in self.spec.read_dead:
+                with contextlib.suppress(*RETRYABLE, errors.TopicReset, errors.OffsetOutOfRange):
+                    await client.fetch(name, 0, 10_000)
 
     # -- pull reading ------------------------------------------------------------------
 
