@@ -314,9 +314,11 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         if journal is not None:
             journal.writer.snapshot = lambda: self._snapshot(topic)
             self._back(topic)
-        for offset, due in topic.delayed.items():  # delayed messages survive restarts (G12)
-            if due > now:
-                heapq.heappush(self._delays, (due, offset, topic.name))
+        for run in topic.delayed.runs():  # delayed messages survive restarts (G12)
+            run.fire(now)  # those due by now are pushed as soon as a session attaches
+            due = run.next_due()
+            if due is not None:
+                heapq.heappush(self._delays, (due, next(self._timer_seq), run))
         self._recount(topic)
 
     def storage_progress(self, journal: TopicJournal, now: float) -> None:

@@ -2,9 +2,11 @@
 
 A publish may ask for ``delay`` (seconds) or ``deliver_at`` (wall time): the
 message is stored and acked at once, and first pushed to no subscription before
-it is due. The shard keeps the delayed messages not yet due in one heap keyed by
-due time (``ShardState._delays``), woken through ``next_deadline`` like every
-other timer; firing one looks at that message alone. A subscription's first
+it is due. Each topic indexes its delayed messages per stored run
+(:mod:`flux.shard.due_index`, a few bytes a message); the shard's timer heap
+(``ShardState._delays``) holds one entry per run with messages not yet due, keyed
+by the earliest, woken through ``next_deadline`` like every other timer; firing
+looks at the messages due alone. A subscription's first
 pushes go in (due time, offset) order, an undelayed message being due when
 stored: the undelayed ones come from its offset cursor (``next_push``), skipping
 delayed offsets, and the due delayed ones from its own small heap, merged by wall
@@ -15,11 +17,12 @@ shard used). Cleanup holds a delayed message until ``ttl`` after it is due.
 from __future__ import annotations
 
 import heapq
-import math
+from array import array
 from typing import Any
 
 from flux import errors
 from flux.message_meta import Meta, check_delay, check_headers, check_key, check_time
+from flux.shard.due_index import DueRun, TopicDelays
 from flux.shard.state import ShardState, Topic
 from flux.shard.subscription import Subscription
 
@@ -95,25 +98,25 @@ def record_meta(meta: Meta | None, epoch: float) -> dict[str, Any] | None:
     if meta.headers is not None:
         out["headers"] = list(meta.headers)
     if meta.dues is not None:
-        out["due"] = [None if d is None else epoch + d for d in meta.dues]
+        out["due"] = [None if d != d else epoch + d for d in meta.dues]  # NaN: not delayed
     return out
 
 
 class Delays(ShardState):
     """The delayed messages of every topic: holding, firing, ordering, cleanup limits."""
 
-    def _hold_delayed(self, topic: Topic, first: int, dues: tuple[float | None, ...]) -> None:
-        """Messages from offset ``first`` were stored with these due times: index those
-        not due yet (``now`` is the store time, so every given due is in the future)."""
-        name, delayed, heap = topic.name, topic.delayed, self._delays
-        for i, due in enumerate(dues):
-            if due is not None:
-                delayed[first + i] = due
-                heapq.heappush(heap, (due, first + i, name))
+    def _hold_delayed(self, topic: Topic, first: int, dues: array[float]) -> None:
+        """Messages from offset ``first`` were stored with these due times (NaN: none):
+        index those not due yet (``now`` is the store time, so every given due is in the
+        future) and put their run on the shard's timer heap."""
+        run = DueRun(topic.name, first, dues)
+        if run.order:
+            topic.delayed.add(run)
+            heapq.heappush(self._delays, (run.dues[run.order[0]], next(self._timer_seq), run))
 
     def _due_of(self, topic: Topic, offset: int) -> float | None:
         """The wall due time of a held delayed message at ``offset`` (None otherwise)."""
-        due = topic.delayed.get(offset)
+        due = topic.delayed.due_of(offset)
         return None if due is None else self.epoch + due
 
     def _fire_delays(self, now: float) -> None:
@@ -123,48 +126,57 @@ class Delays(ShardState):
         heap = self._delays
         topics, epoch, dirty = self.topics, self.epoch, self._dirty
         while heap and heap[0][0] <= now:
-            due, offset, name = heapq.heappop(heap)
-            topic = topics.get(name)
-            if topic is None or topic.delayed.get(offset) != due:
+            run = heapq.heappop(heap)[2]
+            topic = topics.get(run.topic)
+            if topic is None or topic.delayed.run_of(run.first) is not run:
                 continue  # trimmed, or the topic is gone
-            entry = (epoch + due, offset)
-            for sub in topic.subs.values():
-                if sub.session is not None and _wants(sub, offset):
-                    heapq.heappush(sub.due_heap, entry)
-                    dirty[id(sub)] = sub
+            fired = run.fire(now)
+            due = run.next_due()
+            if due is not None:
+                heapq.heappush(heap, (due, next(self._timer_seq), run))
+            subs = [sub for sub in topic.subs.values() if sub.session is not None]
+            if not subs:
+                continue
+            first, dues, log = run.first, run.dues, topic.log
+            for i in fired:
+                offset = first + i
+                if not log.holds(offset):
+                    continue
+                entry = (epoch + dues[i], offset)
+                for sub in subs:
+                    if _wants(sub, offset):
+                        heapq.heappush(sub.due_heap, entry)
+                        dirty[id(sub)] = sub
 
     def _attach_delays(self, topic: Topic, sub: Subscription, now: float) -> None:
         """A session attached: the delayed messages due already that it has still to
         push go to its due heap (those not due join when they are)."""
-        sub.delayed = topic.delayed
-        if not topic.delayed:
+        sub.delayed = delayed = topic.delayed
+        if not delayed:
             return
-        epoch = self.epoch
-        sub.due_heap = [(epoch + due, o) for o, due in topic.delayed.items()
-                        if due <= now and _wants(sub, o)]
-        heapq.heapify(sub.due_heap)
+        epoch, log = self.epoch, topic.log
+        heap: list[tuple[float, int]] = []
+        for run in delayed.runs(max(sub.cursor, sub.attached_from)):
+            first, dues = run.first, run.dues
+            for i in run.order[:run.fired]:
+                o = first + i
+                if _wants(sub, o) and log.holds(o):
+                    heap.append((epoch + dues[i], o))
+        heapq.heapify(heap)
+        sub.due_heap = heap
 
     def _delay_hold(self, topic: Topic, now: float) -> int | None:
         """The lowest offset cleanup must keep for delayed messages: the first held one
         not due for ``ttl`` yet (G12: held until at least ``ttl`` after it is due); None
         when no delayed message holds anything. Forgets trimmed ones on the way."""
-        delayed = topic.delayed
-        if not delayed:
-            return None
-        limit = now - topic.settings.ttl
         self._forget_gone(topic)
-        for o, due in delayed.items():
-            if due > limit:
-                return o
-        return None
+        return topic.delayed.hold(topic.log.lowest, now - topic.settings.ttl)
 
-    def _delay_keep(self, topic: Topic, now: float) -> dict[int, float]:
-        """The delayed messages of a memory topic that cleanup must keep out of line if it
-        trims past them: those not ``ttl`` past their due time (forgets trimmed ones)."""
-        limit = now - topic.settings.ttl
+    def _delay_keep(self, topic: Topic, now: float) -> KeepDelayed:
+        """What cleanup of a memory topic must keep out of line if it trims past it: the
+        delayed messages not ``ttl`` past their due time (forgets trimmed ones)."""
         self._forget_gone(topic)
-        oldest = topic.log.oldest
-        return {o: due for o, due in topic.delayed.items() if o >= oldest and due > limit}
+        return KeepDelayed(topic.delayed, now - topic.settings.ttl)
 
     def _release_kept(self, topic: Topic, now: float) -> None:
         """Delete the kept delayed messages now ``ttl`` past their due time and acked by
@@ -172,28 +184,30 @@ class Delays(ShardState):
         log, delayed = topic.log, topic.delayed
         below = min((sub.cursor for sub in topic.subs.values()), default=log.next_offset)
         limit = now - topic.settings.ttl
-        gone = log.release(lambda o: o < below and delayed.get(o, -math.inf) <= limit)
+
+        def done(o: int) -> bool:
+            if o >= below:
+                return False
+            due = delayed.due_of(o)
+            return due is None or due <= limit
+
+        gone = log.release(done)
         for o in gone:
-            delayed.pop(o, None)
             self.counters["trimmed"] += 1
             self._emit("trimmed", topic.name, o, 1)
         if gone:
+            self._forget_gone(topic)
             self._recount(topic)
 
     def _forget_gone(self, topic: Topic) -> None:
-        """Forget the delayed offsets no longer held (a prefix, in offset order)."""
-        delayed, log = topic.delayed, topic.log
-        lowest, oldest = log.lowest, log.oldest
-        for o in [o for o in delayed if o < oldest]:
-            if o < lowest or log.get(o) is None:
-                del delayed[o]
+        """Forget the runs of delayed messages no longer held (below the lowest offset)."""
+        topic.delayed.forget_below(topic.log.lowest)
 
     def _pending_of(self, topic: Topic, sub: Subscription, now: float) -> int:
         """Delayed messages not due yet that ``sub`` has not acked (its lag leaves them
-        out; STATS shows them apart)."""
-        cursor, acked = sub.cursor, sub.acked
-        return sum(1 for o, due in topic.delayed.items()
-                   if due > now and o >= cursor and o not in acked)
+        out; STATS shows them apart). Per run, not per message, where a run is wholly
+        above the cursor."""
+        return topic.delayed.pending(sub.cursor, sub.acked)
 
     def _due_order(self, sub: Subscription, topic: Topic, start: int, end: int,
                    room: int) -> tuple[list[int], int]:
@@ -222,6 +236,23 @@ class Delays(ShardState):
             else:
                 break
         return picks, o
+
+
+class KeepDelayed:
+    """For :meth:`TopicLog.trim`: which offsets of a range it drops stay held out of line
+    (delayed messages not ``ttl`` past their due time); ``kept`` collects them."""
+
+    __slots__ = ("delayed", "kept", "limit")
+
+    def __init__(self, delayed: TopicDelays, limit: float) -> None:
+        self.delayed = delayed
+        self.limit = limit
+        self.kept: list[int] = []
+
+    def __call__(self, start: int, stop: int) -> list[int]:
+        keep = self.delayed.keep(start, stop, self.limit) if self.delayed else []
+        self.kept += keep
+        return keep
 
 
 def _wants(sub: Subscription, offset: int) -> bool:

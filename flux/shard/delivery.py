@@ -50,7 +50,7 @@ class Delivery(Delays):
         if session is None:
             return
         delayed = topic.delayed
-        if delayed and (sub.due_heap or next(reversed(delayed)) >= start):
+        if delayed and (sub.due_heap or delayed.last >= start):
             self._push_in_due_order(sub, session, topic, start, end, room, now)
             return
         stop = min(end, start + room)

@@ -11,7 +11,7 @@ are uniform, so each queue is already in time order and needs no heap.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -61,7 +61,7 @@ class Subscription:
     # ``delayed`` is the topic's map of delayed offsets (shared, not copied)
     due_heap: list[tuple[float, int]] = field(default_factory=list)
     due_pushed: set[int] = field(default_factory=set)
-    delayed: dict[int, float] | None = None
+    delayed: Container[int] | None = None
 
     # -- cursor and acks ---------------------------------------------------------------
 

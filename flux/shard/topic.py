@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 from operator import add
 from typing import Any, NamedTuple, Protocol, cast
@@ -22,7 +22,7 @@ import msgpack
 
 from flux import errors
 from flux import protocol as P
-from flux.message_meta import Meta, columns, meta_size
+from flux.message_meta import Meta, columns, due_at, meta_size
 
 _packer = msgpack.Packer(use_bin_type=True)
 _ONE_BYTE = [bytes((n,)) for n in range(256)]  # the lengths of one short payload, shared
@@ -308,7 +308,7 @@ class TopicLog:
         i = offset - self._first[k]
         return (meta.keys[i] if meta.keys is not None else None,
                 meta.headers[i] if meta.headers is not None else None,
-                meta.dues[i] if meta.dues is not None else None)
+                due_at(meta.dues, i))
 
     def meta_columns(self, offsets: Sequence[int], epoch: float) -> dict[str, Any] | None:
         """The trailing map of a DELIVER or FETCHED of the held ``offsets``: their keys,
@@ -326,11 +326,11 @@ class TopicLog:
             dues.append(None if due is None else epoch + due)
         return columns(keys, headers, dues)
 
-    def _keep(self, k: int, a: int, b: int, keep: dict[int, Any]) -> None:
-        """Items ``a`` to ``b - 1`` of chunk ``k`` are trimmed: hold those in ``keep`` out
+    def _keep(self, k: int, a: int, b: int, keep: Callable[[int, int], Iterable[int]]) -> None:
+        """Items ``a`` to ``b - 1`` of chunk ``k`` are trimmed: hold those ``keep`` names out
         of line (their bytes stay counted)."""
         first = self._first[k]
-        for o in (o for o in keep if first + a <= o < first + b):
+        for o in keep(first + a, first + b):
             i = o - first
             entry = Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])
             key, headers, due = self.meta_of(o)
@@ -474,12 +474,12 @@ class TopicLog:
         return range(offset, stop)
 
     def trim(self, below: int, stored_before: float, most: int | None = None,
-             keep: dict[int, Any] | None = None) -> int:
+             keep: Callable[[int, int], Iterable[int]] | None = None) -> int:
         """Drop held messages with offset < ``below`` stored at or before
         ``stored_before`` (at most ``most`` of them); stops at the first that must
-        stay (store times are walked in order). The offsets in ``keep`` (a log whose
-        payloads are all in memory) leave the chunks but stay held, out of line. Returns
-        the count dropped, kept ones included."""
+        stay (store times are walked in order). The offsets ``keep(start, stop)`` names
+        among each range it drops (a log whose payloads are all in memory) leave the
+        chunks but stay held, out of line. Returns the count dropped, kept ones included."""
         firsts, ats, ids, packed, lengths, metas = (self._first, self._at, self._ids,
                                                     self._packed, self._lens, self._meta)
         store = self.store
@@ -493,7 +493,7 @@ class TopicLog:
             if b <= a:
                 break
             resident = packed[k] is not None
-            if keep:
+            if keep is not None:
                 self._keep(k, a, b, keep)
             if a == 0 and b == len(chunk_ids):
                 self.held_bytes -= len("".join(chunk_ids)) + (sum(lens) if resident else 0)

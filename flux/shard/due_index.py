@@ -1,0 +1,183 @@
+"""A topic's index of its held delayed messages (G12), a few bytes per message.
+
+Delayed messages are indexed per stored run (a PUBLISH group, one chunk of the
+topic's log): a :class:`DueRun` shares the run's column of due times with the
+log (8 bytes a message, NaN for one due when stored) and adds only the order of
+its delayed ones by (due, offset), 2 bytes each, and how many of them are due
+already (fired). The shard's timer heap holds one entry per run with messages
+still pending, keyed by the earliest of them; firing walks a run's order, never
+anything else. :class:`TopicDelays` keeps a topic's runs in offset order, for
+lookups by offset and the few walks STATS, attaches and cleanup make (per run,
+not per message, wherever a run can be answered whole).
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterator
+
+
+class DueRun:
+    """The delayed messages of one stored run starting at offset ``first``."""
+
+    __slots__ = ("dues", "fired", "first", "last", "last_due", "order", "topic")
+
+    def __init__(self, topic: str, first: int, dues: array[float]) -> None:
+        self.topic = topic
+        self.first = first
+        self.dues = dues  # due (monotonic) of each message of the run, NaN: not delayed
+        delayed = [i for i, due in enumerate(dues) if due == due]
+        self.last = first + delayed[-1] if delayed else -1  # its highest delayed offset
+        delayed.sort(key=dues.__getitem__)  # stable: equal dues stay in offset order
+        self.order = array("H" if len(dues) <= 0xFFFF else "I", delayed)
+        self.fired = 0  # how many of ``order`` are due already
+        self.last_due = dues[delayed[-1]] if delayed else 0.0  # its latest due time
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.dues)
+
+    def next_due(self) -> float | None:
+        """The due time of its earliest pending message (None: all fired)."""
+        fired, order = self.fired, self.order
+        return self.dues[order[fired]] if fired < len(order) else None
+
+    def fire(self, now: float) -> list[int]:
+        """Mark the pending messages due by ``now`` fired; returns their item indexes."""
+        order, dues = self.order, self.dues
+        start = end = self.fired
+        n = len(order)
+        while end < n and dues[order[end]] <= now:
+            end += 1
+        self.fired = end
+        return list(order[start:end])
+
+    def pending_from(self, offset: int) -> int:
+        """How many of its messages at or above ``offset`` are not due yet."""
+        order, first = self.order, self.first
+        if offset <= first:
+            return len(order) - self.fired
+        return sum(1 for i in order[self.fired:] if first + i >= offset)
+
+    def is_pending(self, offset: int) -> bool:
+        """Whether its message at ``offset`` is delayed and not due yet."""
+        due = self.dues[offset - self.first]
+        fired = self.fired  # what fired is everything due by some time: all of a due or none
+        return due == due and (fired == 0 or due > self.dues[self.order[fired - 1]])
+
+
+class TopicDelays:
+    """A topic's :class:`DueRun` s in offset order: the delayed messages it holds."""
+
+    __slots__ = ("_firsts", "_head", "_hold_from", "_runs", "last")
+
+    def __init__(self) -> None:
+        self._runs: list[DueRun] = []
+        self._firsts: list[int] = []  # each run's first offset (for bisect)
+        self._head = 0  # runs before it are forgotten (compacted away now and then)
+        self._hold_from = 0  # no run below this offset holds cleanup back any more
+        self.last = -1  # the highest delayed offset stored (-1: none)
+
+    def __bool__(self) -> bool:
+        return self._head < len(self._runs)
+
+    def __len__(self) -> int:
+        """Delayed messages in the runs it holds (trimmed ones included until forgotten)."""
+        return sum(len(run.order) for run in self.runs())
+
+    def __contains__(self, offset: object) -> bool:
+        return type(offset) is int and self.due_of(offset) is not None
+
+    def add(self, run: DueRun) -> None:
+        """Index a run stored after every run held."""
+        if run.order:
+            self._runs.append(run)
+            self._firsts.append(run.first)
+            self.last = max(self.last, run.last)
+
+    def run_of(self, offset: int) -> DueRun | None:
+        """The run holding ``offset`` (None: no held run does)."""
+        k = bisect_right(self._firsts, offset, self._head) - 1
+        if k < self._head:
+            return None
+        run = self._runs[k]
+        return run if offset < run.end else None
+
+    def due_of(self, offset: int) -> float | None:
+        """The due time (monotonic) of the delayed message at ``offset`` (None: none)."""
+        run = self.run_of(offset)
+        if run is None:
+            return None
+        due = run.dues[offset - run.first]
+        return None if due != due else due
+
+    def runs(self, offset: int = 0) -> Iterator[DueRun]:
+        """The runs holding offsets at or above ``offset``, in offset order."""
+        runs = self._runs
+        k = max(self._head, bisect_right(self._firsts, offset, self._head) - 1)
+        for j in range(k, len(runs)):
+            run = runs[j]
+            if run.end > offset:
+                yield run
+
+    def items(self) -> Iterator[tuple[int, float]]:
+        """(offset, due) of every delayed message indexed, in offset order."""
+        for run in self.runs():
+            first, dues = run.first, run.dues
+            for i, due in enumerate(dues):
+                if due == due:
+                    yield first + i, due
+
+    def pending(self, cursor: int, acked: set[int]) -> int:
+        """Delayed messages not due yet at or above ``cursor`` and not in ``acked``."""
+        count = sum(run.pending_from(cursor) for run in self.runs(cursor))
+        for o in acked:
+            if o >= cursor:
+                run = self.run_of(o)
+                if run is not None and run.is_pending(o):
+                    count -= 1
+        return count
+
+    def hold(self, lowest: int, limit: float) -> int | None:
+        """The lowest offset at or above ``lowest`` of a delayed message due after
+        ``limit`` (None: none is). ``limit`` never decreases from call to call: runs
+        wholly due by it are passed over for good."""
+        for run in self.runs(max(lowest, self._hold_from)):
+            if run.last_due <= limit:
+                self._hold_from = run.end
+                continue
+            dues = run.dues
+            for i in range(max(0, lowest - run.first), len(dues)):
+                if dues[i] > limit:  # (NaN is not)
+                    return run.first + i
+        return None
+
+    def keep(self, start: int, stop: int, limit: float) -> list[int]:
+        """The delayed offsets in ``start`` .. ``stop - 1`` due after ``limit``."""
+        out: list[int] = []
+        for run in self.runs(start):
+            first = run.first
+            if first >= stop:
+                break
+            if run.last_due <= limit:
+                continue
+            dues = run.dues
+            out += (first + i for i in range(max(0, start - first), min(len(dues), stop - first))
+                    if dues[i] > limit)
+        return out
+
+    def forget_below(self, lowest: int) -> None:
+        """Forget the runs wholly below ``lowest`` (their messages are no longer held)."""
+        runs, head = self._runs, self._head
+        while head < len(runs) and runs[head].end <= lowest:
+            head += 1
+        if head == len(runs):
+            runs.clear()
+            self._firsts.clear()
+            head = 0
+        elif head > 64 and head * 2 > len(runs):
+            del runs[:head]
+            del self._firsts[:head]
+            head = 0
+        self._head = head
