@@ -17,6 +17,7 @@ shard used). Cleanup holds a delayed message until ``ttl`` after it is due.
 from __future__ import annotations
 
 import heapq
+import math
 from array import array
 from typing import Any
 
@@ -158,7 +159,7 @@ class Delays(ShardState):
         heap: list[tuple[float, int]] = []
         for run in delayed.runs(max(sub.cursor, sub.attached_from)):
             first, dues = run.first, run.dues
-            for i in run.order[:run.fired]:
+            for i in run.order[:run.due_by(now)]:
                 o = first + i
                 if _wants(sub, o) and log.holds(o):
                     heap.append((epoch + dues[i], o))
@@ -180,18 +181,28 @@ class Delays(ShardState):
 
     def _release_kept(self, topic: Topic, now: float) -> None:
         """Delete the kept delayed messages now ``ttl`` past their due time and acked by
-        every subscription (below every cursor)."""
+        every subscription (below every cursor). Looks at none of them before the
+        earliest of their due times is ``ttl`` past (unless one waits for a cursor)."""
         log, delayed = topic.log, topic.delayed
-        below = min((sub.cursor for sub in topic.subs.values()), default=log.next_offset)
         limit = now - topic.settings.ttl
+        if limit < delayed.release_at:
+            return
+        below = min((sub.cursor for sub in topic.subs.values()), default=log.next_offset)
+        soonest = math.inf
 
         def done(o: int) -> bool:
-            if o >= below:
-                return False
+            nonlocal soonest
             due = delayed.due_of(o)
-            return due is None or due <= limit
+            if due is not None and due > limit:
+                soonest = min(soonest, due)
+                return False
+            if o >= below:
+                soonest = -math.inf  # it waits for a cursor: look again next pass
+                return False
+            return True
 
         gone = log.release(done)
+        delayed.release_at = soonest
         for o in gone:
             self.counters["trimmed"] += 1
             self._emit("trimmed", topic.name, o, 1)
@@ -205,9 +216,8 @@ class Delays(ShardState):
 
     def _pending_of(self, topic: Topic, sub: Subscription, now: float) -> int:
         """Delayed messages not due yet that ``sub`` has not acked (its lag leaves them
-        out; STATS shows them apart). Per run, not per message, where a run is wholly
-        above the cursor."""
-        return topic.delayed.pending(sub.cursor, sub.acked)
+        out; STATS shows them apart)."""
+        return topic.delayed.pending(sub.cursor, sub.acked, now)
 
     def _due_order(self, sub: Subscription, topic: Topic, start: int, end: int,
                    room: int) -> tuple[list[int], int]:
@@ -251,7 +261,9 @@ class KeepDelayed:
 
     def __call__(self, start: int, stop: int) -> list[int]:
         keep = self.delayed.keep(start, stop, self.limit) if self.delayed else []
-        self.kept += keep
+        if keep:
+            self.kept += keep
+            self.delayed.release_at = -math.inf  # one may be due before those kept so far
         return keep
 
 

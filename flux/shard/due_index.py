@@ -13,6 +13,7 @@ not per message, wherever a run can be answered whole).
 
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -45,32 +46,30 @@ class DueRun:
 
     def fire(self, now: float) -> list[int]:
         """Mark the pending messages due by ``now`` fired; returns their item indexes."""
-        order, dues = self.order, self.dues
-        start = end = self.fired
-        n = len(order)
-        while end < n and dues[order[end]] <= now:
-            end += 1
+        start, end = self.fired, self.due_by(now)
         self.fired = end
-        return list(order[start:end])
+        return list(self.order[start:end])
 
-    def pending_from(self, offset: int) -> int:
-        """How many of its messages at or above ``offset`` are not due yet."""
+    def due_by(self, now: float) -> int:
+        """How many of its delayed messages are due by ``now`` (a prefix of ``order``)."""
+        order = self.order
+        if self.fired == len(order) or self.dues[order[self.fired]] > now:
+            return self.fired  # the usual case: what fired is what is due
+        return bisect_right(order, now, self.fired, key=self.dues.__getitem__)
+
+    def pending_from(self, offset: int, now: float) -> int:
+        """How many of its messages at or above ``offset`` are not due by ``now``."""
         order, first = self.order, self.first
+        due = self.due_by(now)
         if offset <= first:
-            return len(order) - self.fired
-        return sum(1 for i in order[self.fired:] if first + i >= offset)
-
-    def is_pending(self, offset: int) -> bool:
-        """Whether its message at ``offset`` is delayed and not due yet."""
-        due = self.dues[offset - self.first]
-        fired = self.fired  # what fired is everything due by some time: all of a due or none
-        return due == due and (fired == 0 or due > self.dues[self.order[fired - 1]])
+            return len(order) - due
+        return sum(1 for i in order[due:] if first + i >= offset)
 
 
 class TopicDelays:
     """A topic's :class:`DueRun` s in offset order: the delayed messages it holds."""
 
-    __slots__ = ("_firsts", "_head", "_hold_from", "_runs", "last")
+    __slots__ = ("_firsts", "_head", "_hold_from", "_runs", "last", "release_at")
 
     def __init__(self) -> None:
         self._runs: list[DueRun] = []
@@ -78,6 +77,9 @@ class TopicDelays:
         self._head = 0  # runs before it are forgotten (compacted away now and then)
         self._hold_from = 0  # no run below this offset holds cleanup back any more
         self.last = -1  # the highest delayed offset stored (-1: none)
+        # cleanup need not look at the messages kept out of line (TopicLog) before the
+        # time ``now - ttl`` reaches this
+        self.release_at = -math.inf
 
     def __bool__(self) -> bool:
         return self._head < len(self._runs)
@@ -129,13 +131,14 @@ class TopicDelays:
                 if due == due:
                     yield first + i, due
 
-    def pending(self, cursor: int, acked: set[int]) -> int:
-        """Delayed messages not due yet at or above ``cursor`` and not in ``acked``."""
-        count = sum(run.pending_from(cursor) for run in self.runs(cursor))
+    def pending(self, cursor: int, acked: set[int], now: float) -> int:
+        """Delayed messages not due by ``now`` at or above ``cursor`` and not in ``acked``
+        (per run, not per message, for a run wholly above ``cursor``)."""
+        count = sum(run.pending_from(cursor, now) for run in self.runs(cursor))
         for o in acked:
             if o >= cursor:
-                run = self.run_of(o)
-                if run is not None and run.is_pending(o):
+                due = self.due_of(o)
+                if due is not None and due > now:
                     count -= 1
         return count
 
