@@ -43,10 +43,19 @@ def test_lookups_by_offset_and_the_highest_delayed_offset() -> None:
     assert (delayed.due_of(1), delayed.due_of(0), delayed.due_of(3)) == (7.0, None, None)
     assert dict(delayed.items()) == {1: 7.0, 5: 2.0}
     assert [r.first for r in delayed.runs(2)] == [5]
+    assert [delayed.undelayed_from(o) for o in (0, 1, 2, 5, 8)] == [0, 2, 2, 6, 8]
     delayed.forget_below(2)
     assert dict(delayed.items()) == {5: 2.0}
     delayed.forget_below(8)
     assert not delayed
+
+
+def test_the_next_undelayed_offset_passes_wholly_delayed_runs_at_once() -> None:
+    delayed = TopicDelays()
+    delayed.add(DueRun("t", 8, _dues(1.0, 2.0)))
+    delayed.add(DueRun("t", 10, _dues(3.0)))
+    delayed.add(DueRun("t", 11, _dues(4.0, None)))
+    assert [delayed.undelayed_from(o) for o in (0, 8, 9, 11, 12, 13)] == [0, 12, 12, 12, 12, 13]
 
 
 def test_hold_moves_forward_past_runs_wholly_due() -> None:

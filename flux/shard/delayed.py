@@ -231,7 +231,10 @@ class Delays(ShardState):
         picks: list[int] = []
         o = start
         while len(picks) < room:
-            while o < stored and (o in delayed or o in acked):
+            while o < stored:  # the next undelayed offset not acked (runs passed at once)
+                o = delayed.undelayed_from(o)
+                if o not in acked:
+                    break
                 o += 1
             while heap and not _wants(sub, heap[0][1]):
                 heapq.heappop(heap)  # acked meanwhile (or below the cursor)

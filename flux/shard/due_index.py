@@ -114,6 +114,20 @@ class TopicDelays:
         due = run.dues[offset - run.first]
         return None if due != due else due
 
+    def undelayed_from(self, offset: int) -> int:
+        """The first offset at or above ``offset`` of no delayed message (a run wholly
+        delayed is passed over at once)."""
+        while True:
+            run = self.run_of(offset)
+            if run is None:
+                return offset
+            dues, first = run.dues, run.first
+            if len(run.order) < len(dues):
+                for i in range(offset - first, len(dues)):
+                    if dues[i] != dues[i]:  # NaN: due when stored
+                        return first + i
+            offset = run.end
+
     def runs(self, offset: int = 0) -> Iterator[DueRun]:
         """The runs holding offsets at or above ``offset``, in offset order."""
         runs = self._runs
