@@ -9,7 +9,6 @@ them per stored run of messages. Nothing here touches a socket or a clock.
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
@@ -86,52 +85,29 @@ def meta_size(key: str | None, headers: dict[str, str] | None) -> int:
     return size
 
 
-NO_SIZES: Final = b""  # the ``sizes`` of a run without keys and headers (all zero)
-
-
 class Meta(NamedTuple):
-    """Keys, headers and due times of one stored run of messages (a chunk); a column is
-    None when no message of the run has one. ``dues`` are on the shard's monotonic clock,
-    8 bytes each (NaN for a message due when stored: see :func:`due_at`); ``sizes`` are
-    :func:`meta_size` of each (empty when the run has no key and no header: all zero)."""
+    """Keys and headers of one stored run of messages (a chunk); a column is None when no
+    message of the run has one; ``sizes`` are :func:`meta_size` of each. (A shard keeps
+    due times apart, :mod:`flux.shard.due_index`.)"""
 
     keys: tuple[str | None, ...] | None
     headers: tuple[dict[str, str] | None, ...] | None
-    dues: array[float] | None
-    sizes: Sequence[int]
-
-    def delayed(self) -> bool:
-        return self.dues is not None and any(d == d for d in self.dues)
-
-
-def due_at(dues: array[float] | None, i: int) -> float | None:
-    """Item ``i``'s due time in a :class:`Meta` ``dues`` column (None: due when stored)."""
-    if dues is None:
-        return None
-    due = dues[i]
-    return None if due != due else due  # NaN: no delay
+    sizes: tuple[int, ...]
 
 
 def make_meta(keys: Sequence[str | None] | None, headers: Sequence[dict[str, str] | None] | None,
-              dues: Sequence[float | None] | None, count: int) -> Meta | None:
+              count: int) -> Meta | None:
     """A run's :class:`Meta`, or None when it carries nothing (the usual case)."""
     if keys is not None and all(k is None for k in keys):
         keys = None
     if headers is not None and not any(headers):
         headers = None
-    if dues is not None and all(d is None for d in dues):
-        dues = None
-    if keys is None and headers is None and dues is None:
+    if keys is None and headers is None:
         return None
-    sizes: Sequence[int] = NO_SIZES
-    if keys is not None or headers is not None:
-        sizes = tuple(meta_size(keys[i] if keys is not None else None,
-                                headers[i] if headers is not None else None)
-                      for i in range(count))
+    sizes = tuple(meta_size(keys[i] if keys is not None else None,
+                            headers[i] if headers is not None else None) for i in range(count))
     return Meta(tuple(keys) if keys is not None else None,
-                tuple(headers) if headers is not None else None,
-                None if dues is None else array("d", [math.nan if d is None else d for d in dues]),
-                sizes)
+                tuple(headers) if headers is not None else None, sizes)
 
 
 def columns(keys: list[str | None], headers: list[dict[str, str] | None],

@@ -3,23 +3,17 @@ offset, and the walks STATS and cleanup make, against a plain map of offset -> d
 
 from __future__ import annotations
 
-import math
 import random
-from array import array
 
-from flux.shard.due_index import DueRun, TopicDelays
-
-NAN = math.nan
-
-
-def _dues(*values: float | None) -> array[float]:
-    return array("d", [NAN if v is None else v for v in values])
+from flux.shard.due_index import RUN_GAP, RUN_ITEMS, DueRun, TopicDelays
 
 
 def test_a_run_fires_its_delayed_messages_in_due_then_offset_order() -> None:
-    run = DueRun("t", 10, _dues(5.0, None, 3.0, 5.0, 1.0))
-    assert (run.first, run.end, run.last, run.last_due) == (10, 15, 14, 5.0)
-    assert list(run.order) == [4, 2, 0, 3]  # equal dues (5.0) keep their offset order
+    run = DueRun("t", 10)
+    assert run.append(10, [5.0, None, 3.0]) == 3.0
+    assert run.append(13, [5.0, 1.0]) == 1.0
+    assert (run.first, run.end, run.last, run.last_due, run.count) == (10, 15, 14, 5.0, 4)
+    assert list(run.seal()) == [4, 2, 0, 3]  # equal dues (5.0) keep their offset order
     assert run.next_due() == 1.0
     assert run.fire(0.5) == []
     assert run.fire(3.0) == [4, 2]
@@ -28,45 +22,58 @@ def test_a_run_fires_its_delayed_messages_in_due_then_offset_order() -> None:
     assert run.next_due() is None
 
 
-def test_a_run_with_no_delayed_message_is_not_indexed() -> None:
+def test_messages_published_one_by_one_share_a_run_until_it_seals() -> None:
     delayed = TopicDelays()
-    delayed.add(DueRun("t", 0, _dues(None, None)))
+    assert delayed.add("t", 0, [None, None]) is None  # nothing delayed: nothing indexed
     assert not delayed and delayed.last == -1 and 0 not in delayed
+    run = delayed.add("t", 2, [9.0])
+    assert run is not None and run.timer == 9.0
+    assert delayed.add("t", 3, [12.0]) is None  # the same run: its timer stands
+    assert delayed.add("t", 4, [4.0]) is run and run.timer == 4.0  # sooner: brought forward
+    assert delayed.add("t", 5 + RUN_GAP, [1.0]) is run  # ordinary messages between
+    assert delayed.due_of(5) is None and delayed.due_of(5 + RUN_GAP) == 1.0
+    assert delayed.add("t", 6 + 3 * RUN_GAP, [2.0]) is not run  # too wide a gap
+    assert [r.first for r in delayed.runs()] == [2, 6 + 3 * RUN_GAP]
+    run.seal()  # (it fired) a sealed run takes no more
+    later = TopicDelays()
+    first = later.add("t", 0, [1.0] * RUN_ITEMS)
+    assert later.add("t", RUN_ITEMS, [1.0]) not in (None, first)  # a full run takes no more
 
 
 def test_lookups_by_offset_and_the_highest_delayed_offset() -> None:
     delayed = TopicDelays()
-    delayed.add(DueRun("t", 0, _dues(None, 7.0)))
-    delayed.add(DueRun("t", 5, _dues(2.0, None, None)))
-    assert delayed and delayed.last == 5
-    assert [o for o in range(10) if o in delayed] == [1, 5]
+    delayed.add("t", 0, [None, 7.0])
+    delayed.add("t", 5 + RUN_GAP, [2.0, None, None])
+    assert delayed and delayed.last == 5 + RUN_GAP
+    g = 5 + RUN_GAP
+    assert [o for o in range(g + 5) if o in delayed] == [1, g]
     assert (delayed.due_of(1), delayed.due_of(0), delayed.due_of(3)) == (7.0, None, None)
-    assert dict(delayed.items()) == {1: 7.0, 5: 2.0}
-    assert [r.first for r in delayed.runs(2)] == [5]
-    assert [delayed.undelayed_from(o) for o in (0, 1, 2, 5, 8)] == [0, 2, 2, 6, 8]
+    assert dict(delayed.items()) == {1: 7.0, g: 2.0}
+    assert [r.first for r in delayed.runs(2)] == [g]
+    assert [delayed.undelayed_from(o) for o in (0, 1, 2, g, g + 3)] == [0, 2, 2, g + 1, g + 3]
     delayed.forget_below(2)
-    assert dict(delayed.items()) == {5: 2.0}
-    delayed.forget_below(8)
+    assert dict(delayed.items()) == {g: 2.0}
+    delayed.forget_below(g + 3)
     assert not delayed
 
 
 def test_the_next_undelayed_offset_passes_wholly_delayed_runs_at_once() -> None:
     delayed = TopicDelays()
-    delayed.add(DueRun("t", 8, _dues(1.0, 2.0)))
-    delayed.add(DueRun("t", 10, _dues(3.0)))
-    delayed.add(DueRun("t", 11, _dues(4.0, None)))
+    delayed.add("t", 8, [1.0, 2.0])
+    delayed.add("t", 10, [3.0])
+    delayed.add("t", 11, [4.0, None])
     assert [delayed.undelayed_from(o) for o in (0, 8, 9, 11, 12, 13)] == [0, 12, 12, 12, 12, 13]
 
 
 def test_hold_moves_forward_past_runs_wholly_due() -> None:
     delayed = TopicDelays()
-    delayed.add(DueRun("t", 0, _dues(1.0, 50.0)))
-    delayed.add(DueRun("t", 2, _dues(2.0, None)))
+    delayed.add("t", 0, [1.0, 50.0])
+    delayed.add("t", 2 + RUN_GAP, [2.0, None])
     assert delayed.hold(0, 0.0) == 0
     assert delayed.hold(0, 10.0) == 1
     assert delayed.hold(0, 60.0) is None
-    delayed.add(DueRun("t", 4, _dues(None, 70.0)))
-    assert delayed.hold(0, 60.0) == 5
+    delayed.add("t", 4 + 3 * RUN_GAP, [None, 70.0])
+    assert delayed.hold(0, 60.0) == 5 + 3 * RUN_GAP
 
 
 def test_pending_keep_and_hold_agree_with_a_plain_map() -> None:
@@ -76,9 +83,10 @@ def test_pending_keep_and_hold_agree_with_a_plain_map() -> None:
         model: dict[int, float] = {}
         offset = 0
         for _ in range(rng.randint(1, 6)):
+            offset += rng.choice([0, 0, 3, RUN_GAP + 1])  # ordinary messages between
             n = rng.randint(1, 8)
             values = [rng.choice([None, float(rng.randint(1, 20))]) for _ in range(n)]
-            delayed.add(DueRun("t", offset, _dues(*values)))
+            delayed.add("t", offset, values)
             model.update((offset + i, v) for i, v in enumerate(values) if v is not None)
             offset += n
         limit = 0.0
@@ -96,5 +104,5 @@ def test_pending_keep_and_hold_agree_with_a_plain_map() -> None:
                 (o for o, d in model.items() if d > limit), default=None)
             for run in delayed.runs():
                 run.fire(now)
-            assert sum(len(r.order) - r.fired for r in delayed.runs()) == sum(
+            assert sum(r.count - r.fired for r in delayed.runs()) == sum(
                 1 for d in model.values() if d > now)

@@ -11,6 +11,7 @@ and runs timers; the mixins it combines handle each kind of request.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -317,6 +318,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         for run in topic.delayed.runs():  # delayed messages survive restarts (G12)
             run.fire(now)  # those due by now are pushed as soon as a session attaches
             due = run.next_due()
+            run.timer = math.inf if due is None else due
             if due is not None:
                 heapq.heappush(self._delays, (due, next(self._timer_seq), run))
         self._recount(topic)

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from array import array
 from typing import Any
 
 from flux import errors
 from flux.message_meta import Meta, check_delay, check_headers, check_key, check_time
-from flux.shard.due_index import DueRun, TopicDelays
+from flux.shard.due_index import TopicDelays
 from flux.shard.state import ShardState, Topic
 from flux.shard.subscription import Subscription
 
@@ -88,32 +87,33 @@ def group_options(opts: Any, n: int) -> GroupOptions:
                         column("delay", True), column("deliver_at", True))
 
 
-def record_meta(meta: Meta | None, epoch: float) -> dict[str, Any] | None:
+def record_meta(meta: Meta | None, dues: list[float | None] | None,
+                epoch: float) -> dict[str, Any] | None:
     """A PUBLISH record's optional fifth field (PROTOCOL.md §14.4): the run's keys,
-    headers and due times (wall), only the columns it has."""
-    if meta is None:
+    headers and due times (``dues`` monotonic, recorded as wall times), only the columns
+    it has."""
+    if meta is None and dues is None:
         return None
     out: dict[str, Any] = {}
-    if meta.keys is not None:
+    if meta is not None and meta.keys is not None:
         out["keys"] = list(meta.keys)
-    if meta.headers is not None:
+    if meta is not None and meta.headers is not None:
         out["headers"] = list(meta.headers)
-    if meta.dues is not None:
-        out["due"] = [None if d != d else epoch + d for d in meta.dues]  # NaN: not delayed
+    if dues is not None:
+        out["due"] = [None if d is None else epoch + d for d in dues]
     return out
 
 
 class Delays(ShardState):
     """The delayed messages of every topic: holding, firing, ordering, cleanup limits."""
 
-    def _hold_delayed(self, topic: Topic, first: int, dues: array[float]) -> None:
-        """Messages from offset ``first`` were stored with these due times (NaN: none):
-        index those not due yet (``now`` is the store time, so every given due is in the
-        future) and put their run on the shard's timer heap."""
-        run = DueRun(topic.name, first, dues)
-        if run.order:
-            topic.delayed.add(run)
-            heapq.heappush(self._delays, (run.dues[run.order[0]], next(self._timer_seq), run))
+    def _hold_delayed(self, topic: Topic, first: int, dues: list[float | None]) -> None:
+        """Messages from offset ``first`` were stored with these due times (None: due
+        when stored): index them (``now`` is the store time, so every given due is in the
+        future), and wake their run earlier if one of them is due before its timer."""
+        run = topic.delayed.add(topic.name, first, dues)
+        if run is not None:
+            heapq.heappush(self._delays, (run.timer, next(self._timer_seq), run))
 
     def _due_of(self, topic: Topic, offset: int) -> float | None:
         """The wall due time of a held delayed message at ``offset`` (None otherwise)."""
@@ -127,12 +127,15 @@ class Delays(ShardState):
         heap = self._delays
         topics, epoch, dirty = self.topics, self.epoch, self._dirty
         while heap and heap[0][0] <= now:
-            run = heapq.heappop(heap)[2]
+            at, _, run = heapq.heappop(heap)
+            if at != run.timer:
+                continue  # its timer was brought forward since
             topic = topics.get(run.topic)
             if topic is None or topic.delayed.run_of(run.first) is not run:
                 continue  # trimmed, or the topic is gone
             fired = run.fire(now)
             due = run.next_due()
+            run.timer = math.inf if due is None else due
             if due is not None:
                 heapq.heappush(heap, (due, next(self._timer_seq), run))
             subs = [sub for sub in topic.subs.values() if sub.session is not None]
@@ -159,7 +162,7 @@ class Delays(ShardState):
         heap: list[tuple[float, int]] = []
         for run in delayed.runs(max(sub.cursor, sub.attached_from)):
             first, dues = run.first, run.dues
-            for i in run.order[:run.due_by(now)]:
+            for i in run.seal()[:run.due_by(now)]:
                 o = first + i
                 if _wants(sub, o) and log.holds(o):
                     heap.append((epoch + dues[i], o))

@@ -1,14 +1,18 @@
 """A topic's index of its held delayed messages (G12), a few bytes per message.
 
-Delayed messages are indexed per stored run (a PUBLISH group, one chunk of the
-topic's log): a :class:`DueRun` shares the run's column of due times with the
-log (8 bytes a message, NaN for one due when stored) and adds only the order of
-its delayed ones by (due, offset), 2 bytes each, and how many of them are due
-already (fired). The shard's timer heap holds one entry per run with messages
-still pending, keyed by the earliest of them; firing walks a run's order, never
-anything else. :class:`TopicDelays` keeps a topic's runs in offset order, for
-lookups by offset and the few walks STATS, attaches and cleanup make (per run,
-not per message, wherever a run can be answered whole).
+Delayed messages are indexed in *runs* of consecutive offsets: a :class:`DueRun`
+holds the due time of every offset of its range (8 bytes each in one array, NaN
+for a message due when stored) and, once sealed, the order of its delayed ones by
+(due, offset), 2 bytes each, and how many of them are due already (fired). The
+newest run stays open: publishes append to it (a message published alone costs no
+object of its own) until it holds ``RUN_ITEMS`` offsets, ordinary messages
+stored since leave too wide a gap, or it must fire. This index is the only place
+due times are kept (the log holds keys and headers only). The shard's timer heap
+holds one entry per run with messages still pending, keyed by the earliest of
+them; firing walks a run's order, never anything else. :class:`TopicDelays`
+keeps a topic's runs in offset order, for lookups by offset and the few walks
+STATS, attaches and cleanup make (per run, not per message, wherever a run can be
+answered whole).
 """
 
 from __future__ import annotations
@@ -16,54 +20,89 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+
+RUN_ITEMS = 4096  # offsets an open run takes before a new one starts (sealing sorts them)
+RUN_GAP = 64      # ordinary messages an open run spans (8 bytes each) rather than close
 
 
 class DueRun:
-    """The delayed messages of one stored run starting at offset ``first``."""
+    """Due times of the offsets from ``first`` on (NaN: not delayed)."""
 
-    __slots__ = ("dues", "fired", "first", "last", "last_due", "order", "topic")
+    __slots__ = ("count", "dues", "fired", "first", "last", "last_due", "order", "timer",
+                 "topic")
 
-    def __init__(self, topic: str, first: int, dues: array[float]) -> None:
+    def __init__(self, topic: str, first: int) -> None:
         self.topic = topic
         self.first = first
-        self.dues = dues  # due (monotonic) of each message of the run, NaN: not delayed
-        delayed = [i for i, due in enumerate(dues) if due == due]
-        self.last = first + delayed[-1] if delayed else -1  # its highest delayed offset
-        delayed.sort(key=dues.__getitem__)  # stable: equal dues stay in offset order
-        self.order = array("H" if len(dues) <= 0xFFFF else "I", delayed)
+        self.dues = array("d")  # due (monotonic) of each offset of the run, NaN: not delayed
+        self.count = 0        # delayed messages in it
+        self.last = -1        # its highest delayed offset
+        self.last_due = -math.inf  # its latest due time
+        self.order: array[int] | None = None  # sealed: its delayed items in (due, offset) order
         self.fired = 0  # how many of ``order`` are due already
-        self.last_due = dues[delayed[-1]] if delayed else 0.0  # its latest due time
+        self.timer = math.inf  # the key of its live entry in the shard's timer heap
 
     @property
     def end(self) -> int:
         return self.first + len(self.dues)
 
+    def append(self, first: int, dues: Sequence[float | None]) -> float:
+        """Take the due times of offsets ``first`` on (an open run's end or a little
+        past it: the gap is not delayed); returns the earliest of them (inf: none)."""
+        column = self.dues
+        if first > self.end:
+            column.extend([math.nan] * (first - self.end))
+        soonest = math.inf
+        for i, due in enumerate(dues):
+            if due is None:
+                column.append(math.nan)
+                continue
+            column.append(due)
+            self.count += 1
+            self.last = first + i
+            self.last_due = max(self.last_due, due)
+            soonest = min(soonest, due)
+        return soonest
+
+    def seal(self) -> array[int]:
+        """Order its delayed messages by (due, offset): it takes no more appends."""
+        order = self.order
+        if order is None:
+            dues = self.dues
+            delayed = [i for i, due in enumerate(dues) if due == due]
+            delayed.sort(key=dues.__getitem__)  # stable: equal dues stay in offset order
+            order = self.order = array("H" if len(dues) <= 0xFFFF else "I", delayed)
+        return order
+
     def next_due(self) -> float | None:
         """The due time of its earliest pending message (None: all fired)."""
-        fired, order = self.fired, self.order
-        return self.dues[order[fired]] if fired < len(order) else None
+        order = self.seal()
+        return self.dues[order[self.fired]] if self.fired < len(order) else None
 
     def fire(self, now: float) -> list[int]:
-        """Mark the pending messages due by ``now`` fired; returns their item indexes."""
+        """Mark the pending messages due by ``now`` fired (sealing it); returns their
+        item indexes, in (due, offset) order."""
         start, end = self.fired, self.due_by(now)
         self.fired = end
-        return list(self.order[start:end])
+        return list(self.seal()[start:end])
 
     def due_by(self, now: float) -> int:
-        """How many of its delayed messages are due by ``now`` (a prefix of ``order``)."""
-        order = self.order
-        if self.fired == len(order) or self.dues[order[self.fired]] > now:
-            return self.fired  # the usual case: what fired is what is due
-        return bisect_right(order, now, self.fired, key=self.dues.__getitem__)
+        """How many of its delayed messages are due by ``now`` (a prefix of its order)."""
+        order, fired = self.seal(), self.fired
+        if fired == len(order) or self.dues[order[fired]] > now:
+            return fired  # the usual case: what fired is what is due
+        return bisect_right(order, now, fired, key=self.dues.__getitem__)
 
     def pending_from(self, offset: int, now: float) -> int:
         """How many of its messages at or above ``offset`` are not due by ``now``."""
-        order, first = self.order, self.first
+        first, dues = self.first, self.dues
+        if self.order is None:  # open: look at the items themselves (at most RUN_ITEMS)
+            return sum(1 for i in range(max(0, offset - first), len(dues)) if dues[i] > now)
         due = self.due_by(now)
         if offset <= first:
-            return len(order) - due
-        return sum(1 for i in order[due:] if first + i >= offset)
+            return len(self.order) - due
+        return sum(1 for i in self.order[due:] if first + i >= offset)
 
 
 class TopicDelays:
@@ -86,17 +125,36 @@ class TopicDelays:
 
     def __len__(self) -> int:
         """Delayed messages in the runs it holds (trimmed ones included until forgotten)."""
-        return sum(len(run.order) for run in self.runs())
+        return sum(run.count for run in self.runs())
 
     def __contains__(self, offset: object) -> bool:
         return type(offset) is int and self.due_of(offset) is not None
 
-    def add(self, run: DueRun) -> None:
-        """Index a run stored after every run held."""
-        if run.order:
-            self._runs.append(run)
-            self._firsts.append(run.first)
-            self.last = max(self.last, run.last)
+    def add(self, topic: str, first: int, dues: Sequence[float | None]) -> DueRun | None:
+        """Index the due times (None: not delayed) of offsets stored from ``first`` on
+        (above every offset indexed). Returns the run they went to if its timer must
+        come earlier (to ``run.timer``), else None."""
+        runs = self._runs
+        run = runs[-1] if self._head < len(runs) else None
+        if (run is None or run.order is not None or first - run.end > RUN_GAP
+                or first + len(dues) - run.first > RUN_ITEMS):
+            if not any(due is not None for due in dues):
+                return None
+            run = DueRun(topic, first)
+            runs.append(run)
+            self._firsts.append(first)
+        soonest = run.append(first, dues)
+        self.last = max(self.last, run.last)
+        if soonest < run.timer:
+            run.timer = soonest
+            return run
+        return None
+
+    def column(self, first: int, count: int) -> list[float | None] | None:
+        """The due times of offsets ``first`` .. ``first + count - 1`` (None: none is
+        delayed)."""
+        dues = [self.due_of(o) for o in range(first, first + count)]
+        return dues if any(d is not None for d in dues) else None
 
     def run_of(self, offset: int) -> DueRun | None:
         """The run holding ``offset`` (None: no held run does)."""
@@ -122,7 +180,7 @@ class TopicDelays:
             if run is None:
                 return offset
             dues, first = run.dues, run.first
-            if len(run.order) < len(dues):
+            if run.count < len(dues):
                 for i in range(offset - first, len(dues)):
                     if dues[i] != dues[i]:  # NaN: due when stored
                         return first + i

@@ -24,7 +24,7 @@ from flux.message_meta import make_meta
 from flux.policies import TopicSettings
 from flux.shard import journal as J
 from flux.shard.dedup import DedupWindow
-from flux.shard.due_index import DueRun, TopicDelays
+from flux.shard.due_index import TopicDelays
 from flux.shard.publish_record import read_publish
 from flux.shard.state import Topic
 from flux.shard.subscription import Subscription
@@ -116,10 +116,9 @@ class TopicReplay:
             epoch, n = self.epoch, len(chunk)
             dues = fields.get("due")
             if dues is not None:  # wall due times, back on this incarnation's clock
-                dues = [None if d is None else d - epoch for d in dues]
-            meta = make_meta(fields.get("keys"), fields.get("headers"), dues, n)
-            if meta is not None and meta.dues is not None:
-                self.delayed.add(DueRun(self.name, first, meta.dues))
+                self.delayed.add(self.name, first,
+                                 [None if d is None else d - epoch for d in dues])
+            meta = make_meta(fields.get("keys"), fields.get("headers"), n)
         log.extend_placed(chunk, lens, stored_at, position, end, size, meta)
         if self.dedup.window > 0 and stored_at > self.forgotten_by:
             self.dedup.remember_all(chunk, first, stored_at, size)
@@ -142,10 +141,9 @@ class TopicReplay:
         if self.oldest > log.oldest:
             log.trim(self.oldest, math.inf)
         self.dedup.expire(now)
-        topic = Topic(self.name, log, self.dedup, self.settings, generation=generation)
-        oldest = log.oldest
-        self.delayed.forget_below(oldest)
-        topic.delayed = self.delayed
+        self.delayed.forget_below(log.oldest)
+        topic = Topic(self.name, log, self.dedup, self.settings, generation=generation,
+                      delayed=self.delayed)
         for name, (mode, start, created, cursor, acked) in self.subs.items():
             if reset:
                 cursor, start, acked = log.oldest, log.oldest, set()

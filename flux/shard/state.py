@@ -66,6 +66,9 @@ class Topic:
     # first pushes of these come from each subscription's due heap
     delayed: TopicDelays = field(default_factory=TopicDelays)
 
+    def __post_init__(self) -> None:
+        self.log.dues = self.delayed  # the only place due times are kept
+
     @property
     def exposed(self) -> int:
         """The end of what deliveries and FETCH may reach: every offset stored, or for a

@@ -22,7 +22,7 @@ import msgpack
 
 from flux import errors
 from flux import protocol as P
-from flux.message_meta import Meta, columns, due_at, meta_size
+from flux.message_meta import Meta, columns, meta_size
 
 _packer = msgpack.Packer(use_bin_type=True)
 _ONE_BYTE = [bytes((n,)) for n in range(256)]  # the lengths of one short payload, shared
@@ -68,6 +68,18 @@ class ChunkStore(Protocol):
         ...
 
 
+class DueTimes(Protocol):
+    """Where a log finds its messages' due times (:class:`flux.shard.due_index.TopicDelays`)."""
+
+    def __bool__(self) -> bool:
+        """Whether any held message may be delayed."""
+        ...
+
+    def due_of(self, offset: int) -> float | None:
+        """The due time (monotonic) of the message at ``offset`` (None: not delayed)."""
+        ...
+
+
 class Entry(NamedTuple):
     """A held message. ``stored_at`` is on the shard's monotonic clock."""
 
@@ -95,7 +107,7 @@ class TopicLog:
     """
 
     __slots__ = ("_at", "_first", "_head", "_ids", "_kept", "_lens", "_meta", "_next",
-                 "_packed", "_skip", "_where", "held_bytes", "metas", "store")
+                 "_packed", "_skip", "_where", "dues", "held_bytes", "metas", "store")
 
     def __init__(self, start: int = 0, *, placed: bool = False) -> None:
         """An empty log whose first message gets offset ``start`` (a topic retired
@@ -118,6 +130,7 @@ class TopicLog:
         self._next = start   # the offset the next message gets
         self.held_bytes = 0  # payload + id (+ key and header) bytes of held messages
         self.metas = 0       # chunks ever stored with a Meta (0: no message has one)
+        self.dues: DueTimes | None = None  # its messages' due times (set by its topic)
         # messages trimmed from the chunks but still held, below ``oldest``, by offset (in
         # increasing order): delayed messages not yet ``ttl`` past their due time (G12, G5
         # per message), with their (key, headers, due)
@@ -299,22 +312,22 @@ class TopicLog:
         message at ``offset``."""
         if offset < self.oldest and offset in self._kept:
             return self._kept[offset][1]
+        due = self.dues.due_of(offset) if self.dues else None
         if not self.metas:
-            return None, None, None
+            return None, None, due
         k = self._chunk(offset)
         meta = self._meta[k]
         if meta is None:
-            return None, None, None
+            return None, None, due
         i = offset - self._first[k]
         return (meta.keys[i] if meta.keys is not None else None,
-                meta.headers[i] if meta.headers is not None else None,
-                due_at(meta.dues, i))
+                meta.headers[i] if meta.headers is not None else None, due)
 
     def meta_columns(self, offsets: Sequence[int], epoch: float) -> dict[str, Any] | None:
         """The trailing map of a DELIVER or FETCHED of the held ``offsets``: their keys,
         headers and due times (wall: plus ``epoch``), only the columns any has a value in;
         None when none has (always, for a topic that never stored any)."""
-        if not self.metas:
+        if not self.metas and not self.dues:
             return None
         keys: list[str | None] = []
         headers: list[dict[str, str] | None] = []
