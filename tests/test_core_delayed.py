@@ -256,3 +256,21 @@ def test_a_kept_message_counts_toward_the_topics_bytes_until_it_goes() -> None:
     assert shard.topic_stats()["held_bytes"] == held - 2  # x went (payload and id); d stays
     shard.advance(60.0)
     assert shard.topic_stats()["held"] == 0
+
+
+def test_dues_brought_forward_again_and_again_keep_the_timer_heap_to_one_entry_per_run(
+) -> None:
+    long = 1e5  # nothing times out, expires or is cleaned up meanwhile
+    shard = Shard({"subscriber.max_in_flight": 5000, "subscriber.timeout": long,
+                   "message.ttl": long, "message.dedup_window": long,
+                   "subscriber.heartbeat": long, "limits.hello_timeout": long})
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC, credit=5000)
+    n = 3000
+    for start in range(0, n, 500):  # published latest first, one message a group
+        groups = [[TOPIC, [f"m{i}"], [b"x"], {"delay": float(n - i)}]
+                  for i in range(start, start + 500)]
+        assert client.publish_frame(groups)[0] == P.PUBLISHED
+    assert len(shard.core._delays) < 2 * 1024 + 10  # stale entries swept, not one a message
+    shard.advance(n + 1.0)
+    assert [o for o, _, _, _ in _delivered(client)] == list(range(n - 1, -1, -1))

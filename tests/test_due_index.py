@@ -3,6 +3,7 @@ offset, and the walks STATS and cleanup make, against a plain map of offset -> d
 
 from __future__ import annotations
 
+import math
 import random
 
 from flux.shard.due_index import RUN_GAP, RUN_ITEMS, DueRun, TopicDelays
@@ -24,20 +25,21 @@ def test_a_run_fires_its_delayed_messages_in_due_then_offset_order() -> None:
 
 def test_messages_published_one_by_one_share_a_run_until_it_seals() -> None:
     delayed = TopicDelays()
-    assert delayed.add("t", 0, [None, None]) is None  # nothing delayed: nothing indexed
+    assert delayed.add("t", 0, [None, None]) == (None, math.inf)  # nothing delayed
     assert not delayed and delayed.last == -1 and 0 not in delayed
-    run = delayed.add("t", 2, [9.0])
-    assert run is not None and run.timer == 9.0
-    assert delayed.add("t", 3, [12.0]) is None  # the same run: its timer stands
-    assert delayed.add("t", 4, [4.0]) is run and run.timer == 4.0  # sooner: brought forward
-    assert delayed.add("t", 5 + RUN_GAP, [1.0]) is run  # ordinary messages between
+    run, soonest = delayed.add("t", 2, [9.0])
+    assert run is not None and soonest == 9.0
+    assert delayed.add("t", 3, [12.0, None]) == (run, 12.0)  # the same run
+    assert delayed.add("t", 5 + RUN_GAP, [1.0]) == (run, 1.0)  # ordinary messages between
     assert delayed.due_of(5) is None and delayed.due_of(5 + RUN_GAP) == 1.0
-    assert delayed.add("t", 6 + 3 * RUN_GAP, [2.0]) is not run  # too wide a gap
-    assert [r.first for r in delayed.runs()] == [2, 6 + 3 * RUN_GAP]
-    run.seal()  # (it fired) a sealed run takes no more
+    assert delayed.last == 5 + RUN_GAP and len(delayed) == 3
+    assert delayed.add("t", 7 + 3 * RUN_GAP, [2.0])[0] is not run  # too wide a gap
+    assert [r.first for r in delayed.runs()] == [2, 7 + 3 * RUN_GAP]
     later = TopicDelays()
-    first = later.add("t", 0, [1.0] * RUN_ITEMS)
-    assert later.add("t", RUN_ITEMS, [1.0]) not in (None, first)  # a full run takes no more
+    first = later.add("t", 0, [1.0] * RUN_ITEMS)[0]
+    assert later.add("t", RUN_ITEMS, [1.0])[0] not in (None, first)  # a full one takes no more
+    first.seal()  # (it fired) a sealed run takes no more
+    assert later.add("t", RUN_ITEMS + 1, [1.0])[0] not in (None, first)
 
 
 def test_lookups_by_offset_and_the_highest_delayed_offset() -> None:

@@ -111,9 +111,21 @@ class Delays(ShardState):
         """Messages from offset ``first`` were stored with these due times (None: due
         when stored): index them (``now`` is the store time, so every given due is in the
         future), and wake their run earlier if one of them is due before its timer."""
-        run = topic.delayed.add(topic.name, first, dues)
-        if run is not None:
-            heapq.heappush(self._delays, (run.timer, next(self._timer_seq), run))
+        run, soonest = topic.delayed.add(topic.name, first, dues)
+        if run is None or soonest >= run.timer:
+            return
+        heap = self._delays
+        if run.timer != math.inf:  # its entry in the heap goes stale (skipped when popped)
+            self._stale_delays += 1
+            if self._stale_delays > 1024 and 2 * self._stale_delays > len(heap):
+                # dues brought forward again and again (published latest first): keep
+                # the heap to one entry per run
+                live = {id(r): (at, seq, r) for at, seq, r in heap if at == r.timer}
+                heap[:] = live.values()
+                heapq.heapify(heap)
+                self._stale_delays = 0
+        run.timer = soonest
+        heapq.heappush(heap, (soonest, next(self._timer_seq), run))
 
     def _due_of(self, topic: Topic, offset: int) -> float | None:
         """The wall due time of a held delayed message at ``offset`` (None otherwise)."""

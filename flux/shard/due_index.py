@@ -130,25 +130,23 @@ class TopicDelays:
     def __contains__(self, offset: object) -> bool:
         return type(offset) is int and self.due_of(offset) is not None
 
-    def add(self, topic: str, first: int, dues: Sequence[float | None]) -> DueRun | None:
+    def add(self, topic: str, first: int, dues: Sequence[float | None]
+            ) -> tuple[DueRun | None, float]:
         """Index the due times (None: not delayed) of offsets stored from ``first`` on
-        (above every offset indexed). Returns the run they went to if its timer must
-        come earlier (to ``run.timer``), else None."""
+        (above every offset indexed). Returns the run they went to (None: none is
+        delayed, and no run is open) and the earliest of them (inf: none)."""
         runs = self._runs
         run = runs[-1] if self._head < len(runs) else None
         if (run is None or run.order is not None or first - run.end > RUN_GAP
                 or first + len(dues) - run.first > RUN_ITEMS):
             if not any(due is not None for due in dues):
-                return None
+                return None, math.inf
             run = DueRun(topic, first)
             runs.append(run)
             self._firsts.append(first)
         soonest = run.append(first, dues)
         self.last = max(self.last, run.last)
-        if soonest < run.timer:
-            run.timer = soonest
-            return run
-        return None
+        return run, soonest
 
     def column(self, first: int, count: int) -> list[float | None] | None:
         """The due times of offsets ``first`` .. ``first + count - 1`` (None: none is

@@ -144,6 +144,7 @@ class ShardState:
         # run): the shard's timer index of G12 (a heap: one entry per run, the earliest on
         # top, nothing else looked at)
         self._delays: list[tuple[float, int, DueRun]] = []
+        self._stale_delays = 0  # entries of _delays whose run's timer came earlier since
         self._dirty: dict[int, Subscription] = {}
         self._owned: dict[str, bool] = {}
         self._started = now
