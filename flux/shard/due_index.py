@@ -6,7 +6,7 @@ for a message due when stored) and, once sealed, the order of its delayed ones b
 (due, offset), 2 bytes each, and how many of them are due already (fired). The
 newest run stays open: publishes append to it (a message published alone costs no
 object of its own) until it holds ``RUN_ITEMS`` offsets, ordinary messages
-stored since leave too wide a gap, or it must fire. This index is the only place
+stored since leave too wide a gap, or it must fire; then it is sealed. This index is the only place
 due times are kept (the log holds keys and headers only). The shard's timer heap
 holds one entry per run with messages still pending, keyed by the earliest of
 them; firing walks a run's order, never anything else. :class:`TopicDelays`
@@ -141,6 +141,8 @@ class TopicDelays:
                 or first + len(dues) - run.first > RUN_ITEMS):
             if not any(due is not None for due in dues):
                 return None, math.inf
+            if run is not None:
+                run.seal()  # closed: only the newest run is ever open (walked item by item)
             run = DueRun(topic, first)
             runs.append(run)
             self._firsts.append(first)
