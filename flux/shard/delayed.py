@@ -2,7 +2,7 @@
 
 A publish may ask for ``delay`` (seconds) or ``deliver_at`` (wall time): the
 message is stored and acked at once, and first pushed to no subscription before
-it is due. Each topic indexes its delayed messages per stored run
+it is due. Each topic indexes its delayed messages in runs of consecutive offsets
 (:mod:`flux.shard.due_index`, a few bytes a message); the shard's timer heap
 (``ShardState._delays``) holds one entry per run with messages not yet due, keyed
 by the earliest, woken through ``next_deadline`` like every other timer; firing

@@ -62,7 +62,7 @@ class Topic:
     counted: int = 0  # its footprint in the shard's ``memory`` when last counted
     generation: int = 0  # a memory topic's is its shard's; a disk topic keeps its own (G9)
     journal: TopicJournal | None = None  # a disk topic's log (None: a memory topic)
-    # every held message published with a delay (G12), by stored run, in offset order; the
+    # every held message published with a delay (G12), in runs of offsets; the
     # first pushes of these come from each subscription's due heap
     delayed: TopicDelays = field(default_factory=TopicDelays)
 

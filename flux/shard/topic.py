@@ -120,7 +120,7 @@ class TopicLog:
         self._packed: list[bytes | tuple[bytes, ...] | None] = []  # None: evicted
         self._lens: list[bytes | array[int]] = []    # ... of these lengths ...
         self._at: list[float] = []                   # ... stored at this time ...
-        self._meta: list[Meta | None] = []           # ... with these keys, headers, dues ...
+        self._meta: list[Meta | None] = []           # ... with these keys and headers ...
         # ... in the record at (position, end) of the topic's log on disk, its payloads
         # taking this many bytes (placed logs; position -1: not known yet, never evicted)
         self._where: list[tuple[int, int, int]] | None = [] if placed else None
@@ -182,7 +182,7 @@ class TopicLog:
         """Store several messages at once (one chunk); returns the offset of the first.
         ``size``: their id and payload lengths summed, and ``lens``:
         :func:`payload_lengths` of them, if the caller already has them; ``meta``: their
-        keys, headers and due times, if any has one (its bytes count too)."""
+        keys and headers, if any has one (their bytes count too)."""
         offset = self._next
         if ids:
             self._meta.append(meta)
@@ -304,7 +304,7 @@ class TopicLog:
         return self._first[-1], self._ids[-1], packed
 
     def last_meta(self) -> Meta | None:
-        """The newest chunk's keys, headers and due times (None: it has none)."""
+        """The newest chunk's keys and headers (None: it has none)."""
         return self._meta[-1]
 
     def meta_of(self, offset: int) -> tuple[str | None, dict[str, str] | None, float | None]:
