@@ -274,3 +274,24 @@ def test_dues_brought_forward_again_and_again_keep_the_timer_heap_to_one_entry_p
     assert len(shard.core._delays) < 2 * 1024 + 10  # stale entries swept, not one a message
     shard.advance(n + 1.0)
     assert [o for o, _, _, _ in _delivered(client)] == list(range(n - 1, -1, -1))
+
+
+def test_a_long_session_forgets_the_delayed_pushes_it_acked_and_still_takes_their_acks(
+) -> None:
+    long = 1e5
+    shard = Shard({"subscriber.timeout": long, "message.ttl": long,
+                   "message.dedup_window": long, "subscriber.heartbeat": long,
+                   "limits.hello_timeout": long})
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC, credit=100_000)
+    n = 10_000
+    for start in range(0, n, 500):
+        _publish(client, [f"m{i}" for i in range(start, start + 500)], {"delay": 1.0})
+    for t in range(1, 101):  # pushed max_in_flight (100) at a time, each acked as it comes
+        shard.advance(float(t))
+        offsets = [o for o, _, _, _ in _delivered(client)]
+        assert client.ack_frame(1, offsets)[4] == []
+    [sub] = shard.core.topics[TOPIC].subs.values()
+    assert sub.cursor == n
+    assert len(sub.due_pushed) <= 2 * 4096
+    assert client.ack_frame(1, [0, 5000])[4] == []  # acked long ago: not refused

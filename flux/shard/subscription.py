@@ -72,8 +72,11 @@ class Subscription:
         if self.session is None:
             return False
         delayed = self.delayed
-        if delayed and offset in delayed:  # pushed from the due heap, if at all
-            return offset in self.due_pushed
+        if delayed and offset in delayed:  # pushed from the due heap, if at all (one acked
+            # in this attachment was pushed in it: due_pushed lets those go)
+            return offset in self.due_pushed or (
+                offset >= self.attached_from and offset not in self.preacked
+                and (offset < self.cursor or offset in self.acked))
         return self.attached_from <= offset < self.next_push and offset not in self.preacked
 
     def ack(self, offset: int) -> bool:
