@@ -86,35 +86,28 @@ def meta_size(key: str | None, headers: dict[str, str] | None) -> int:
 
 
 class Meta(NamedTuple):
-    """Keys, headers and due times of one stored run of messages (a chunk); a column is
-    None when no message of the run has one. ``dues`` are on the shard's monotonic clock
-    (None for a message due when stored); ``sizes`` are :func:`meta_size` of each."""
+    """Keys and headers of one stored run of messages (a chunk); a column is None when no
+    message of the run has one; ``sizes`` are :func:`meta_size` of each. (A shard keeps
+    due times apart, :mod:`flux.shard.due_index`.)"""
 
     keys: tuple[str | None, ...] | None
     headers: tuple[dict[str, str] | None, ...] | None
-    dues: tuple[float | None, ...] | None
     sizes: tuple[int, ...]
-
-    def delayed(self) -> bool:
-        return self.dues is not None and any(d is not None for d in self.dues)
 
 
 def make_meta(keys: Sequence[str | None] | None, headers: Sequence[dict[str, str] | None] | None,
-              dues: Sequence[float | None] | None, count: int) -> Meta | None:
+              count: int) -> Meta | None:
     """A run's :class:`Meta`, or None when it carries nothing (the usual case)."""
     if keys is not None and all(k is None for k in keys):
         keys = None
     if headers is not None and not any(headers):
         headers = None
-    if dues is not None and all(d is None for d in dues):
-        dues = None
-    if keys is None and headers is None and dues is None:
+    if keys is None and headers is None:
         return None
     sizes = tuple(meta_size(keys[i] if keys is not None else None,
                             headers[i] if headers is not None else None) for i in range(count))
     return Meta(tuple(keys) if keys is not None else None,
-                tuple(headers) if headers is not None else None,
-                tuple(dues) if dues is not None else None, sizes)
+                tuple(headers) if headers is not None else None, sizes)
 
 
 def columns(keys: list[str | None], headers: list[dict[str, str] | None],

@@ -176,9 +176,12 @@ def test_the_timer_index_fires_only_what_is_due() -> None:
     shard = Shard()
     client = shard.connect()
     _publish(client, [f"m{i}" for i in range(50)], {"delay": [float(i + 1) for i in range(50)]})
-    assert len(shard.core._delays) == 50
+    delayed = shard.core.topics[TOPIC].delayed
+    assert len(shard.core._delays) == 1  # one timer entry for the run of 50
+    assert delayed.pending(0, set(), 0.0) == 50
     shard.advance(10.5)
-    assert len(shard.core._delays) == 40
+    assert len(shard.core._delays) == 1
+    assert delayed.pending(0, set(), 10.5) == 40
     assert shard.core.next_deadline() == 11.0
 
 
@@ -253,3 +256,42 @@ def test_a_kept_message_counts_toward_the_topics_bytes_until_it_goes() -> None:
     assert shard.topic_stats()["held_bytes"] == held - 2  # x went (payload and id); d stays
     shard.advance(60.0)
     assert shard.topic_stats()["held"] == 0
+
+
+def test_dues_brought_forward_again_and_again_keep_the_timer_heap_to_one_entry_per_run(
+) -> None:
+    long = 1e5  # nothing times out, expires or is cleaned up meanwhile
+    shard = Shard({"subscriber.max_in_flight": 5000, "subscriber.timeout": long,
+                   "message.ttl": long, "message.dedup_window": long,
+                   "subscriber.heartbeat": long, "limits.hello_timeout": long})
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC, credit=5000)
+    n = 3000
+    for start in range(0, n, 500):  # published latest first, one message a group
+        groups = [[TOPIC, [f"m{i}"], [b"x"], {"delay": float(n - i)}]
+                  for i in range(start, start + 500)]
+        assert client.publish_frame(groups)[0] == P.PUBLISHED
+    assert len(shard.core._delays) < 2 * 1024 + 10  # stale entries swept, not one a message
+    shard.advance(n + 1.0)
+    assert [o for o, _, _, _ in _delivered(client)] == list(range(n - 1, -1, -1))
+
+
+def test_a_long_session_forgets_the_delayed_pushes_it_acked_and_still_takes_their_acks(
+) -> None:
+    long = 1e5
+    shard = Shard({"subscriber.timeout": long, "message.ttl": long,
+                   "message.dedup_window": long, "subscriber.heartbeat": long,
+                   "limits.hello_timeout": long})
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC, credit=100_000)
+    n = 10_000
+    for start in range(0, n, 500):
+        _publish(client, [f"m{i}" for i in range(start, start + 500)], {"delay": 1.0})
+    for t in range(1, 101):  # pushed max_in_flight (100) at a time, each acked as it comes
+        shard.advance(float(t))
+        offsets = [o for o, _, _, _ in _delivered(client)]
+        assert client.ack_frame(1, offsets)[4] == []
+    [sub] = shard.core.topics[TOPIC].subs.values()
+    assert sub.cursor == n
+    assert len(sub.due_pushed) <= 2 * 4096
+    assert client.ack_frame(1, [0, 5000])[4] == []  # acked long ago: not refused

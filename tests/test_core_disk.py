@@ -341,5 +341,5 @@ def test_keys_headers_and_due_times_survive_in_the_publish_record() -> None:
         (i, i.encode(), 0.0) for i in ("old", "k", "d")]
     assert topic.log.meta_of(1) == ("key", {"h": "v"}, None)
     assert topic.log.meta_of(2) == (None, None, 30.0)
-    assert topic.delayed == {2: 30.0}
+    assert dict(topic.delayed.items()) == {2: 30.0}
     assert topic.log.held_bytes == held.log.held_bytes  # ids, payloads read back, meta

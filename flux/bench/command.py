@@ -38,7 +38,8 @@ PEERS = {"nats": ["nats", "jetstream"], "redis": ["redis"], "all": ["nats", "jet
               help="What to run, comma-separated: main (the figures above), durable (disk topics"
                    " beside JetStream file storage and Redis AOF), recovery (a killed shard"
                    " restarting over a full disk topic), dedup (one topic's dedup window alone"
-                   " at 1M, 4M and 10M ids: worst call, p99.9, bytes per id).")
+                   " at 1M, 4M and 10M ids: worst call, p99.9, bytes per id), delayed (1M"
+                   " pending delayed messages' bytes each, and lateness at 20k due a second).")
 @click.option("--in-flight", "in_flight", type=click.IntRange(min=1), default=2048, show_default=True,
               help="Publishes kept in flight on every durable row (calls of 256 messages).")
 @click.option("--data-dir", "data_dir", type=click.Path(file_okay=False), default=None,
@@ -66,6 +67,8 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
     publishes in flight, Flux's publish latency beside the disk's fsync time.
     Recovery (--sections recovery): a shard killed over a full disk topic. Dedup
     (--sections dedup): one topic's dedup window alone, its worst call and bytes per id.
+    Delayed (--sections delayed): what a pending delayed message costs beyond an
+    ordinary held one, and how late due messages arrive at 20k a second.
     Producers and consumers run in their own processes. Every system's
     configuration is pinned and printed. Results: OUT/bench.json and PNG plots.
     """
@@ -85,15 +88,24 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
     except ValueError:
         raise click.BadParameter("a comma-separated list of byte counts", param_hint="--sizes") from None
     chosen = tuple(s.strip() for s in sections.split(",") if s.strip())
-    unknown = [s for s in chosen if s not in ("main", "durable", "recovery", "dedup")]
+    unknown = [s for s in chosen
+               if s not in ("main", "durable", "recovery", "dedup", "delayed")]
     if unknown or not chosen:
-        raise click.BadParameter(f"expected main, durable, recovery and/or dedup, got"
+        raise click.BadParameter(f"expected main, durable, recovery, dedup and/or delayed, got"
                                  f" {sections!r}", param_hint="--sections")
     if "dedup" in chosen:  # a micro-benchmark of its own, no broker: first, and printed at once
         from flux.bench import dedup
         for line in dedup.run([100_000, 400_000] if quick else list(dedup.SIZES), dedup.GROUP):
             click.echo(line.line())
         chosen = tuple(s for s in chosen if s != "dedup")
+        if not chosen:
+            return
+    if "delayed" in chosen:  # its own core fills and its own server: printed at once
+        from flux.bench import delayed
+        for text in delayed.run(100_000 if quick else 1_000_000, delayed.GROUP, 20_000.0,
+                                2.0 if quick else 10.0, 0 if quick else 1_000_000):
+            click.echo(text)
+        chosen = tuple(s for s in chosen if s != "delayed")
         if not chosen:
             return
     try:

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from flux import errors
 from flux.shard.dead_letters import DeadLetters
+from flux.shard.delayed import KeepDelayed
 from flux.shard.journal import TRIM
 from flux.shard.state import Topic
 
@@ -85,7 +88,7 @@ class Cleanup(DeadLetters):
                 for sub in topic.subs.values():
                     if sub.cursor < below:
                         below = sub.cursor
-                keep = None
+                keep: KeepDelayed | None = None
                 if topic.delayed:  # held until ttl after it is due (G12)
                     if topic.journal is None:  # out of line: the others are trimmed (G5)
                         keep = self._delay_keep(topic, now)
@@ -99,7 +102,7 @@ class Cleanup(DeadLetters):
                     if topic.journal is not None:  # trimmed messages stay gone after a restart
                         topic.journal.append(TRIM, [log.oldest])
                     self._recount(topic)
-                    for start, count in _runs(first, dropped, keep):
+                    for start, count in _runs(first, dropped, keep.kept if keep else ()):
                         self.counters["trimmed"] += count
                         self._emit("trimmed", topic.name, start, count)
                     budget -= dropped
@@ -141,7 +144,7 @@ class Cleanup(DeadLetters):
                     self._delete_subscription(sub)
 
 
-def _runs(first: int, count: int, keep: dict[int, float] | None) -> list[tuple[int, int]]:
+def _runs(first: int, count: int, keep: Sequence[int]) -> list[tuple[int, int]]:
     """The runs of offsets ``first`` .. ``first + count - 1`` not in ``keep``."""
     if not keep:
         return [(first, count)]

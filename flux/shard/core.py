@@ -11,6 +11,7 @@ and runs timers; the mixins it combines handle each kind of request.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -336,9 +337,12 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         if journal is not None:
             journal.writer.snapshot = lambda: self._snapshot(topic)
             self._back(topic)
-        for offset, due in topic.delayed.items():  # delayed messages survive restarts (G12)
-            if due > now:
-                heapq.heappush(self._delays, (due, offset, topic.name))
+        for run in topic.delayed.runs():  # delayed messages survive restarts (G12)
+            run.fire(now)  # those due by now are pushed as soon as a session attaches
+            due = run.next_due()
+            run.timer = math.inf if due is None else due
+            if due is not None:
+                heapq.heappush(self._delays, (due, next(self._timer_seq), run))
         self._recount(topic)
         self._reconcile_dead_letters(topic)  # a dead letter's record is its ack too (G11)
 

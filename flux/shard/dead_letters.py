@@ -73,21 +73,21 @@ class DeadLetters(PushCounts):
             self._park(topic, sub, offset, pushes, reason, exc)
             return False
         dlq_log = dlq.log
-        meta = make_meta([key], [letter], None, 1)
+        meta = make_meta([key], [letter], 1)
         first = dlq_log.extend((entry.id,), [entry.payload], now, meta=meta)
         journal = dlq.journal
         if journal is not None:
             _, ids, packed = dlq_log.last_chunk()
             wall = self.epoch + now
             end = journal.append(PUBLISH, journal.publish_body(
-                first, wall, ids, packed, record_meta(meta, self.epoch)))
+                first, wall, ids, packed, record_meta(meta, None, self.epoch)))
             if journal.last_position >= 0:
                 dlq_log.place(journal.last_position, end)
             journal.expose_at(end, dlq_log.next_offset)
             journal.published_at(end, dlq_log.next_offset, wall)
         self._recount(dlq)
         for reader in dlq.subs.values():
-            if reader.session is not None:
+            if reader.pushing:
                 self._dirty[id(reader)] = reader
         self._count_dead(topic, sub, offset)
         sub.dead_lettered += 1

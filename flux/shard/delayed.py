@@ -2,9 +2,11 @@
 
 A publish may ask for ``delay`` (seconds) or ``deliver_at`` (wall time): the
 message is stored and acked at once, and first pushed to no subscription before
-it is due. The shard keeps the delayed messages not yet due in one heap keyed by
-due time (``ShardState._delays``), woken through ``next_deadline`` like every
-other timer; firing one looks at that message alone. A subscription's first
+it is due. Each topic indexes its delayed messages in runs of consecutive offsets
+(:mod:`flux.shard.due_index`, a few bytes a message); the shard's timer heap
+(``ShardState._delays``) holds one entry per run with messages not yet due, keyed
+by the earliest, woken through ``next_deadline`` like every other timer; firing
+looks at the messages due alone. A subscription's first
 pushes go in (due time, offset) order, an undelayed message being due when
 stored: the undelayed ones come from its offset cursor (``next_push``), skipping
 delayed offsets, and the due delayed ones from its own small heap, merged by wall
@@ -20,6 +22,7 @@ from typing import Any
 
 from flux import errors
 from flux.message_meta import Meta, check_delay, check_headers, check_key, check_time
+from flux.shard.due_index import TopicDelays
 from flux.shard.state import ShardState, Topic
 from flux.shard.subscription import Subscription
 
@@ -84,36 +87,49 @@ def group_options(opts: Any, n: int) -> GroupOptions:
                         column("delay", True), column("deliver_at", True))
 
 
-def record_meta(meta: Meta | None, epoch: float) -> dict[str, Any] | None:
+def record_meta(meta: Meta | None, dues: list[float | None] | None,
+                epoch: float) -> dict[str, Any] | None:
     """A PUBLISH record's optional fifth field (PROTOCOL.md §14.4): the run's keys,
-    headers and due times (wall), only the columns it has."""
-    if meta is None:
+    headers and due times (``dues`` monotonic, recorded as wall times), only the columns
+    it has."""
+    if meta is None and dues is None:
         return None
     out: dict[str, Any] = {}
-    if meta.keys is not None:
+    if meta is not None and meta.keys is not None:
         out["keys"] = list(meta.keys)
-    if meta.headers is not None:
+    if meta is not None and meta.headers is not None:
         out["headers"] = list(meta.headers)
-    if meta.dues is not None:
-        out["due"] = [None if d is None else epoch + d for d in meta.dues]
+    if dues is not None:
+        out["due"] = [None if d is None else epoch + d for d in dues]
     return out
 
 
 class Delays(ShardState):
     """The delayed messages of every topic: holding, firing, ordering, cleanup limits."""
 
-    def _hold_delayed(self, topic: Topic, first: int, dues: tuple[float | None, ...]) -> None:
-        """Messages from offset ``first`` were stored with these due times: index those
-        not due yet (``now`` is the store time, so every given due is in the future)."""
-        name, delayed, heap = topic.name, topic.delayed, self._delays
-        for i, due in enumerate(dues):
-            if due is not None:
-                delayed[first + i] = due
-                heapq.heappush(heap, (due, first + i, name))
+    def _hold_delayed(self, topic: Topic, first: int, dues: list[float | None]) -> None:
+        """Messages from offset ``first`` were stored with these due times (None: due
+        when stored): index them (``now`` is the store time, so every given due is in the
+        future), and wake their run earlier if one of them is due before its timer."""
+        run, soonest = topic.delayed.add(topic.name, first, dues)
+        if run is None or soonest >= run.timer:
+            return
+        heap = self._delays
+        if run.timer != math.inf:  # its entry in the heap goes stale (skipped when popped)
+            self._stale_delays += 1
+            if self._stale_delays > 1024 and 2 * self._stale_delays > len(heap):
+                # dues brought forward again and again (published latest first): keep
+                # the heap to one entry per run
+                live = {id(r): (at, seq, r) for at, seq, r in heap if at == r.timer}
+                heap[:] = live.values()
+                heapq.heapify(heap)
+                self._stale_delays = 0
+        run.timer = soonest
+        heapq.heappush(heap, (soonest, next(self._timer_seq), run))
 
     def _due_of(self, topic: Topic, offset: int) -> float | None:
         """The wall due time of a held delayed message at ``offset`` (None otherwise)."""
-        due = topic.delayed.get(offset)
+        due = topic.delayed.due_of(offset)
         return None if due is None else self.epoch + due
 
     def _fire_delays(self, now: float) -> None:
@@ -123,77 +139,100 @@ class Delays(ShardState):
         heap = self._delays
         topics, epoch, dirty = self.topics, self.epoch, self._dirty
         while heap and heap[0][0] <= now:
-            due, offset, name = heapq.heappop(heap)
-            topic = topics.get(name)
-            if topic is None or topic.delayed.get(offset) != due:
+            at, _, run = heapq.heappop(heap)
+            if at != run.timer:
+                continue  # its timer was brought forward since
+            topic = topics.get(run.topic)
+            if topic is None or topic.delayed.run_of(run.first) is not run:
                 continue  # trimmed, or the topic is gone
-            entry = (epoch + due, offset)
-            for sub in topic.subs.values():
-                if sub.pushing and _wants(sub, offset):
-                    heapq.heappush(sub.due_heap, entry)
-                    dirty[id(sub)] = sub
+            fired = run.fire(now)
+            due = run.next_due()
+            run.timer = math.inf if due is None else due
+            if due is not None:
+                heapq.heappush(heap, (due, next(self._timer_seq), run))
+            subs = [sub for sub in topic.subs.values() if sub.pushing]
+            if not subs:
+                continue
+            first, dues, log = run.first, run.dues, topic.log
+            for i in fired:
+                offset = first + i
+                if not log.holds(offset):
+                    continue
+                entry = (epoch + dues[i], offset)
+                for sub in subs:
+                    if _wants(sub, offset):
+                        heapq.heappush(sub.due_heap, entry)
+                        dirty[id(sub)] = sub
 
     def _attach_delays(self, topic: Topic, sub: Subscription, now: float) -> None:
         """A session attached: the delayed messages due already that it has still to
         push go to its due heap (those not due join when they are)."""
-        sub.delayed = topic.delayed
-        if not topic.delayed:
+        sub.delayed = delayed = topic.delayed
+        if not delayed:
             return
-        epoch = self.epoch
-        sub.due_heap = [(epoch + due, o) for o, due in topic.delayed.items()
-                        if due <= now and _wants(sub, o)]
-        heapq.heapify(sub.due_heap)
+        epoch, log = self.epoch, topic.log
+        heap: list[tuple[float, int]] = []
+        for run in delayed.runs(max(sub.cursor, sub.attached_from)):
+            first, dues = run.first, run.dues
+            for i in run.seal()[:run.due_by(now)]:
+                o = first + i
+                if _wants(sub, o) and log.holds(o):
+                    heap.append((epoch + dues[i], o))
+        heapq.heapify(heap)
+        sub.due_heap = heap
 
     def _delay_hold(self, topic: Topic, now: float) -> int | None:
         """The lowest offset cleanup must keep for delayed messages: the first held one
         not due for ``ttl`` yet (G12: held until at least ``ttl`` after it is due); None
         when no delayed message holds anything. Forgets trimmed ones on the way."""
-        delayed = topic.delayed
-        if not delayed:
-            return None
-        limit = now - topic.settings.ttl
         self._forget_gone(topic)
-        for o, due in delayed.items():
-            if due > limit:
-                return o
-        return None
+        return topic.delayed.hold(topic.log.lowest, now - topic.settings.ttl)
 
-    def _delay_keep(self, topic: Topic, now: float) -> dict[int, float]:
-        """The delayed messages of a memory topic that cleanup must keep out of line if it
-        trims past them: those not ``ttl`` past their due time (forgets trimmed ones)."""
-        limit = now - topic.settings.ttl
+    def _delay_keep(self, topic: Topic, now: float) -> KeepDelayed:
+        """What cleanup of a memory topic must keep out of line if it trims past it: the
+        delayed messages not ``ttl`` past their due time (forgets trimmed ones)."""
         self._forget_gone(topic)
-        oldest = topic.log.oldest
-        return {o: due for o, due in topic.delayed.items() if o >= oldest and due > limit}
+        return KeepDelayed(topic.delayed, now - topic.settings.ttl)
 
     def _release_kept(self, topic: Topic, now: float) -> None:
         """Delete the kept delayed messages now ``ttl`` past their due time and acked by
-        every subscription (below every cursor)."""
+        every subscription (below every cursor). Looks at none of them before the
+        earliest of their due times is ``ttl`` past (unless one waits for a cursor)."""
         log, delayed = topic.log, topic.delayed
-        below = min((sub.cursor for sub in topic.subs.values()), default=log.next_offset)
         limit = now - topic.settings.ttl
-        gone = log.release(lambda o: o < below and delayed.get(o, -math.inf) <= limit)
+        if limit < delayed.release_at:
+            return
+        below = min((sub.cursor for sub in topic.subs.values()), default=log.next_offset)
+        soonest = math.inf
+
+        def done(o: int) -> bool:
+            nonlocal soonest
+            due = delayed.due_of(o)
+            if due is not None and due > limit:
+                soonest = min(soonest, due)
+                return False
+            if o >= below:
+                soonest = -math.inf  # it waits for a cursor: look again next pass
+                return False
+            return True
+
+        gone = log.release(done)
+        delayed.release_at = soonest
         for o in gone:
-            delayed.pop(o, None)
             self.counters["trimmed"] += 1
             self._emit("trimmed", topic.name, o, 1)
         if gone:
+            self._forget_gone(topic)
             self._recount(topic)
 
     def _forget_gone(self, topic: Topic) -> None:
-        """Forget the delayed offsets no longer held (a prefix, in offset order)."""
-        delayed, log = topic.delayed, topic.log
-        lowest, oldest = log.lowest, log.oldest
-        for o in [o for o in delayed if o < oldest]:
-            if o < lowest or log.get(o) is None:
-                del delayed[o]
+        """Forget the runs of delayed messages no longer held (below the lowest offset)."""
+        topic.delayed.forget_below(topic.log.lowest)
 
     def _pending_of(self, topic: Topic, sub: Subscription, now: float) -> int:
         """Delayed messages not due yet that ``sub`` has not acked (its lag leaves them
         out; STATS shows them apart)."""
-        cursor, acked = sub.cursor, sub.acked
-        return sum(1 for o, due in topic.delayed.items()
-                   if due > now and o >= cursor and o not in acked)
+        return topic.delayed.pending(sub.cursor, sub.acked, now)
 
     def _due_order(self, sub: Subscription, topic: Topic, start: int, end: int,
                    room: int) -> tuple[list[int], int]:
@@ -207,7 +246,10 @@ class Delays(ShardState):
         picks: list[int] = []
         o = start
         while len(picks) < room:
-            while o < stored and (o in delayed or o in acked):
+            while o < stored:  # the next undelayed offset not acked (runs passed at once)
+                o = delayed.undelayed_from(o)
+                if o not in acked:
+                    break
                 o += 1
             while heap and not _wants(sub, heap[0][1]):
                 heapq.heappop(heap)  # acked meanwhile (or below the cursor)
@@ -222,6 +264,25 @@ class Delays(ShardState):
             else:
                 break
         return picks, o
+
+
+class KeepDelayed:
+    """For :meth:`TopicLog.trim`: which offsets of a range it drops stay held out of line
+    (delayed messages not ``ttl`` past their due time); ``kept`` collects them."""
+
+    __slots__ = ("delayed", "kept", "limit")
+
+    def __init__(self, delayed: TopicDelays, limit: float) -> None:
+        self.delayed = delayed
+        self.limit = limit
+        self.kept: list[int] = []
+
+    def __call__(self, start: int, stop: int) -> list[int]:
+        keep = self.delayed.keep(start, stop, self.limit) if self.delayed else []
+        if keep:
+            self.kept += keep
+            self.delayed.release_at = -math.inf  # one may be due before those kept so far
+        return keep
 
 
 def _wants(sub: Subscription, offset: int) -> bool:

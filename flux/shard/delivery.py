@@ -40,7 +40,7 @@ class Delivery(Settling):
         if session is None:
             return
         delayed = topic.delayed
-        if delayed and (sub.due_heap or next(reversed(delayed)) >= start):
+        if delayed and (sub.due_heap or delayed.last >= start):
             self._push_in_due_order(sub, session, topic, start, end, room, now)
             return
         stop = min(end, start + room)
@@ -101,8 +101,11 @@ class Delivery(Settling):
                 ids, payloads, times = self._columns(log, picks)
             except errors.StorageUnavailable:
                 return  # damage read back (logged; the shard stops to recover): nothing pushed
-            delayed = topic.delayed
-            sub.due_pushed.update(o for o in picks if o in delayed)
+            delayed, pushed = topic.delayed, sub.due_pushed
+            if len(pushed) > 4096 and len(pushed) > 2 * len(sub.in_flight):
+                in_flight = sub.in_flight  # the acked ones go: a session's pushes add up
+                sub.due_pushed = pushed = {o for o in pushed if o in in_flight}
+            pushed.update(o for o in picks if o in delayed)
             sub.in_flight.push_first(picks)
             self._count_pushes(topic, sub, sorted(picks), 1)
             self._await_ack(session, sub, now + topic.settings.timeout, sorted(picks), 1)

@@ -105,7 +105,9 @@ class Publishing(Delays):
                     first, stored, packed = log.last_chunk()
                     wall = self.epoch + now
                     end = journal.append(PUBLISH, journal.publish_body(
-                        first, wall, stored, packed, record_meta(log.last_meta(), self.epoch)))
+                        first, wall, stored, packed, record_meta(
+                            log.last_meta(), topic.delayed.column(first, len(stored))
+                            if topic.delayed.last >= first else None, self.epoch)))
                     if journal.last_position >= 0:  # where its payloads can be read back
                         log.place(journal.last_position, end)
                     journal.expose_at(end, log.next_offset)
@@ -314,12 +316,11 @@ class Publishing(Delays):
         if new_ids:
             # G2/G3: store the accepted messages and remember their ids
             stored = tuple(new_ids)  # one tuple held by both the log and the dedup window
-            meta = None if opts is None else make_meta(new_keys, new_headers, new_dues,
-                                                       len(new_ids))
+            meta = None if opts is None else make_meta(new_keys, new_headers, len(new_ids))
             first = topic.log.extend(stored, new_payloads, now, meta=meta)
             topic.dedup.remember_all(stored, first, now)
-            if meta is not None and meta.dues is not None:
-                self._hold_delayed(topic, first, meta.dues)
+            if dues is not None and any(due is not None for due in new_dues):
+                self._hold_delayed(topic, first, new_dues)
             self._recount(topic)
             self.counters["published"] += len(new_ids)
             self.counters["bytes_in"] += sum(map(len, new_payloads))

@@ -87,7 +87,7 @@ class Pull(ShardState):
                 first = first_field = span.start
                 if span:
                     ids, payloads, times = log.span(span.start, span.stop, self.epoch)
-                    if log.metas:  # keys, headers and due times (G12: whatever is due)
+                    if log.metas or topic.delayed:  # keys, headers, due times (G12: whatever is due)
                         meta = log.meta_columns(span, self.epoch)
         else:
             first_field = first

@@ -24,6 +24,7 @@ from flux.message_meta import make_meta
 from flux.policies import TopicSettings
 from flux.shard import journal as J
 from flux.shard.dedup import DedupWindow
+from flux.shard.due_index import TopicDelays
 from flux.shard.publish_record import read_publish
 from flux.shard.sharing import Group
 from flux.shard.state import Topic
@@ -61,7 +62,7 @@ class TopicReplay:
         self.messages = 0
         self.gaps = 0
         self.published: list[tuple[int, int, float]] = []  # (end, next offset, wall) each
-        self.delayed: dict[int, float] = {}  # offset -> due (monotonic) of delayed messages
+        self.delayed = TopicDelays()  # the runs of delayed messages
         self.pushes: dict[str, dict[int, int]] = {}  # name -> offset -> pushes used (G11)
 
     def feed(self, rec: Record) -> None:
@@ -127,9 +128,9 @@ class TopicReplay:
             epoch, n = self.epoch, len(chunk)
             dues = fields.get("due")
             if dues is not None:  # wall due times, back on this incarnation's clock
-                dues = [None if d is None else d - epoch for d in dues]
-                self.delayed.update((first + i, d) for i, d in enumerate(dues) if d is not None)
-            meta = make_meta(fields.get("keys"), fields.get("headers"), dues, n)
+                self.delayed.add(self.name, first,
+                                 [None if d is None else d - epoch for d in dues])
+            meta = make_meta(fields.get("keys"), fields.get("headers"), n)
         log.extend_placed(chunk, lens, stored_at, position, end, size, meta)
         if self.dedup.window > 0 and stored_at > self.forgotten_by:
             self.dedup.remember_all(chunk, first, stored_at, size)
@@ -152,9 +153,9 @@ class TopicReplay:
         if self.oldest > log.oldest:
             log.trim(self.oldest, math.inf)
         self.dedup.expire(now)
-        topic = Topic(self.name, log, self.dedup, self.settings, generation=generation)
-        oldest = log.oldest
-        topic.delayed = {o: due for o, due in self.delayed.items() if o >= oldest}
+        self.delayed.forget_below(log.oldest)
+        topic = Topic(self.name, log, self.dedup, self.settings, generation=generation,
+                      delayed=self.delayed)
         for name, (mode, start, created, cursor, acked) in self.subs.items():
             if reset:
                 cursor, start, acked = log.oldest, log.oldest, set()

@@ -420,7 +420,7 @@ class Sharing(Delivery):
         end = topic.exposed
         start = max(sub.next_push, sub.cursor, log.oldest)
         delayed = topic.delayed
-        if delayed and (sub.due_heap or next(reversed(delayed)) >= start):
+        if delayed and (sub.due_heap or delayed.last >= start):
             picks, next_push = self._due_order(sub, topic, start, end, room)
             sub.due_pushed.update(o for o in picks if o in delayed)
             sub.next_push = next_push

@@ -22,6 +22,7 @@ from flux.histogram import LatencyHistogram
 from flux.policies import TopicSettings
 from flux.shard.cache import PayloadCache, TopicPayloads
 from flux.shard.dedup import DedupWindow
+from flux.shard.due_index import DueRun, TopicDelays
 from flux.shard.journal import (
     CURSOR,
     SNAPSHOT,
@@ -61,9 +62,12 @@ class Topic:
     counted: int = 0  # its footprint in the shard's ``memory`` when last counted
     generation: int = 0  # a memory topic's is its shard's; a disk topic keeps its own (G9)
     journal: TopicJournal | None = None  # a disk topic's log (None: a memory topic)
-    # offset -> due time (monotonic) of every held message published with a delay (G12),
-    # in offset order; the first pushes of these come from each subscription's due heap
-    delayed: dict[int, float] = field(default_factory=dict)
+    # every held message published with a delay (G12), in runs of offsets; the
+    # first pushes of these come from each subscription's due heap
+    delayed: TopicDelays = field(default_factory=TopicDelays)
+
+    def __post_init__(self) -> None:
+        self.log.dues = self.delayed  # the only place due times are kept
 
     @property
     def exposed(self) -> int:
@@ -136,9 +140,11 @@ class ShardState:
         self._conn_ids = itertools.count(1)
         self._timer_seq = itertools.count()
         self._timers: list[tuple[float, int, PushTimers]] = []
-        # the delayed messages not due yet, as (due, offset, topic): the shard's timer index
-        # of G12 (a heap: the earliest due on top, nothing else looked at)
-        self._delays: list[tuple[float, int, str]] = []
+        # the runs of delayed messages with some not due yet, as (earliest such due, seq,
+        # run): the shard's timer index of G12 (a heap: one entry per run, the earliest on
+        # top, nothing else looked at)
+        self._delays: list[tuple[float, int, DueRun]] = []
+        self._stale_delays = 0  # entries of _delays whose run's timer came earlier since
         self._dirty: dict[int, Subscription] = {}
         self._owned: dict[str, bool] = {}
         self._started = now

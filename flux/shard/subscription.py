@@ -11,7 +11,7 @@ are uniform, so each queue is already in time order and needs no heap.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -100,7 +100,7 @@ class Subscription(PushTimers):
     # ``delayed`` is the topic's map of delayed offsets (shared, not copied)
     due_heap: list[tuple[float, int]] = field(default_factory=list)
     due_pushed: set[int] = field(default_factory=set)
-    delayed: dict[int, float] | None = None
+    delayed: Container[int] | None = None
     # G11, for the attached session (reset on attach/detach): nak'd offsets out of the
     # window until their re-push -> pushes used, their re-push times as a heap of (at,
     # offset, pushes, epoch), and in_progress's later ack deadlines (offset -> when)
@@ -144,8 +144,11 @@ class Subscription(PushTimers):
         if self.session is None:
             return False
         delayed = self.delayed
-        if delayed and offset in delayed:  # pushed from the due heap, if at all
-            return offset in self.due_pushed
+        if delayed and offset in delayed:  # pushed from the due heap, if at all (one acked
+            # in this attachment was pushed in it: due_pushed lets those go)
+            return offset in self.due_pushed or (
+                offset >= self.attached_from and offset not in self.preacked
+                and (offset < self.cursor or offset in self.acked))
         return self.attached_from <= offset < self.next_push and offset not in self.preacked
 
     def ack(self, offset: int) -> bool:

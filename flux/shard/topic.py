@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 from operator import add
 from typing import Any, NamedTuple, Protocol, cast
@@ -68,6 +68,18 @@ class ChunkStore(Protocol):
         ...
 
 
+class DueTimes(Protocol):
+    """Where a log finds its messages' due times (:class:`flux.shard.due_index.TopicDelays`)."""
+
+    def __bool__(self) -> bool:
+        """Whether any held message may be delayed."""
+        ...
+
+    def due_of(self, offset: int) -> float | None:
+        """The due time (monotonic) of the message at ``offset`` (None: not delayed)."""
+        ...
+
+
 class Entry(NamedTuple):
     """A held message. ``stored_at`` is on the shard's monotonic clock."""
 
@@ -95,7 +107,7 @@ class TopicLog:
     """
 
     __slots__ = ("_at", "_first", "_head", "_ids", "_kept", "_lens", "_meta", "_next",
-                 "_packed", "_skip", "_where", "held_bytes", "metas", "store")
+                 "_packed", "_skip", "_where", "dues", "held_bytes", "metas", "store")
 
     def __init__(self, start: int = 0, *, placed: bool = False) -> None:
         """An empty log whose first message gets offset ``start`` (a topic retired
@@ -108,7 +120,7 @@ class TopicLog:
         self._packed: list[bytes | tuple[bytes, ...] | None] = []  # None: evicted
         self._lens: list[bytes | array[int]] = []    # ... of these lengths ...
         self._at: list[float] = []                   # ... stored at this time ...
-        self._meta: list[Meta | None] = []           # ... with these keys, headers, dues ...
+        self._meta: list[Meta | None] = []           # ... with these keys and headers ...
         # ... in the record at (position, end) of the topic's log on disk, its payloads
         # taking this many bytes (placed logs; position -1: not known yet, never evicted)
         self._where: list[tuple[int, int, int]] | None = [] if placed else None
@@ -118,6 +130,7 @@ class TopicLog:
         self._next = start   # the offset the next message gets
         self.held_bytes = 0  # payload + id (+ key and header) bytes of held messages
         self.metas = 0       # chunks ever stored with a Meta (0: no message has one)
+        self.dues: DueTimes | None = None  # its messages' due times (set by its topic)
         # messages trimmed from the chunks but still held, below ``oldest``, by offset (in
         # increasing order): delayed messages not yet ``ttl`` past their due time (G12, G5
         # per message), with their (key, headers, due)
@@ -169,7 +182,7 @@ class TopicLog:
         """Store several messages at once (one chunk); returns the offset of the first.
         ``size``: their id and payload lengths summed, and ``lens``:
         :func:`payload_lengths` of them, if the caller already has them; ``meta``: their
-        keys, headers and due times, if any has one (its bytes count too)."""
+        keys and headers, if any has one (their bytes count too)."""
         offset = self._next
         if ids:
             self._meta.append(meta)
@@ -291,7 +304,7 @@ class TopicLog:
         return self._first[-1], self._ids[-1], packed
 
     def last_meta(self) -> Meta | None:
-        """The newest chunk's keys, headers and due times (None: it has none)."""
+        """The newest chunk's keys and headers (None: it has none)."""
         return self._meta[-1]
 
     def meta_of(self, offset: int) -> tuple[str | None, dict[str, str] | None, float | None]:
@@ -299,22 +312,22 @@ class TopicLog:
         message at ``offset``."""
         if offset < self.oldest and offset in self._kept:
             return self._kept[offset][1]
+        due = self.dues.due_of(offset) if self.dues else None
         if not self.metas:
-            return None, None, None
+            return None, None, due
         k = self._chunk(offset)
         meta = self._meta[k]
         if meta is None:
-            return None, None, None
+            return None, None, due
         i = offset - self._first[k]
         return (meta.keys[i] if meta.keys is not None else None,
-                meta.headers[i] if meta.headers is not None else None,
-                meta.dues[i] if meta.dues is not None else None)
+                meta.headers[i] if meta.headers is not None else None, due)
 
     def meta_columns(self, offsets: Sequence[int], epoch: float) -> dict[str, Any] | None:
         """The trailing map of a DELIVER or FETCHED of the held ``offsets``: their keys,
         headers and due times (wall: plus ``epoch``), only the columns any has a value in;
         None when none has (always, for a topic that never stored any)."""
-        if not self.metas:
+        if not self.metas and not self.dues:
             return None
         keys: list[str | None] = []
         headers: list[dict[str, str] | None] = []
@@ -326,11 +339,11 @@ class TopicLog:
             dues.append(None if due is None else epoch + due)
         return columns(keys, headers, dues)
 
-    def _keep(self, k: int, a: int, b: int, keep: dict[int, Any]) -> None:
-        """Items ``a`` to ``b - 1`` of chunk ``k`` are trimmed: hold those in ``keep`` out
+    def _keep(self, k: int, a: int, b: int, keep: Callable[[int, int], Iterable[int]]) -> None:
+        """Items ``a`` to ``b - 1`` of chunk ``k`` are trimmed: hold those ``keep`` names out
         of line (their bytes stay counted)."""
         first = self._first[k]
-        for o in (o for o in keep if first + a <= o < first + b):
+        for o in keep(first + a, first + b):
             i = o - first
             entry = Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])
             key, headers, due = self.meta_of(o)
@@ -474,12 +487,12 @@ class TopicLog:
         return range(offset, stop)
 
     def trim(self, below: int, stored_before: float, most: int | None = None,
-             keep: dict[int, Any] | None = None) -> int:
+             keep: Callable[[int, int], Iterable[int]] | None = None) -> int:
         """Drop held messages with offset < ``below`` stored at or before
         ``stored_before`` (at most ``most`` of them); stops at the first that must
-        stay (store times are walked in order). The offsets in ``keep`` (a log whose
-        payloads are all in memory) leave the chunks but stay held, out of line. Returns
-        the count dropped, kept ones included."""
+        stay (store times are walked in order). The offsets ``keep(start, stop)`` names
+        among each range it drops (a log whose payloads are all in memory) leave the
+        chunks but stay held, out of line. Returns the count dropped, kept ones included."""
         firsts, ats, ids, packed, lengths, metas = (self._first, self._at, self._ids,
                                                     self._packed, self._lens, self._meta)
         store = self.store
@@ -493,7 +506,7 @@ class TopicLog:
             if b <= a:
                 break
             resident = packed[k] is not None
-            if keep:
+            if keep is not None:
                 self._keep(k, a, b, keep)
             if a == 0 and b == len(chunk_ids):
                 self.held_bytes -= len("".join(chunk_ids)) + (sum(lens) if resident else 0)
