@@ -307,9 +307,11 @@ class Sharing(Delivery):
             if not keyed:
                 if type(picks) is range and not picks.start < group.counted_below:
                     # the usual case: a run of first pushes, an even slice of it to each
-                    # member with room (what one cannot take goes to the next)
+                    # member with room, the fullest first: what one cannot take goes to
+                    # the next, which can take more, so the last takes what is left
                     start, left = picks.start, len(picks)
-                    takers = [m for m in order if min(rooms[id(m)], credits[id(m)]) > 0]
+                    takers = sorted((m for m in order if min(rooms[id(m)], credits[id(m)]) > 0),
+                                    key=lambda m: min(rooms[id(m)], credits[id(m)]))
                     for i, m in enumerate(takers):
                         n = min(rooms[id(m)], credits[id(m)], -(-left // (len(takers) - i)))
                         if n > 0:
