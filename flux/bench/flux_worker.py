@@ -213,7 +213,7 @@ async def _aio_pool_consume(spec: Spec) -> Result:
                 spec.topic, options.get("name"), prefetch=spec.prefetch,
                 shared=bool(options.get("shared")),
                 key_ordered=bool(options.get("key_ordered"))) as sub:
-            start = ready_then_go()
+            pool.go()
 
             async def work() -> None:
                 taken: set[int] = set()
@@ -225,8 +225,6 @@ async def _aio_pool_consume(spec: Spec) -> Result:
                         pool.took()
                     await msg.ack()
 
-            result = await pool.until_done(work())
-            result.start = start
-            return result
+            return await pool.until_done(work())
     finally:
         pool.close()

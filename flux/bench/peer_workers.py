@@ -287,7 +287,7 @@ async def _js_pool_consume(spec: Spec) -> Result:
             spec.topic, durable=spec.options["name"], stream=STREAM,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
                                   max_ack_pending=spec.prefetch * pool.members))
-        start = ready_then_go()
+        pool.go()
 
         async def work() -> None:
             while True:
@@ -299,9 +299,7 @@ async def _js_pool_consume(spec: Spec) -> Result:
                     pool.took()
                     await msg.ack()
 
-        result = await pool.until_done(work())
-        result.start = start
-        return result
+        return await pool.until_done(work())
     finally:
         await nc.close()
         pool.close()
@@ -319,7 +317,7 @@ async def _redis_pool_consume(spec: Spec) -> Result:
     try:
         with contextlib.suppress(ResponseError):  # BUSYGROUP: another member made it
             await client.xgroup_create(spec.topic, GROUP, id="$", mkstream=True)
-        start = ready_then_go()
+        pool.go()
 
         async def work() -> None:
             while not pool.finished:
@@ -331,9 +329,7 @@ async def _redis_pool_consume(spec: Spec) -> Result:
                         await client.xack(spec.topic, GROUP, *(e[0] for e in entries))
 
         # a cancelled XREADGROUP can leave redis-py waiting: let the loop see the end
-        result = await pool.until_done(work(), grace=2.0)
-        result.start = start
-        return result
+        return await pool.until_done(work(), grace=2.0)
     finally:
         await client.aclose()
         pool.close()

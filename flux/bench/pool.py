@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Awaitable
 
-from flux.bench.worker import Result, Spec
+from flux.bench.worker import Result, Spec, ready_then_go
 
 SLOT = struct.Struct("<q")
 POLL = 0.005   # seconds between looks at the other members' counts
@@ -49,6 +49,10 @@ class PoolCounter:
         self._file = open(spec.options["tally"], "r+b")  # noqa: SIM115 (closed by close())
         self._map = mmap.mmap(self._file.fileno(), SLOT.size * self.members)
         self._all = struct.Struct(f"<{self.members}q")
+
+    def go(self) -> None:
+        """Report ready, wait for the go line; the start time goes in the result."""
+        self.result.start = ready_then_go()
 
     def took(self, n: int = 1) -> None:
         """``n`` messages taken by this member."""
