@@ -46,7 +46,8 @@ def test_plan_counts_every_step_it_reports() -> None:
 def test_quick_bench_of_flux_writes_its_figures(tmp_path: Path, client: str) -> None:
     out = tmp_path / "results"
     result = CliRunner().invoke(main, ["bench", "--quick", "--count", "2000", "--sizes", "100",
-                                       "--client", client, "--out", str(out)])
+                                       "--sections", "main,durable", "--client", client,
+                                       "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "bench.json").read_text())
     figures = data["figures"]

@@ -430,3 +430,14 @@ def test_with_a_dead_letter_policy_an_exhausted_message_goes_there_and_the_pool_
     assert shard.topic_stats(dead_letter_topic(TOPIC, NAME))["next_offset"] == 1
     a.publish("next")
     assert len(a.deliveries(1) + b.deliveries(1)) >= 1
+@pytest.mark.parametrize("wide_first", [True, False])
+def test_a_run_of_new_messages_all_go_out_when_windows_differ(wide_first: bool) -> None:
+    # an even split of a run gives a narrow window less; what it cannot take goes to a
+    # wider one, whatever the members' order (none skipped, never pushed)
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=6 if wide_first else 1)
+    _join(b, 1, max_in_flight=1 if wide_first else 6)
+    a.publish(*[f"m{i}" for i in range(7)])
+    got = [o for o, _ in a.deliveries(1) + b.deliveries(1)]
+    assert sorted(got) == list(range(min(got), min(got) + 7))

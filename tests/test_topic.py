@@ -520,3 +520,27 @@ def test_fit_takes_what_the_budgets_allow_and_at_least_one(
         used += sizes[stop]
         stop += 1
     assert log.fit(start, max_messages, max_bytes) == range(first, max(first, stop))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=6), st.integers(0, 60),
+       st.lists(st.integers(0, 200), max_size=60), st.booleans(), st.data())
+def test_columns_read_together_match_reading_one_by_one(
+        runs: list[int], below: int, kept: list[int], large: bool, data: st.DataObject) -> None:
+    log = TopicLog()
+    size = 300 if large else 20   # held as they came, or packed
+    for n, at in zip(runs, range(len(runs)), strict=False):
+        first = log.next_offset
+        log.extend([f"id{first + i}" for i in range(n)],
+                   [bytes([(first + i) % 256]) * size for i in range(n)], float(at))
+    log.trim(below, float(len(runs)),
+             keep=lambda a, b: [o for o in sorted(set(kept)) if a <= o < min(b, below)])
+    held = [o for o in range(log.next_offset) if log.holds(o)]
+    if not held:
+        return
+    offsets = data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=40))
+    ids, payloads, times = log.columns(offsets, 100.0)
+    entries = [log.get(o) for o in offsets]
+    assert ids == [e.id for e in entries if e is not None]
+    assert payloads == [e.payload for e in entries if e is not None]
+    assert times == P.time_runs([100.0 + e.stored_at for e in entries if e is not None])

@@ -34,9 +34,11 @@ PEERS = {"nats": ["nats", "jetstream"], "redis": ["redis"], "all": ["nats", "jet
               show_default=True,
               help="Flux client flavour of the workers (the peers' clients run on asyncio).")
 @click.option("--no-flux", is_flag=True, help="Run only the peers.")
-@click.option("--sections", default="main,durable", show_default=True,
+@click.option("--sections", default="main,durable,workqueue", show_default=True,
               help="What to run, comma-separated: main (the figures above), durable (disk topics"
-                   " beside JetStream file storage and Redis AOF), recovery (a killed shard"
+                   " beside JetStream file storage and Redis AOF), workqueue (a shared"
+                   " subscription's 4 members beside one subscriber, a JetStream pull consumer"
+                   " and a Redis group of 4), recovery (a killed shard"
                    " restarting over a full disk topic), dedup (one topic's dedup window alone"
                    " at 1M, 4M and 10M ids: worst call, p99.9, bytes per id), delayed (1M"
                    " pending delayed messages' bytes each, and lateness at 20k due a second).")
@@ -65,6 +67,9 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
     count. Durable topics (Flux disk topics with fsync always and interval, a
     memory topic, JetStream file storage, Redis AOF): end to end with the same
     publishes in flight, Flux's publish latency beside the disk's fsync time.
+    Work queues: a shared subscription's 4 members (plain, key-ordered, with a poison
+    key) beside one subscriber, a JetStream pull consumer shared by 4 clients and a
+    Redis group of 4 consumers, with issue 17's goals marked PASS or MISS.
     Recovery (--sections recovery): a shard killed over a full disk topic. Dedup
     (--sections dedup): one topic's dedup window alone, its worst call and bytes per id.
     Delayed (--sections delayed): what a pending delayed message costs beyond an
@@ -89,9 +94,10 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
         raise click.BadParameter("a comma-separated list of byte counts", param_hint="--sizes") from None
     chosen = tuple(s.strip() for s in sections.split(",") if s.strip())
     unknown = [s for s in chosen
-               if s not in ("main", "durable", "recovery", "dedup", "delayed")]
+               if s not in ("main", "durable", "workqueue", "recovery", "dedup", "delayed")]
     if unknown or not chosen:
-        raise click.BadParameter(f"expected main, durable, recovery, dedup and/or delayed, got"
+        raise click.BadParameter(f"expected main, durable, workqueue, recovery, dedup and/or"
+                                 f" delayed, got"
                                  f" {sections!r}", param_hint="--sections")
     if "dedup" in chosen:  # a micro-benchmark of its own, no broker: first, and printed at once
         from flux.bench import dedup
@@ -169,6 +175,9 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
         report.print_table(console, plan, runner.figures)
     if runner.durable is not None:
         report.print_durable(console, plan, runner.durable)
+    if runner.workqueue is not None:
+        from flux.bench.workqueue import print_report
+        print_report(console, runner.workqueue)
     for figures_ in runner.recovery:
         console.print(figures_.line())
     for system, figures in runner.figures.items():
@@ -179,7 +188,7 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
             console.print(f"[yellow]{system}: other processes used up to {load:.1f} cores during"
                           " its runs; its figures are lower than on a quiet machine[/]")
     report.write_json(out / "bench.json", plan, runner.figures, runner.configs, runner.versions,
-                      runner.runs, wall, runner.durable, runner.recovery)
+                      runner.runs, wall, runner.durable, runner.recovery, runner.workqueue)
     plots = report.write_plots(out, plan, runner.figures) if "main" in plan.sections else []
     console.print(f"results: {out / 'bench.json'}" + "".join(f", {p}" for p in plots)
                   + f" ({wall:.0f} s)")

@@ -5,15 +5,22 @@ Producers keep ``window`` ``publish_many`` calls of ``batch`` messages in flight
 ``await msg.ack()`` every message. ``spec.options["client"]`` picks the client
 flavour: ``"asyncio"`` (:mod:`flux.client.asyncio`, the runtime of the peers'
 clients too) or ``"trio"`` (:mod:`flux.client.trio`); the workloads are the same.
+A producer with ``options["keys"]`` gives its messages that many keys in turn
+(:func:`message_key`). A consumer with ``options["tally"]`` is one member of a pool
+(:mod:`flux.bench.pool`; asyncio only): it joins a shared subscription when
+``options["shared"]`` says so, and never acks the messages of ``options["poison"]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
+from flux.bench.pool import PoolCounter
 from flux.bench.worker import (
     Result,
     Spec,
@@ -32,8 +39,15 @@ from flux.client.trio import Client, connect
 FLAVOURS = ("asyncio", "trio")
 
 
+def message_key(i: int) -> str:
+    """The key of a keyed producer's ``i``-th message (modulo its number of keys)."""
+    return f"k{i}"
+
+
 def run(spec: Spec) -> Result:
     flavour = spec.options.get("client", "trio")
+    if spec.role == "consumer" and "tally" in spec.options:
+        return asyncio.run(_aio_pool_consume(spec))
     if flavour == "asyncio":
         return asyncio.run(_aio_consume(spec) if spec.role == "consumer" else _aio_produce(spec))
     if flavour != "trio":
@@ -126,10 +140,27 @@ async def _aio_produce(spec: Spec) -> Result:
             await _aio_produce_at_rate(client, spec, acks)
             result.ack_latency_us = summarise(acks)
         else:
-            await flat_out(spec, lambda payloads: client.publish_many(spec.topic, payloads))
+            await flat_out(spec, _aio_sender(client, spec))
         result.last = time.perf_counter()
         result.count = spec.count
     return result
+
+
+def _aio_sender(client: flux_asyncio.Client, spec: Spec) -> Callable[[list[bytes]], Any]:
+    """``publish_many`` of a batch; with ``options["keys"]``, keyed in turn."""
+    count = int(spec.options.get("keys", 0))
+    if not count:
+        return lambda payloads: client.publish_many(spec.topic, payloads)
+    names = [message_key(i) for i in range(count)]
+    sent = [0]
+
+    def send(payloads: list[bytes]) -> Any:
+        first = sent[0]
+        sent[0] += len(payloads)
+        return client.publish_many(spec.topic, payloads, keys=[
+            names[(first + j) % count] for j in range(len(payloads))])
+
+    return send
 
 
 async def _aio_produce_at_rate(client: flux_asyncio.Client, spec: Spec, acks: list[float]) -> None:
@@ -169,3 +200,31 @@ async def _aio_consume(spec: Spec) -> Result:
         except TimeoutError:
             tally.timed_out()
         return tally.finish()
+
+
+async def _aio_pool_consume(spec: Spec) -> Result:
+    """One member of a pool: counts each offset once (a re-push goes back to the member
+    that held it) and acks every message but the poison key's."""
+    options = spec.options
+    poison = options.get("poison")
+    pool = PoolCounter(spec)
+    try:
+        async with flux_asyncio.connect(spec.address) as client, client.subscribe(
+                spec.topic, options.get("name"), prefetch=spec.prefetch,
+                shared=bool(options.get("shared")),
+                key_ordered=bool(options.get("key_ordered"))) as sub:
+            pool.go()
+
+            async def work() -> None:
+                taken: set[int] = set()
+                async for msg in sub:
+                    if poison is not None and msg.key == poison:
+                        continue
+                    if msg.offset not in taken:
+                        taken.add(msg.offset)
+                        pool.took()
+                    await msg.ack()
+
+            return await pool.until_done(work())
+    finally:
+        pool.close()

@@ -5,7 +5,9 @@ Each does what the Flux worker does, the way a user of that system would:
 NATS core publishes and subscribes (no acks exist); JetStream publishes
 asynchronously with a ``Nats-Msg-Id`` (dedup) and acks each pushed message
 explicitly; Redis pipelines XADD and reads with XREADGROUP, acking each batch
-with one XACK.
+with one XACK. A consumer with ``options["tally"]`` is one of a pool
+(:mod:`flux.bench.pool`): a client of one JetStream pull consumer that all the
+pool's clients share (``options["name"]``), or one consumer of a Redis group.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import time
 from typing import Any
 
+from flux.bench.pool import PoolCounter
 from flux.bench.worker import (
     Result,
     Spec,
@@ -32,6 +35,10 @@ GROUP = "bench"    # the Redis consumer group
 
 
 def run(spec: Spec) -> Result:
+    if spec.role == "consumer" and "tally" in spec.options:
+        pooled = {"jetstream": _js_pool_consume, "redis": _redis_pool_consume}[spec.system]
+        pool_result: Result = asyncio.run(pooled(spec))
+        return pool_result
     fn = {("nats", "producer"): _nats_produce, ("nats", "consumer"): _nats_consume,
           ("jetstream", "producer"): _js_produce, ("jetstream", "consumer"): _js_consume,
           ("redis", "producer"): _redis_produce, ("redis", "consumer"): _redis_consume,
@@ -259,3 +266,70 @@ async def _redis_consume(spec: Spec) -> Result:
     finally:
         await client.aclose()
     return result
+
+
+# -- pools: several clients of one JetStream pull consumer, or of one Redis group ------------
+
+
+async def _js_pool_consume(spec: Spec) -> Result:
+    """A client of the pull consumer ``options["name"]`` (made by the pool's first
+    client, ``max_ack_pending`` the pool's ``prefetch`` each): fetches of ``batch``,
+    each message acked."""
+    import nats
+    from nats.errors import TimeoutError as FetchTimeout
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    pool = PoolCounter(spec)
+    nc = await nats.connect(spec.address)
+    try:
+        js = nc.jetstream()
+        psub = await js.pull_subscribe(
+            spec.topic, durable=spec.options["name"], stream=STREAM,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
+                                  max_ack_pending=spec.prefetch * pool.members))
+        pool.go()
+
+        async def work() -> None:
+            while True:
+                try:
+                    msgs = await psub.fetch(spec.batch, timeout=1.0)
+                except FetchTimeout:
+                    continue
+                for msg in msgs:
+                    pool.took()
+                    await msg.ack()
+
+        return await pool.until_done(work())
+    finally:
+        await nc.close()
+        pool.close()
+
+
+async def _redis_pool_consume(spec: Spec) -> Result:
+    """Consumer ``c<slot>`` of the group (made by the pool's first consumer):
+    ``XREADGROUP COUNT batch``, one XACK per batch read."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import ResponseError
+
+    pool = PoolCounter(spec)
+    client = aioredis.from_url(spec.address)
+    name = f"c{spec.options.get('slot', 0)}"
+    try:
+        with contextlib.suppress(ResponseError):  # BUSYGROUP: another member made it
+            await client.xgroup_create(spec.topic, GROUP, id="$", mkstream=True)
+        pool.go()
+
+        async def work() -> None:
+            while not pool.finished:
+                reply: Any = await client.xreadgroup(GROUP, name, {spec.topic: ">"},
+                                                     count=spec.batch, block=200)
+                for _, entries in reply or ():
+                    if entries:
+                        pool.took(len(entries))
+                        await client.xack(spec.topic, GROUP, *(e[0] for e in entries))
+
+        # a cancelled XREADGROUP can leave redis-py waiting: let the loop see the end
+        return await pool.until_done(work(), grace=2.0)
+    finally:
+        await client.aclose()
+        pool.close()

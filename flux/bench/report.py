@@ -18,6 +18,7 @@ from rich.table import Table
 from flux.bench.durable import DurableReport
 from flux.bench.recovery import RecoveryFigures
 from flux.bench.runner import LABELS, Figures, Plan
+from flux.bench.workqueue import WorkqueueReport, as_json
 
 Row = tuple[str, str, dict[str, float | None], bool]  # label, unit, value per system, higher wins
 
@@ -165,7 +166,8 @@ def durable_json(report: DurableReport) -> dict[str, Any]:
 def write_json(path: Path, plan: Plan, figures: dict[str, Figures], configs: dict[str, Any],
                versions: dict[str, str], runs: list[dict[str, Any]], wall: float,
                durable: DurableReport | None = None,
-               recovery: list[RecoveryFigures] | None = None) -> None:
+               recovery: list[RecoveryFigures] | None = None,
+               workqueue: WorkqueueReport | None = None) -> None:
     table = rows(plan, figures)
     data = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -179,6 +181,7 @@ def write_json(path: Path, plan: Plan, figures: dict[str, Figures], configs: dic
         "details": {s: f.__dict__ for s, f in figures.items()},
         "durable": durable_json(durable) if durable is not None else None,
         "recovery": [{**r.__dict__, "line": r.line()} for r in recovery or []],
+        "workqueue": as_json(workqueue) if workqueue is not None else None,
         "runs": runs,
         "wall_seconds": wall,
     }

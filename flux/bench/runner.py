@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flux.bench import durable, recovery, systems
+from flux.bench import durable, recovery, systems, workqueue
 from flux.bench.measure import median, rss_bytes, total_cpu
 from flux.bench.run_workers import run_workers
 from flux.bench.worker import Spec
@@ -46,7 +46,8 @@ class Plan:
     shard_counts: tuple[int, ...] = (1, 2)
     client: str = "asyncio"         # the Flux client flavour: asyncio or trio
     # main: the figures above; durable: disk topics beside the peers' durable modes
-    # (flux.bench.durable); recovery: a shard restarted over a full disk topic
+    # (flux.bench.durable); recovery: a shard restarted over a full disk topic;
+    # workqueue: shared subscriptions beside the peers' pools (flux.bench.workqueue)
     sections: tuple[str, ...] = ("main", "durable")
     in_flight: int = 2048           # publishes in flight on every durable row
     data_dir: str | None = None     # where disk rows keep their logs (None: the temp dir)
@@ -68,6 +69,8 @@ class Plan:
             total += durable.steps(self)
         if "recovery" in self.sections and "flux" in self.systems:
             total += recovery.steps(self)
+        if "workqueue" in self.sections:
+            total += workqueue.steps(self)
         return total
 
 
@@ -98,9 +101,11 @@ class Runner:
         self._topics = itertools.count()
         self.durable: durable.DurableReport | None = None
         self.recovery: list[recovery.RecoveryFigures] = []
+        self.workqueue: workqueue.WorkqueueReport | None = None
 
     def run(self) -> None:
-        """The plan's sections in turn: the main figures, durable topics, recovery."""
+        """The plan's sections in turn: the main figures, durable topics, recovery, work
+        queues."""
         plan = self.plan
         if "main" in plan.sections:
             self._main()
@@ -108,6 +113,8 @@ class Runner:
             self.durable = durable.run(self)
         if "recovery" in plan.sections and "flux" in plan.systems:
             self.recovery = recovery.run(self)
+        if "workqueue" in plan.sections:
+            self.workqueue = workqueue.run(self)
 
     def _main(self) -> None:
         """Every system's brokers run at once and the workloads take turns, system by

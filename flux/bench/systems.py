@@ -125,25 +125,34 @@ class FluxStorage:
 
 
 def start_flux(shards: int, settings: dict[str, Any] | None = None,
-               storage: FluxStorage | None = None, data_dir: str | None = None) -> Broker:
+               storage: FluxStorage | None = None, data_dir: str | None = None,
+               policies: list[dict[str, Any]] | None = None) -> Broker:
     """``flux serve --shards N --port 0`` with :data:`FLUX_SETTINGS` (plus ``settings``).
 
     With ``storage``: ``--data-dir`` (a new directory under ``data_dir``, or under the
-    system's temporary directory) and ``--config`` with the storage keys. Raises
-    BenchError with the server's own reason when it refuses to start.
+    system's temporary directory) and ``--config`` with the storage keys. With
+    ``policies``: ``--config`` with them as its ``topics:`` list. Raises BenchError
+    with the server's own reason when it refuses to start.
     """
     import yaml
 
     pinned = {**FLUX_SETTINGS, **(settings or {})}
     args = [sys.executable, "-m", "flux", "serve", "--shards", str(shards), "--port", "0"]
     tmp: str | None = None
-    if storage is not None:
+    if storage is not None or policies:
         tmp = tempfile.mkdtemp(prefix="flux-bench-disk-", dir=data_dir)
         config_path = os.path.join(tmp, "flux.yaml")
+        config = {**(storage.config() if storage else {}), **({"topics": policies} if policies
+                                                               else {})}
         with open(config_path, "w") as f:
-            yaml.safe_dump(storage.config(), f)
-        args += ["--data-dir", os.path.join(tmp, "data"), "--config", config_path]
+            yaml.safe_dump(config, f)
+        args += ["--config", config_path]
+    if storage is not None:
+        assert tmp is not None
+        args += ["--data-dir", os.path.join(tmp, "data")]
         pinned = {**pinned, **storage.settings()}
+    if policies:
+        pinned = {**pinned, "topics": policies}
     for key, value in pinned.items():
         if not key.startswith("storage."):
             args += ["--set", f"{key}={value}"]
@@ -177,7 +186,7 @@ def start_flux(shards: int, settings: dict[str, Any] | None = None,
     # nothing reads stdout from here on: drain it, so the router never blocks on a full pipe
     threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
     return Broker("flux", url, pids, proc, pinned, version=_flux_version(), tmpdir=tmp,
-                  extra={"data_dir": os.path.join(tmp, "data")} if tmp else {})
+                  extra={"data_dir": os.path.join(tmp, "data")} if storage and tmp else {})
 
 
 def _server_log() -> IO[bytes]:

@@ -279,8 +279,11 @@ class Sharing(Delivery):
         exhausted: list[int] = []
         dead: list[tuple[int, int]] = []
         dead_letter = topic.settings.dead_letter
+        key_at: dict[int, str] = {}   # key_ordered: the key of each assigned keyed offset
 
-        def assign(m: Member, offset: int) -> None:
+        def assign(m: Member, offset: int, key: str | None = None) -> None:
+            if key is not None:
+                key_at[offset] = key
             count = counts.get(offset, 0) if counts else 0
             if count >= max_pushes:  # a hand-off, or a count kept from an earlier round
                 if dead_letter:
@@ -319,7 +322,7 @@ class Sharing(Delivery):
                 if target is None or not fits(target, offset):
                     kept.append(offset)
                     continue
-                assign(target, offset)
+                assign(target, offset, key)
             group.waiting = kept
         # 2. keys' queued first pushes: to their members, or (member gone) to any
         if group.queued:
@@ -334,7 +337,7 @@ class Sharing(Delivery):
                         break
                     queue = group.queued[key]
                     while queue and fits(m, queue[0]):
-                        assign(m, queue.popleft())
+                        assign(m, queue.popleft(), key)
                         group.queued_count -= 1
                     if not queue:
                         del group.queued[key]
@@ -391,7 +394,7 @@ class Sharing(Delivery):
                     if key not in group.pins:
                         pin(key, target)
                     if fits(target, offset):
-                        assign(target, offset)
+                        assign(target, offset, key)
                     else:
                         group.queued[key] = deque([offset])
                         group.queued_count += 1
@@ -410,7 +413,7 @@ class Sharing(Delivery):
             run = firsts.get(mid)
             offsets = plan.get(mid)
             if run is not None or offsets:
-                self._send_to_member(sub, m, topic, run, offsets or [], keyed, now)
+                self._send_to_member(sub, m, topic, run, offsets or [], key_at, now)
         self._schedule_members(free)
 
     def _next_firsts(self, sub: Subscription, topic: Any, room: int) -> Sequence[int]:
@@ -429,7 +432,10 @@ class Sharing(Delivery):
             return ()
         stop = min(end, start + room)
         acked = sub.acked
-        if acked and max(acked) >= start:
+        # acks above the cursor: a few while members ack out of order, every later ack
+        # while one message stays unacked (a poison key): look at the fewer of them
+        if acked and (max(acked) >= start if len(acked) <= stop - start
+                      else not acked.isdisjoint(range(start, stop))):
             offsets = [o for o in range(start, stop) if o not in acked]
             o = stop
             while len(offsets) < room and o < end:
@@ -442,11 +448,12 @@ class Sharing(Delivery):
         return range(start, stop)
 
     def _send_to_member(self, sub: Subscription, m: Member, topic: Any, run: range | None,
-                        offsets: list[int], keyed: bool, now: float) -> None:
+                        offsets: list[int], key_at: dict[int, str], now: float) -> None:
         """Push ``offsets`` (any, in the order picked) and ``run`` (first pushes of
-        never-counted offsets, after them) to ``m``: counts, holders, keys, deadlines,
-        one DELIVER per push count (the order the client sees them in decides which are
-        late: the shard marks them in that same order)."""
+        never-counted offsets, after them) to ``m``: counts, holders, keys (``key_at``:
+        each keyed offset's, as the member choice read it), deadlines, one DELIVER per
+        push count (the order the client sees them in decides which are late: the shard
+        marks them in that same order)."""
         group = sub.group
         assert group is not None
         session = self.sessions.get(m.conn)
@@ -457,8 +464,8 @@ class Sharing(Delivery):
             count = pushes.pop(offset, 0) + 1
             in_flight[offset] = count
             by_count.setdefault(count, []).append(offset)
-            if keyed:
-                key = log.meta_of(offset)[0]
+            if key_at:
+                key = key_at.get(offset)
                 if key is not None and offset not in m.key_of:
                     m.key_of[offset] = key
                     m.keys[key] = m.keys.get(key, 0) + 1

@@ -385,17 +385,41 @@ class TopicLog:
 
     def columns(self, offsets: Sequence[int], epoch: float = 0.0
                 ) -> tuple[list[str], list[bytes], list[float | int]]:
-        """Ids, payloads and store-time runs (plus ``epoch``) of held ``offsets``, one by
-        one (any order, kept ones too)."""
+        """Ids, payloads and store-time runs (plus ``epoch``) of held ``offsets`` (any
+        order, kept ones too). Neighbours in one chunk (a member's share of a run: every
+        few offsets) have their payloads unpacked together, not one by one."""
         ids: list[str] = []
         payloads: list[bytes] = []
         times: list[float] = []
-        for o in offsets:
-            entry = self.get(o)
-            assert entry is not None, o  # the caller makes sure it is held
-            ids.append(entry.id)
-            payloads.append(entry.payload)
-            times.append(epoch + entry.stored_at)
+        oldest, end, n = self.oldest, self._next, len(offsets)
+        i = 0
+        while i < n:
+            o = offsets[i]
+            if not oldest <= o < end:
+                entry = self.get(o)
+                assert entry is not None, o  # the caller makes sure it is held
+                ids.append(entry.id)
+                payloads.append(entry.payload)
+                times.append(epoch + entry.stored_at)
+                i += 1
+                continue
+            k = self._chunk(o)
+            first = self._first[k]
+            low, high = max(first, oldest), min(end, first + len(self._lens[k]))
+            j, lo, hi = i + 1, o, o
+            while j < n and low <= offsets[j] < high:
+                lo, hi = min(lo, offsets[j]), max(hi, offsets[j])
+                j += 1
+            group = offsets[i:j]
+            chunk_ids = self._ids[k]
+            ids.extend([chunk_ids[x - first] for x in group])
+            if hi - lo < 8 * len(group):
+                items = self._payloads(k, lo - first, hi - first + 1)
+                payloads.extend([items[x - lo] for x in group])
+            else:  # far apart: one by one
+                payloads.extend([self._payloads(k, x - first, x - first + 1)[0] for x in group])
+            times.extend([epoch + self._at[k]] * len(group))
+            i = j
         return ids, payloads, P.time_runs(times)
 
     def holds(self, offset: int) -> bool:
