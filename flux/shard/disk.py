@@ -209,8 +209,16 @@ class ShardStorage:
                                       boot_id=self.disk.boot_id())
         why: str | None = None
         generation = report.generation
+        segments = table.segments
         if generation is None:
             why = "its log held no record"
+        elif len(segments) > 1 and segments[-1].end == segments[-1].first \
+                and segments[-2].header.generation != generation:
+            # a new generation's segment was made, and the shard stopped before its first
+            # snapshot was written: what was replayed is the older generation's state, of
+            # no meaning in this one (and no client heard of it: that snapshot is synced
+            # before the shard serves)
+            why = "a new generation began and the shard stopped before its first snapshot"
         elif report.damage is not None and report.damage.kind == "corrupt":
             why = f"damage in its log lost records ({report.damage.reason})"
         elif generation in report.damaged_generations:

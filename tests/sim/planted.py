@@ -1580,9 +1580,9 @@ def dead_letter_loses_headers() -> contextlib.AbstractContextManager[Any]:
 
     original = module.make_meta
 
-    def make_meta(keys: Any, headers: Any, dues: Any, count: int) -> Any:
+    def make_meta(keys: Any, headers: Any, count: int) -> Any:
         kept = [{k: v for k, v in h.items() if k.startswith("flux-")} for h in headers]
-        return original([None] * count, kept, dues, count)
+        return original([None] * count, kept, count)
 
     return mock.patch.object(module, "make_meta", make_meta)
 

@@ -79,9 +79,11 @@ FOUND = [
     ("delays", 92, None),
     # an ACK refused with StorageUnavailable (the shard's log had failed) was raised to
     # the user's loop by the client (a retryable refusal now is not: the session ends)
-    # a crash right after a recovery made a new segment left it empty; the next recovery
-    # appended to it without a snapshot, so once the segment before it went, a shared
-    # subscription (any named one) was lost at the restart after (G5/deleted-unacked)
+    # a crash right after a recovery made a new segment left it empty. Then: the next
+    # recovery appended to it without a snapshot, so once the segment before it went, a
+    # named subscription was lost at the restart after; and when that segment began a
+    # new generation, the older generation's cursors and acks were taken for the new
+    # one's (a message never delivered in it counted as acked). Both G5/deleted-unacked
     ("shared", 321, None),
     ("disk-errors", 0, "eio:shard-0@30.128"),
     # pushes queued behind a reply held for durability (a full disk, then a slow fsync)
