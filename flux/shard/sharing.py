@@ -349,7 +349,8 @@ class Sharing(Delivery):
             picks = self._next_firsts(sub, topic, total)
             if not picks:
                 break
-            if picks[0] < group.counted_below or group.nak_at or sub.dead_pending:
+            lowest = picks.start if type(picks) is range else min(picks)  # (due order: any)
+            if lowest < group.counted_below or group.nak_at or sub.dead_pending:
                 # pushed in an earlier round (waiting as hand-offs, or out again already),
                 # nak'd and not due again, or parked for its dead letter (G11)
                 holder, nak_at, parked = group.holder, group.nak_at, sub.dead_pending
