@@ -17,6 +17,7 @@ function works on one (subscription, offset), so shared groups can call them too
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from flux import errors
@@ -41,35 +42,20 @@ class Settling(DeadLetters):
         caller ends the attachment once the frame's acks are applied). Returns the
         journals of dead-letter topics written to (a confirmed term is durable, as an
         ack is)."""
-        if not isinstance(body, dict):
-            raise errors.InvalidRequest("ACK's seventh field must be a map of nak, term and"
-                                        " progress items")
         journals: list[TopicJournal] = []
-        for name in ("nak", "term", "progress"):
-            items = body.get(name)
-            if items is None:
-                continue
-            if not isinstance(items, list):
-                raise errors.InvalidRequest(f"ACK {name} items must be an array")
-            for item in items:
-                offset = item if name == "progress" else (
-                    item[0] if isinstance(item, list) and len(item) == 2 else item)
-                try:
-                    if type(offset) is not int or (name != "progress" and not isinstance(
-                            item, list)):
-                        raise errors.InvalidRequest(
-                            f"a {name} item is " + ("an offset" if name == "progress"
-                                                    else "[offset, value]"))
-                    if name == "nak":
-                        self._nak(sub, topic, offset, item[1], now, exhausted)
-                    elif name == "term":
-                        journal = self._term(sub, topic, offset, item[1], now)
-                        if journal is not None and journal not in journals:
-                            journals.append(journal)
-                    else:
-                        self._in_progress(sub, topic, offset, now)
-                except errors.FluxError as exc:
-                    refused.append([offset if type(offset) is int else -1, exc.code, str(exc)])
+        for name, offset, value in settle_items(body):
+            try:
+                check_item(name, offset)
+                if name == "nak":
+                    self._nak(sub, topic, offset, value, now, exhausted)
+                elif name == "term":
+                    journal = self._term(sub, topic, offset, value, now)
+                    if journal is not None and journal not in journals:
+                        journals.append(journal)
+                else:
+                    self._in_progress(sub, topic, offset, now)
+            except errors.FluxError as exc:
+                refused.append([offset if type(offset) is int else -1, exc.code, str(exc)])
         return journals
 
     def _held(self, sub: Subscription, offset: int, what: str) -> int:
@@ -169,6 +155,36 @@ class Settling(DeadLetters):
                        now: float) -> bool: ...
 
         def _schedule(self, sub: Subscription) -> None: ...
+
+
+def settle_items(body: Any) -> Iterator[tuple[str, Any, Any]]:
+    """``(kind, offset, value)`` for each item of an ACK's settle map (``value`` is a nak's
+    delay or a term's reason; None for progress). InvalidRequest for a map of the wrong
+    shape; an item of the wrong shape comes with ``offset`` None (refuse it alone)."""
+    if not isinstance(body, dict):
+        raise errors.InvalidRequest("ACK's seventh field must be a map of nak, term and"
+                                    " progress items")
+    for name in ("nak", "term", "progress"):
+        items = body.get(name)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise errors.InvalidRequest(f"ACK {name} items must be an array")
+        for item in items:
+            if name == "progress":
+                yield name, item, None
+            elif isinstance(item, list) and len(item) == 2:
+                yield name, item[0], item[1]
+            else:
+                yield name, None, item
+
+
+def check_item(name: str, offset: Any) -> int:
+    """``offset`` if a settle item of kind ``name`` named one; else InvalidRequest."""
+    if type(offset) is not int:
+        raise errors.InvalidRequest(f"a {name} item is " + (
+            "an offset" if name == "progress" else "[offset, value]"))
+    return int(offset)
 
 
 def _back_in_flight(sub: Subscription, offset: int, pushes: int) -> None:

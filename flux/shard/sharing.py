@@ -41,7 +41,7 @@ from flux.hashing import dead_letter_topic
 from flux.message_meta import check_delay
 from flux.shard.dead_letters import dead_letter_reason
 from flux.shard.delivery import Delivery
-from flux.shard.naks import MAX_REASON_BYTES
+from flux.shard.naks import MAX_REASON_BYTES, check_item, settle_items
 from flux.shard.state import P, Session
 from flux.shard.subscription import PushTimers, Subscription
 
@@ -674,43 +674,27 @@ class Sharing(Delivery):
         offset may settle it. A nak on a message's last push without a dead-letter policy
         goes to ``exhausted``: the caller ends the group once the frame's acks are
         applied. Returns the dead-letter journals written to."""
-        if not isinstance(body, dict):
-            raise errors.InvalidRequest("ACK's seventh field must be a map of nak, term and"
-                                        " progress items")
         journals: list[Any] = []
-        for name in ("nak", "term", "progress"):
-            items = body.get(name)
-            if items is None:
-                continue
-            if not isinstance(items, list):
-                raise errors.InvalidRequest(f"ACK {name} items must be an array")
-            for item in items:
-                offset = item if name == "progress" else (
-                    item[0] if isinstance(item, list) and len(item) == 2 else item)
-                try:
-                    if type(offset) is not int or (name != "progress"
-                                                   and not isinstance(item, list)):
-                        raise errors.InvalidRequest(
-                            f"a {name} item is " + ("an offset" if name == "progress"
-                                                    else "[offset, value]"))
-                    count = m.in_flight.get(offset)
-                    if count is None:
-                        raise errors.NotDelivered(
-                            f"offset {offset} is not held by this member: nothing to {name}")
-                    if name == "nak":
-                        self._member_nak(sub, m, topic, offset, count, item[1], now,
-                                         exhausted)
-                    elif name == "term":
-                        journal = self._member_term(sub, m, topic, offset, count, item[1], now)
-                        if journal is not None and journal not in journals:
-                            journals.append(journal)
-                    else:
-                        at = now + topic.settings.timeout
-                        m.extended[offset] = at
-                        m.add_deadlines(at, [offset], count)
-                        self._schedule(m)
-                except errors.FluxError as exc:
-                    refused.append([offset if type(offset) is int else -1, exc.code, str(exc)])
+        for name, offset, value in settle_items(body):
+            try:
+                check_item(name, offset)
+                count = m.in_flight.get(offset)
+                if count is None:
+                    raise errors.NotDelivered(
+                        f"offset {offset} is not held by this member: nothing to {name}")
+                if name == "nak":
+                    self._member_nak(sub, m, topic, offset, count, value, now, exhausted)
+                elif name == "term":
+                    journal = self._member_term(sub, m, topic, offset, count, value, now)
+                    if journal is not None and journal not in journals:
+                        journals.append(journal)
+                else:
+                    at = now + topic.settings.timeout
+                    m.extended[offset] = at
+                    m.add_deadlines(at, [offset], count)
+                    self._schedule(m)
+            except errors.FluxError as exc:
+                refused.append([offset if type(offset) is int else -1, exc.code, str(exc)])
         return journals
 
     def _member_nak(self, sub: Subscription, m: Member, topic: Any, offset: int, count: int,
