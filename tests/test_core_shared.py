@@ -27,6 +27,16 @@ def _publish_keyed(client: Client, keys: list[str | None]) -> None:
     assert reply[0] == P.PUBLISHED, reply
 
 
+def _two_members_with_one_each() -> tuple[Shard, Client, Client]:
+    """Two members with windows of one, and two messages: one each."""
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=1)
+    _join(b, 1, max_in_flight=1)
+    a.publish("x", "y")
+    return shard, a, b
+
+
 def _held(shard: Shard) -> dict[int, int]:
     """offset -> the conn of the member holding it."""
     group = shard.core.topics[TOPIC].subs[NAME].group
@@ -51,11 +61,7 @@ def test_each_message_goes_to_one_member_within_its_window() -> None:
 
 
 def test_only_the_holder_may_ack() -> None:
-    shard = Shard()
-    a, b = shard.connect(), shard.connect()
-    _join(a, 1, max_in_flight=1)
-    _join(b, 1, max_in_flight=1)
-    a.publish("x", "y")
+    shard, a, b = _two_members_with_one_each()
     [(oa, _)] = a.deliveries(1)
     [(ob, _)] = b.deliveries(1)
     cursor, refused = b.ack(1, oa)
@@ -379,11 +385,7 @@ def test_a_nak_frees_the_slot_and_the_message_comes_back_after_its_delay() -> No
 
 
 def test_only_the_holder_may_nak_term_or_extend() -> None:
-    shard = Shard()
-    a, b = shard.connect(), shard.connect()
-    _join(a, 1, max_in_flight=1)
-    _join(b, 1, max_in_flight=1)
-    a.publish("x", "y")
+    shard, a, b = _two_members_with_one_each()
     [(oa, _)] = a.deliveries(1)
     refused = _settle(b, 1, nak=[[oa, 0]], term=[[oa, "no"]], progress=[oa])
     assert [r[1] for r in refused] == [errors.NotDelivered.code] * 3

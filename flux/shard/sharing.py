@@ -75,9 +75,6 @@ class Member(PushTimers):
     wake_at: float | None = None
     deleted: bool = False   # it left
 
-    def room(self) -> int:
-        return min(self.max_in_flight - len(self.in_flight), self.credit)
-
     def is_current(self, offset: int, pushes: int, epoch: int) -> bool:
         """Whether a timer entry still refers to an unacked push to this member."""
         return epoch == self.epoch and self.in_flight.get(offset) == pushes

@@ -1478,7 +1478,8 @@ def repush_copies_to_another_member() -> contextlib.AbstractContextManager[Any]:
         def redeliver(self: Any, m: Any, due: list[tuple[float, int, int]]) -> None:
             f(self, m, due)
             sub = m.sub
-            others = [o for o in sub.group.members.values() if o is not m and o.room() > 0]
+            others = [o for o in sub.group.members.values()
+                      if o is not m and len(o.in_flight) < o.max_in_flight]
             topic = self.topics[sub.topic]
             offsets = [offset for _, offset, _ in due if offset in m.in_flight]
             session = self.sessions.get(others[0].conn) if others else None
