@@ -213,3 +213,21 @@ class SharedPool(RuleBasedStateMachine):
 TestSharedPool = SharedPool.TestCase
 TestSharedPool.settings = settings(max_examples=300, stateful_step_count=50, deadline=None,
                                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_a_released_keys_waiting_message_goes_where_it_was_placed() -> None:
+    """Found by the model: a key released with a message waiting was pinned to a member
+    that had room for it, then that room went to another waiting key, and the message
+    waited though another member could take it."""
+    pool = SharedPool()
+    pool.setup(key_ordered=True)
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("publish", {"keys": ["a", "a", "b", "c", "b", "c"]}),
+        ("join", {"credit": 0, "window": 1}), ("join", {"credit": 0, "window": 2}),
+        ("publish", {"keys": ["a"]}), ("join", {"credit": 2, "window": 2}),
+        ("publish", {"keys": ["a"]}), ("credit", {"i": 1, "n": 3}),
+        ("publish", {"keys": ["a"]}), ("credit", {"i": 0, "n": 1}),
+        ("publish", {"keys": ["a"]}), ("ack", {"cumulative": False, "i": 1, "pick": 2})]
+    for name, args in steps:
+        getattr(pool, name)(**args)
+        pool.work_conserving()

@@ -322,23 +322,27 @@ class Sharing(Delivery):
                 assign(target, offset, key)
             group.waiting = kept
         # 2. keys' queued first pushes: to their members, or (member gone) to any
+        def drain(m: Member, key: str) -> None:
+            queue = group.queued[key]
+            while queue and fits(m, queue[0]):
+                assign(m, queue.popleft(), key)
+                group.queued_count -= 1
+            if not queue:
+                del group.queued[key]
+                m.waiting_keys.discard(key)
+
         if group.queued:
             for key in list(group.unpinned):
                 target = pick(group.queued[key][0])
                 if target is None:
                     break
                 pin(key, target)
+                drain(target, key)  # at once: the room it was chosen for is its own
             for m in order:
                 for key in list(m.waiting_keys):
                     if rooms[id(m)] <= 0:
                         break
-                    queue = group.queued[key]
-                    while queue and fits(m, queue[0]):
-                        assign(m, queue.popleft(), key)
-                        group.queued_count -= 1
-                    if not queue:
-                        del group.queued[key]
-                        m.waiting_keys.discard(key)
+                    drain(m, key)
         # 3. new messages, from the round's scan (and due heap, G12); no more of them
         # than first pushes fit (so each one fits some member)
         total = sum(min(rooms[id(m)], credits[id(m)]) for m in free)
