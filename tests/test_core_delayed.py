@@ -226,7 +226,9 @@ def test_a_cumulative_ack_never_covers_a_delayed_message_pushed_after_a_higher_o
 
 
 def test_a_pending_message_does_not_hold_back_the_cleanup_of_others() -> None:
-    shard = Shard({"message.ttl": 20.0})
+    long = 1e4
+    shard = Shard({"message.ttl": 20.0, "subscriber.heartbeat": long,
+                   "subscriber.timeout": long, "limits.hello_timeout": long})
     client = shard.connect()
     _publish(client, ["d"], {"delay": 100.0})  # offset 0, due at 100
     _publish(client, ["a", "b"])              # offsets 1, 2
@@ -238,7 +240,8 @@ def test_a_pending_message_does_not_hold_back_the_cleanup_of_others() -> None:
     fetched = client.fetch(offset=0)
     assert fetched[2]["oldest"] == 0 and fetched[3] == [0, 3] and fetched[4] == ["d", "c"]
     assert read_columns(fetched[7], 2)[2] == [100.0, None]
-    client.subscribe(1, topic=TOPIC, read_old=True)
+    # a reader of old messages starts at the oldest message held in line
+    assert client.subscribe(1, topic=TOPIC, read_old=True)["start_offset"] == 3
     shard.advance(100.0)
     assert {o for o, *_ in _delivered(client)} == {3}  # 0 is below the subscription's start
     client.unsubscribe(1)
@@ -295,3 +298,42 @@ def test_a_long_session_forgets_the_delayed_pushes_it_acked_and_still_takes_thei
     assert sub.cursor == n
     assert len(sub.due_pushed) <= 2 * 4096
     assert client.ack_frame(1, [0, 5000])[4] == []  # acked long ago: not refused
+
+
+def test_a_pending_message_at_a_subscriptions_cursor_does_not_hold_back_the_others(
+) -> None:
+    shard = Shard({"message.ttl": 20.0})
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC, credit=100)
+    _publish(client, ["d"], {"delay": 100.0})  # offset 0, due at 100: the cursor stays at 0
+    _publish(client, ["a", "b", "c"])         # offsets 1..3
+    pushed = [o for o, *_ in _delivered(client)]
+    assert pushed == [1, 2, 3]
+    assert client.ack_frame(1, [1, 3])[4] == []  # 2 stays unacked
+    shard.advance(26.0)                         # 1..3 past their ttl; 0 not due yet
+    stats = shard.topic_stats()
+    assert (stats["held"], stats["oldest"]) == (3, 2)  # 0 kept out of line, 2 unacked
+    assert client.ack_frame(1, [2])[4] == []
+    shard.advance(30.0)
+    assert shard.topic_stats()["held"] == 1     # only the pending one
+    assert 0 not in {o for o, *_ in _delivered(client)}  # (2 was pushed again meanwhile)
+    shard.advance(100.0)
+    assert [o for o, *_ in _delivered(client)] == [0]
+    assert client.ack_frame(1, [0])[4] == []
+    [sub] = shard.core.topics[TOPIC].subs.values()
+    assert sub.cursor == 4 and not sub.acked
+    shard.advance(125.0)                        # ttl past its due time, acked: gone
+    assert shard.topic_stats()["held"] == 0
+
+
+def test_a_kept_message_acked_above_another_pending_one_goes_ttl_after_it_is_due() -> None:
+    shard = Shard({"message.ttl": 20.0})
+    client = shard.connect()
+    client.subscribe(1, topic=TOPIC, credit=100)
+    _publish(client, ["late"], {"delay": 500.0})  # offset 0 holds the cursor for long
+    _publish(client, ["soon"], {"delay": 50.0})   # offset 1
+    shard.advance(50.0)
+    assert [o for o, *_ in _delivered(client)] == [1]
+    assert client.ack_frame(1, [1])[4] == []
+    shard.advance(75.0)                           # 1 is ttl past due and acked: gone
+    assert shard.topic_stats()["held"] == 1

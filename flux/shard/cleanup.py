@@ -85,17 +85,26 @@ class Cleanup(DeadLetters):
                 # a disk topic's messages not yet durable were never exposed: they are
                 # held (G5) only once they are (a full disk may keep them waiting long)
                 below = log.next_offset if topic.journal is None else topic.journal.exposed
-                for sub in topic.subs.values():
-                    if sub.cursor < below:
-                        below = sub.cursor
                 keep: KeepDelayed | None = None
-                if topic.delayed:  # held until ttl after it is due (G12)
-                    if topic.journal is None:  # out of line: the others are trimmed (G5)
-                        keep = self._delay_keep(topic, now)
-                    else:  # a disk topic's log trims a prefix: hold from the first
-                        hold = self._delay_hold(topic, now)
-                        if hold is not None and hold < below:
-                            below = hold
+                if not topic.delayed:
+                    for sub in topic.subs.values():
+                        if sub.cursor < below:
+                            below = sub.cursor
+                elif topic.journal is None:
+                    # held until ttl after it is due, out of line (G12): a pending one at a
+                    # subscription's cursor holds back none of the others it acked (G5)
+                    keep = self._delay_keep(topic, now)
+                    stop = min(below, log.oldest + budget)
+                    for sub in topic.subs.values():
+                        if sub.cursor < below:
+                            below = min(below, self._past_kept(topic, sub, keep.limit, stop))
+                else:  # a disk topic's log trims a prefix: hold from the first
+                    for sub in topic.subs.values():
+                        if sub.cursor < below:
+                            below = sub.cursor
+                    hold = self._delay_hold(topic, now)
+                    if hold is not None and hold < below:
+                        below = hold
                 first = log.oldest
                 dropped = log.trim(below, now - ttl, budget, keep)
                 if dropped:

@@ -194,6 +194,22 @@ class Delays(ShardState):
         self._forget_gone(topic)
         return KeepDelayed(topic.delayed, now - topic.settings.ttl)
 
+    def _past_kept(self, topic: Topic, sub: Subscription, limit: float, stop: int) -> int:
+        """Where cleanup of a memory topic may trim up to for ``sub`` (at most ``stop``):
+        its cursor moved over the offsets it acked and the delayed messages due after
+        ``limit``, which the trim keeps out of line (G12: a pending message does not
+        hold back the others). Held offsets only: those below the oldest are gone or
+        kept already."""
+        o = max(sub.cursor, topic.log.oldest)
+        acked, delayed = sub.acked, topic.delayed
+        while o < stop:
+            if o not in acked:
+                due = delayed.due_of(o)
+                if due is None or due <= limit:
+                    break
+            o += 1
+        return o
+
     def _release_kept(self, topic: Topic, now: float) -> None:
         """Delete the kept delayed messages now ``ttl`` past their due time and acked by
         every subscription (below every cursor). Looks at none of them before the
@@ -202,7 +218,7 @@ class Delays(ShardState):
         limit = now - topic.settings.ttl
         if limit < delayed.release_at:
             return
-        below = min((sub.cursor for sub in topic.subs.values()), default=log.next_offset)
+        subs = list(topic.subs.values())
         soonest = math.inf
 
         def done(o: int) -> bool:
@@ -211,9 +227,10 @@ class Delays(ShardState):
             if due is not None and due > limit:
                 soonest = min(soonest, due)
                 return False
-            if o >= below:
-                soonest = -math.inf  # it waits for a cursor: look again next pass
-                return False
+            for sub in subs:
+                if o >= sub.cursor and o not in sub.acked:
+                    soonest = -math.inf  # it waits for an ack: look again next pass
+                    return False
             return True
 
         gone = log.release(done)

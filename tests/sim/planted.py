@@ -1460,6 +1460,13 @@ def replay_drops_meta() -> contextlib.AbstractContextManager[Any]:
     return _wrap(TopicReplay, "_publish", make)
 
 
+def pending_holds_cleanup() -> contextlib.AbstractContextManager[Any]:
+    """G12: cleanup of a memory topic stops at each subscription's cursor, so a pending
+    delayed message there holds back every later message the subscription acked."""
+    return mock.patch.object(Delays, "_past_kept",
+                             lambda self, topic, sub, limit, stop: min(sub.cursor, stop))
+
+
 PLANTED["delayed-pushed-at-once"] = delayed_pushed_at_once
 EXPECT["delayed-pushed-at-once"] = ("G12/pushed-early",)
 SCENARIO["delayed-pushed-at-once"] = "delays"
@@ -1469,6 +1476,9 @@ SCENARIO["due-order-by-offset"] = "delays"
 PLANTED["replay-drops-meta"] = replay_drops_meta
 EXPECT["replay-drops-meta"] = ("G2/meta-changed",)
 SCENARIO["replay-drops-meta"] = "delays"
+PLANTED["pending-holds-cleanup"] = pending_holds_cleanup
+EXPECT["pending-holds-cleanup"] = ("G12/cleanup-held-back",)
+SCENARIO["pending-holds-cleanup"] = "delays"
 
 
 def repush_copies_to_another_member() -> contextlib.AbstractContextManager[Any]:

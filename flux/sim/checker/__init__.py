@@ -113,6 +113,9 @@ RULES: dict[str, str] = {
                         " first attempt to publish it",
     "G12/due-order": "a session's first pushes of a topic that carries delayed messages"
                      " come in (due time, offset) order",
+    "G12/cleanup-held-back": "on a memory topic, a message acked by every subscription is"
+                             " deleted within two cleanup periods of ttl after it was"
+                             " published and due, whatever delayed message is pending",
     "G2/meta-changed": "every message delivered or fetched carries the key and headers its"
                        " id was published with",
     # shared.py: G10 (shared subscriptions)

@@ -6,9 +6,11 @@ it was published with.
 
 from __future__ import annotations
 
+import math
+
 from flux.sim import history as h
 from flux.sim.checker import Report
-from flux.sim.checker.index import Index
+from flux.sim.checker.index import Incarnation, Index
 
 # rounding between a due time kept on a shard's clock and one written as wall time
 # in a disk topic's log and read back by another incarnation
@@ -22,9 +24,12 @@ def delayed_topics(index: Index) -> set[str]:
 
 
 def check(index: Index, report: Report) -> None:
+    topics = delayed_topics(index)
     _check_not_early(index, report)
-    _check_due_order(index, report, delayed_topics(index))
+    _check_due_order(index, report, topics)
     _check_meta(index, report)
+    if index.history.meta.get("oracle", False):
+        _check_held_back(index, report, topics)
 
 
 def _check_not_early(index: Index, report: Report) -> None:
@@ -108,3 +113,130 @@ def _check_meta(index: Index, report: Report) -> None:
                                f"{e.subscriber} fetched {e.topic} item {i} id={message_id!r}"
                                f" with key and headers {meta}; it was published with"
                                f" {published[key]}")
+
+
+def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
+    """G12 (with G5 per message): a pending delayed message does not hold back the
+    cleanup of the others. On a memory topic that carries delayed messages, a message
+    is *free* once ``ttl`` passed after its publish was acked and after it was due, and
+    every holder confirmed its ack (or was deleted); cleanup trims a prefix, so it must
+    be deleted (the oracle's word) within two cleanup periods of the time it is free
+    and nothing below it blocks it any more. Below it, an undelayed message blocks
+    until it is free, and a delayed one only from ``ttl`` after it is due (before
+    that, cleanup keeps it out of line) until it is free; either stops blocking once
+    deleted.
+
+    Sound under any delay and fault: every time used is an upper bound of the shard's
+    (a publish is stored before its ack arrives, an ack counted before its ACKED
+    arrives); the holders are every incarnation of its generation starting at or below
+    it; a message any holder settled otherwise (a term, a dead letter), never
+    confirmed, or with an offset below it no publish ack shows, is not judged; and the
+    shard must be up, with no fault on its host, from the moment it is free until the
+    deadline."""
+    epoch = float(index.history.meta.get("epoch", 0.0))
+    stored: dict[tuple[str, int], dict[int, tuple[float, float | None]]] = {}
+    trimmed: dict[tuple[str, int], dict[int, float]] = {}
+    committed: dict[tuple[str, str], list[h.Committed]] = {}
+    shard_of: dict[int, int] = {}
+    for e in index.history:
+        if isinstance(e, h.PublishAcked) and e.topic in topics and "~" not in e.topic \
+                and e.generation in index.shard_generations:
+            due = None if e.due is None else e.due - epoch
+            stored.setdefault((e.topic, e.generation), {}).setdefault(e.offset, (e.t, due))
+        elif isinstance(e, h.Trimmed):
+            gone = trimmed.setdefault((e.topic, e.generation), {})
+            for o in range(e.first, e.first + e.count):
+                gone.setdefault(o, e.t)
+        elif isinstance(e, h.Committed):
+            committed.setdefault((e.topic, e.name), []).append(e)
+        elif isinstance(e, (h.ShardHello, h.ShardStopped)):
+            shard_of.setdefault(e.generation, e.shard)
+    holders: dict[tuple[str, int], list[tuple[int, _LetGo]]] = {}
+    for inc in index.incarnations:
+        if (inc.topic, inc.generation) in stored:
+            holders.setdefault((inc.topic, inc.generation), []).append(
+                (inc.start, _let_go(index, inc, committed)))
+    inf = math.inf
+    for (topic, generation), messages in stored.items():
+        p = index.params_for(topic)
+        slack = 2 * p.message_cleanup + 2 * p.latency
+        gone = trimmed.get((topic, generation), {})
+        host = (f"shard-{shard_of.get(generation, -1)}",)
+        up_to = min(index.stopped.get(generation, index.end_at), index.end_at)
+        mine = holders.get((topic, generation), [])
+        undelayed_block = -inf                 # the latest an undelayed one below blocks
+        delayed_blocks: list[tuple[float, float]] = []  # (from, until) of delayed ones
+        for offset in range(max(messages, default=-1) + 1):
+            known = messages.get(offset)
+            free = inf
+            if known is not None:
+                acked, due = known
+                free = max(acked, acked if due is None else due) + p.ttl
+                for start, let_go in mine:
+                    if start <= offset:
+                        t = let_go.get(offset)
+                        free = max(free, inf if t is None else t)
+            release = min(free, gone.get(offset, inf))
+            t = max(free, undelayed_block)
+            moved = True
+            while moved and t < inf:
+                moved = False
+                for since, until in delayed_blocks:
+                    if since <= t + slack and until > t:
+                        t, moved = until, True
+            if t < inf and t + slack < up_to and index.quiet(host, free, t + slack):
+                report.examine("G12", "cleanup-held-back")
+                deadline = t + slack
+                deleted = gone.get(offset)
+                if deleted is None or deleted > deadline:
+                    report.add("G12", "cleanup-held-back", deadline,
+                               f"{topic}@{offset} (generation {generation:#x}) was acked by"
+                               f" every subscription and {p.ttl:g}s old by {free:.3f}, with"
+                               f" nothing below it in the way by {t:.3f}, but not deleted by"
+                               f" {deadline:.3f}"
+                               + ("" if deleted is None else f" (deleted at {deleted:.3f})"))
+            if known is not None and known[1] is not None:
+                delayed_blocks.append((known[1] + p.ttl, release))
+            else:
+                undelayed_block = max(undelayed_block, release)
+
+
+class _LetGo:
+    """When the shard surely stopped holding each offset for one incarnation; with a
+    deletion, every offset by ``until`` at the latest."""
+
+    __slots__ = ("known", "until")
+
+    def __init__(self, known: dict[int, float], until: float | None) -> None:
+        self.known = known
+        self.until = until
+
+    def get(self, offset: int) -> float | None:
+        t = self.known.get(offset)
+        if self.until is None:
+            return t
+        return self.until if t is None else min(t, self.until)
+
+
+def _let_go(index: Index, inc: Incarnation,
+            committed: dict[tuple[str, str], list[h.Committed]]) -> _LetGo:
+    """For ``inc``: an ACKED naming an offset (or covering it by ``through`` in the
+    session it was pushed in), a COMMITTED past it, or the oracle's deletion of ``inc``;
+    offsets a term or dead letter may have settled are left out (not judged)."""
+    out: dict[int, float] = {}
+    pushed: dict[int, set[int]] = {}
+    for e in inc.events:
+        if isinstance(e, h.Delivered):
+            pushed.setdefault(e.session, set()).add(e.offset)
+        elif isinstance(e, h.AckConfirmed):
+            mine = pushed.get(e.session, set())
+            for o in (*e.offsets, *(o for o in mine if o <= e.through)):
+                out.setdefault(o, e.t)
+    if inc.name is not None:
+        for c in committed.get((inc.topic, inc.name), ()):
+            if c.generation in (None, inc.generation):
+                for o in range(inc.start, c.cursor):
+                    out.setdefault(o, c.t)
+    for o in index.settled(inc):
+        out.pop(o, None)
+    return _LetGo(out, inc.deleted_at)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from flux.sim import history as h
 from flux.sim.checker import Report
+from flux.sim.checker.delayed import delayed_topics
 from flux.sim.checker.index import Incarnation, Index, Session
 
 
@@ -95,14 +96,16 @@ def _check_trims(index: Index, report: Report) -> None:
     report.count("trimmed", trimmed)
 
 
-def _gone_below(e: h.Event) -> tuple[str, int, int] | None:
+def _gone_below(e: h.Event, delayed: set[str]) -> tuple[str, int, int] | None:
     """What a reply shows deleted: ``(topic, generation, oldest)``, every offset below
     ``oldest`` gone when the shard answered. A FETCHED reply says what it held; a
     SUBSCRIBED that created a subscription at the oldest held message (``read_old``,
-    a ``from_offset`` raised to it, a reset clamped to it) says so by its start."""
+    a ``from_offset`` raised to it, a reset clamped to it) says so by its start, but
+    not on a topic that carries delayed messages: delayed ones below that start may
+    still be held, out of line (G12)."""
     if isinstance(e, h.Fetched):
         return (e.topic, e.generation, e.oldest)
-    if isinstance(e, h.Subscribed) and e.created and (
+    if isinstance(e, h.Subscribed) and e.created and e.topic not in delayed and (
             e.read_old or e.reset
             or (e.from_offset is not None and e.start > e.from_offset)):
         return (e.topic, e.generation, e.start)
@@ -134,6 +137,7 @@ def _check_gone(index: Index, report: Report) -> None:
     for inc in index.incarnations:
         by_topic.setdefault((inc.topic, inc.generation), []).append(inc)
     ack_times: dict[int, dict[int, float]] = {}
+    delayed = delayed_topics(index)
     for position, e in enumerate(history.events):
         if isinstance(e, h.PublishAttempted):
             first_attempt.setdefault((e.topic, e.id), e.t)
@@ -142,7 +146,7 @@ def _check_gone(index: Index, report: Report) -> None:
         elif isinstance(e, h.Fetched):
             for offset, published_id in zip(e.page(), e.ids, strict=False):
                 ids.setdefault((e.topic, e.generation, offset), published_id)
-        gone = _gone_below(e)
+        gone = _gone_below(e, delayed)
         if gone is None:
             continue
         topic, generation, oldest = gone
