@@ -162,6 +162,10 @@ class TlsConfig:
     def enabled(self) -> bool:
         return self.cert is not None
 
+    def to_dict(self) -> dict[str, str | None]:
+        """The section as the config file spells it (read back by :func:`parse_tls`)."""
+        return {"cert": self.cert, "key": self.key, "client_ca": self.client_ca}
+
 
 HTTP_PORT_OFFSET = 1000  # http.port "auto" with the default port 7070 is 8070
 
@@ -584,6 +588,13 @@ def _http(raw: dict[str, Any]) -> HttpConfig:
     return HttpConfig(enabled=enabled, host=host, port=port,
                       stats_interval=_positive_number("http.stats_interval",
                                                       raw["stats_interval"]))
+
+
+def parse_tls(raw: Any) -> TlsConfig:
+    """A ``tls`` section (as :meth:`TlsConfig.to_dict` writes it); ConfigError if bad."""
+    if not isinstance(raw, dict) or set(raw) - {"cert", "key", "client_ca"}:
+        raise ConfigError("tls", f"expected a map of cert, key and client_ca, got {raw!r}")
+    return _tls({"cert": None, "key": None, "client_ca": None, **raw})
 
 
 def _tls(raw: dict[str, Any]) -> TlsConfig:

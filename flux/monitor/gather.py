@@ -211,9 +211,10 @@ class StatsGatherer:
     def __init__(self, host: Host, directory: ShardDirectory, interval: float,
                  timeout: float | None = None,
                  hello: Callable[[], dict[str, Any]] | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: Callable[[], ssl.SSLContext | None] | None = None) -> None:
         self.host = host
-        self.tls = tls      # its links speak TLS to the shards with this context
+        # the context its new links speak TLS to the shards with (it may be reloaded)
+        self.tls = tls
         self.directory = directory
         self.hello = hello  # credential fields of its links' HELLOs (with auth on)
         self.interval = interval
@@ -289,7 +290,8 @@ class StatsGatherer:
         if link is None or link.address != entry.address:
             if link is not None:
                 await link.aclose()
-            link = ShardLink(self.host, entry.address, self.timeout, self.hello, self.tls)
+            link = ShardLink(self.host, entry.address, self.timeout, self.hello,
+                             self.tls() if self.tls is not None else None)
             self._links[entry.index] = link
         return link
 

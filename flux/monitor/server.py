@@ -22,7 +22,6 @@ from flux.monitor.access import AdminOnly
 from flux.monitor.app import build_app
 from flux.monitor.gather import ShardEntry, StatsGatherer
 from flux.shard.server import format_address
-from flux.tls import internal_context
 
 if TYPE_CHECKING:
     from flux.router.router import Router
@@ -70,7 +69,7 @@ async def serve_monitor(host: Host, config: Config, router: Router, *,
     port is bound; raises OSError if it cannot be.
     """
     gatherer = StatsGatherer(host, RouterDirectory(router), config.http.stats_interval,
-                             hello=router.broker_hello, tls=internal_context(config.tls))
+                             hello=router.broker_hello, tls=lambda: router.internal_tls)
     hyper = HypercornConfig()
     hyper.bind = [format_address(config.http.host, config.http_port)]
     hyper.accesslog = None

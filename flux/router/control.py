@@ -200,9 +200,12 @@ async def register(router: Router, link: ControlLink, rid: int, frame: list[Any]
     slot.link, slot.last_seen = link, now
     if isinstance(router.config.shard.ports, str):
         slot.port = protocol.parse_address(address)[1]  # a restart keeps the known address
-    # the auth section in force: a shard adopted by a restarted router takes this one
-    await link.send([protocol.REGISTERED, rid, {"proof": answer,
-                                                "auth": router.config.auth.to_dict()}])
+    # the auth section and certificates in force: a shard adopted by a restarted router
+    # takes this one's
+    reply: dict[str, Any] = {"proof": answer, "auth": router.config.auth.to_dict()}
+    if router.config.tls.enabled:
+        reply["tls"] = router.config.tls.to_dict()
+    await link.send([protocol.REGISTERED, rid, reply])
     router.notify()
     return slot
 

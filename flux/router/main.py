@@ -37,9 +37,9 @@ from flux.router.state import FileStateStore, StateStore
 def serve_forever(config: Config, reload: Callable[[], Config] | None = None) -> int:
     """Run a broker until SIGINT/SIGTERM, then drain every shard; returns the exit status.
 
-    On SIGHUP, ``reload()`` reads the configuration again and its ``auth`` section is
-    put in force (nothing else is reloaded); a config that fails to load is logged and
-    the running one kept."""
+    On SIGHUP, ``reload()`` reads the configuration again and its ``auth`` section and
+    ``tls`` certificates are put in force (nothing else is reloaded); a config that
+    fails to load is logged and the running one kept."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="flux router [%(levelname)s] %(message)s")
     if config.storage.dir is not None:
@@ -116,7 +116,8 @@ async def _serve(config: Config, reload: Callable[[], Config] | None) -> None:
 
 
 async def _reload_auth(broker: Router, reload: Callable[[], Config] | None) -> None:
-    """SIGHUP: read the config again and put its ``auth`` section in force."""
+    """SIGHUP: read the config again and put its ``auth`` section and the certificates
+    of its ``tls`` section in force."""
     log = logging.getLogger("flux.router")
     if reload is None:
         log.warning("SIGHUP: this broker was started without a reloadable config; ignored")
@@ -124,9 +125,10 @@ async def _reload_auth(broker: Router, reload: Callable[[], Config] | None) -> N
     try:
         fresh = reload()
     except ConfigError as exc:
-        log.error("SIGHUP: the config does not load, keeping the running auth: %s", exc)
+        log.error("SIGHUP: the config does not load, keeping the running auth and TLS: %s",
+                  exc)
         return
-    await broker.reload_auth(fresh.auth)
+    await broker.reload_auth(fresh.auth, fresh.tls)
 
 
 def _say(line: str) -> None:

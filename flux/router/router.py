@@ -22,7 +22,7 @@ from flux import control_proof, errors, protocol
 from flux.auth import sessions
 from flux.auth.login import Logins
 from flux.auth.users import AuthConfig
-from flux.config import Config
+from flux.config import Config, TlsConfig
 from flux.host import Host, Launcher, ShardProcess, ShardSpec
 from flux.router.control import ControlLink, ShardInfo, serve_control
 from flux.router.public import serve_client
@@ -35,7 +35,7 @@ from flux.shard.server import (
     format_address,
     move_on_at,
 )
-from flux.tls import server_context
+from flux.tls import internal_context, server_context
 
 log = logging.getLogger("flux.router")
 
@@ -108,6 +108,8 @@ class Router:
         self.secret = ""  # the broker's (flux.control_proof); set before any shard starts
         self.logins = Logins(host)  # password logins (G13), rate-limited per address
         self.tls = server_context(config.tls)  # None: the public port speaks plain TCP
+        # the broker's own client connections to its shards (the monitor's)
+        self.internal_tls = internal_context(config.tls)
         self.stopping = False
         self.may_launch = False
         self.saving = False
@@ -370,17 +372,43 @@ class Router:
         expires = self.host.wall_time() + auth.session_ttl
         return {"session": sessions.issue(self.secret, sessions.BROKER, b"", expires)}
 
-    async def reload_auth(self, auth: AuthConfig) -> None:
-        """Put a reloaded ``auth`` section in force (SIGHUP): here, in every registered
-        shard (AUTH on its control link) and in the shards started from now on."""
+    async def reload_auth(self, auth: AuthConfig, tls: TlsConfig | None = None) -> None:
+        """Put a reloaded ``auth`` section, and the certificates ``tls`` names, in force
+        (SIGHUP): here, in every registered shard (AUTH on its control link) and in the
+        shards started from now on. Connections open keep the certificate they shook
+        hands with. A ``tls`` that turns TLS on or off, or whose files do not load, is
+        logged and the running certificates are kept."""
+        body: dict[str, Any] = {"auth": auth.to_dict()}
+        if tls is not None and self._reload_tls(tls):
+            body["tls"] = tls.to_dict()
         self.config = dataclasses.replace(self.config, auth=auth)
-        frame = [protocol.AUTH, 0, {"auth": auth.to_dict()}]
+        frame = [protocol.AUTH, 0, body]
         for slot in self.slots:
             if slot.link is not None:  # a shard that misses it gets it when it registers
                 async with move_on_at(self.host, self.host.now() + SEND_TIMEOUT):
                     with contextlib.suppress(*BROKEN):
                         await slot.link.send(frame)
         log.info("auth reloaded: %d users", len(auth.users))
+
+    def _reload_tls(self, tls: TlsConfig) -> bool:
+        """Load the certificates of a reloaded ``tls`` section for new connections;
+        False (logged, the running ones kept) when they cannot be put in force."""
+        if tls.enabled != self.config.tls.enabled:
+            log.error("SIGHUP: turning TLS %s needs a restart (clients change their URLs);"
+                      " keeping the running TLS settings", "on" if tls.enabled else "off")
+            return False
+        if not tls.enabled:
+            return False
+        try:
+            context = server_context(tls)
+        except errors.ConfigError as exc:
+            log.error("SIGHUP: %s; keeping the running certificate", exc)
+            return False
+        self.tls = context
+        self.internal_tls = internal_context(tls)
+        self.config = dataclasses.replace(self.config, tls=tls)
+        log.info("TLS reloaded: %s", tls.cert)
+        return True
 
     async def wait_registered(self, deadline: float, indices: list[int] | None = None) -> bool:
         """Wait until every shard (or those of ``indices``) is registered.

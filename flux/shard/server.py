@@ -10,6 +10,7 @@ are used here, so the simulator runs this exact code.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import ssl
@@ -717,8 +718,11 @@ class ShardServer:
 
 
     def _reload_auth(self, frame: list[Any]) -> None:
-        """Apply the router's ``auth`` section (REGISTERED, or AUTH after a SIGHUP)."""
+        """Apply the router's ``auth`` section and TLS certificates (REGISTERED, or AUTH
+        after a SIGHUP)."""
         body = frame[2] if len(frame) > 2 and isinstance(frame[2], dict) else {}
+        if "tls" in body:  # AUTH: the files may have changed at the same paths
+            self._reload_tls(body["tls"], again=frame[0] == protocol.AUTH)
         if "auth" not in body:
             return
         try:
@@ -732,6 +736,26 @@ class ShardServer:
             self._auth = auth
             self.core.reload_auth(auth, self.host.now())
             self._dispatch()
+
+
+    def _reload_tls(self, raw: Any, again: bool) -> None:
+        """Load the certificates the router's ``tls`` section names (``again``: even at
+        the paths in force), for the connections accepted from now on (open ones keep
+        theirs). One that cannot be loaded here is logged and the running one kept; TLS
+        is never turned on or off."""
+        try:
+            tls = config_mod.parse_tls(raw)
+            if tls.enabled != self.config.tls.enabled or (tls == self.config.tls
+                                                          and not again):
+                return
+            context = server_context(tls)
+        except errors.ConfigError as exc:
+            log.error("shard %d: cannot load the reloaded TLS certificates, keeping the"
+                      " running ones: %s", self.spec.index, exc)
+            return
+        self.tls = context
+        self.config = dataclasses.replace(self.config, tls=tls)
+        log.info("shard %d: TLS reloaded (%s)", self.spec.index, tls.cert)
 
 
 class _RouterLink:

@@ -8,6 +8,7 @@ import asyncio
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -184,3 +185,58 @@ auth:
         with pytest.raises(errors.AuthenticationFailed):  # a good certificate, no user
             async with connect(url, tls=mallory):
                 pass
+
+
+async def _handshake(address: str, ca: str) -> bool:
+    """Whether a TLS handshake with ``address`` succeeds for a client trusting ``ca``."""
+    host, port = address.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    tls = trio.SSLStream(stream, client_context(f"flux+tls://{address}", ca),
+                         server_hostname=host)
+    try:
+        with trio.fail_after(10):
+            await tls.do_handshake()
+        return True
+    except trio.BrokenResourceError:
+        return False
+    finally:
+        await tls.aclose()
+
+
+async def test_sighup_reloads_the_certificates_and_keeps_open_connections(
+        broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    old = Pki(tmp_path / "old")
+    broker = broker_factory("http.enabled=false", config=old.config())
+    url = tls_url(broker)
+    addresses = [broker.address, *(s.address for s in broker.shards.values())]
+    new = Pki(tmp_path / "new")  # a renewed certificate, from another CA, at the same paths
+    with trio.fail_after(TIMEOUT):
+        async with connect(url, tls=old.ca_file) as kept:
+            await kept.publish("t.0", b"before", id="before")
+            Path(old.cert).write_bytes(Path(new.cert).read_bytes())
+            Path(old.key).write_bytes(Path(new.key).read_bytes())
+            assert broker.config is not None
+            broker.router.proc.send_signal(signal.SIGHUP)
+            for address in addresses:  # the router and every shard shake hands anew
+                while not await _handshake(address, new.ca_file):
+                    await trio.sleep(0.05)
+                assert not await _handshake(address, old.ca_file)
+            async with connect(url, tls=new.ca_file) as client:
+                for i in range(10):  # topics on both shards
+                    await client.publish(f"t.{i}", b"after", id="after")
+            # the connection opened before the reload goes on with its certificate
+            assert (await kept.publish("t.0", b"kept", id="kept")).offset == 2
+
+            # certificates that do not load are refused and the running ones kept
+            broker.config.write_text(
+                old.config().replace(old.cert, str(tmp_path / "missing.pem")))
+            broker.router.proc.send_signal(signal.SIGHUP)
+            await trio.sleep(1.0)
+            for address in addresses:
+                assert await _handshake(address, new.ca_file)
+            # and so is turning TLS off
+            broker.config.write_text("")
+            broker.router.proc.send_signal(signal.SIGHUP)
+            await trio.sleep(1.0)
+            for address in addresses:
+                assert await _handshake(address, new.ca_file)
