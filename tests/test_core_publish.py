@@ -13,6 +13,7 @@ from test_core_support import GEN, OK, TOPIC, Shard, deliver_messages, fetched_m
 
 from flux import errors
 from flux import protocol as P
+from flux.message_meta import read_columns
 from flux.shard.core import ShardCore
 
 
@@ -456,10 +457,22 @@ _ids = st.tuples(st.integers(0, 9), st.integers(0, 15)).map(
     lambda t: f"m{t[1]}" if t[0] < 8 else _ODD_IDS[t[1] % len(_ODD_IDS)])
 _payloads = st.tuples(st.integers(0, 9), st.integers(0, 40)).map(
     lambda t: b"p" * t[1] if t[0] < 8 else _ODD_PAYLOADS[t[1] % len(_ODD_PAYLOADS)])
+# keys (the fast path takes a group whose keys are all short ASCII): mostly those
+_ODD_KEYS: list[Any] = [None, "", "é", "k" * 255, "k" * 256, "é" * 200, 7]
+_keys = st.tuples(st.integers(0, 9), st.integers(0, 20)).map(
+    lambda t: f"k{t[1]}" if t[0] < 8 else _ODD_KEYS[t[1] % len(_ODD_KEYS)])
+
+
+def _group(topic: str, items: list[tuple[Any, Any, Any]], keyed: bool) -> list[Any]:
+    group = [topic, [i for i, _, _ in items], [p for _, p, _ in items]]
+    if keyed:
+        group.append({"keys": [k for _, _, k in items]})
+    return group
+
+
 _groups = st.lists(
-    st.builds(lambda topic, items: [topic, [i for i, _ in items], [p for _, p in items]],
-              st.sampled_from([TOPIC, TOPIC, "t.two", "bad topic"]),
-              st.lists(st.tuples(_ids, _payloads), max_size=10)),
+    st.builds(_group, st.sampled_from([TOPIC, TOPIC, "t.two", "bad topic"]),
+              st.lists(st.tuples(_ids, _payloads, _keys), max_size=10), st.booleans()),
     max_size=4)
 
 
@@ -494,6 +507,19 @@ def test_fast_and_per_item_publish_paths_give_the_same_results(
     assert stats[0] == stats[1]
     for topic in (TOPIC, "t.two"):
         assert clients[0].fetch(topic=topic) == clients[1].fetch(topic=topic)
+
+
+def test_a_group_with_short_ascii_keys_is_stored_without_the_per_item_path() -> None:
+    shard = Shard()
+    client = shard.connect()
+    client.subscribe(1, credit=10)
+    with mock.patch.object(ShardCore, "_publish_slow", side_effect=AssertionError):
+        reply = client.publish_frame([[TOPIC, ["a", "b"], [b"1", b"2"],
+                                       {"keys": ["k1", "k22"]}]])
+    assert reply[3] == [[0, [], []]]
+    assert shard.topic_stats()["held_bytes"] == 2 + 2 + 2 + 5  # ids twice (log, dedup), keys
+    [frame] = client.take(P.DELIVER)
+    assert read_columns(frame[8], 2)[0] == ["k1", "k22"]
 
 
 def test_a_plain_group_is_stored_without_the_per_item_path() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from flux import errors
-from flux.message_meta import make_meta, meta_size
+from flux.message_meta import Meta, make_meta, meta_size
 from flux.shard.dedup import EXPIRE_SLICE
 from flux.shard.delayed import Delays, GroupOptions, group_options, record_meta
 from flux.shard.journal import PUBLISH, TopicJournal
@@ -27,6 +27,7 @@ from flux.shard.state import (
 from flux.shard.topic import payload_lengths
 
 _BYTES = {bytes}
+_STR = {str}
 # 32 characters are at most 128 bytes of UTF-8: longer ids need the exact check
 _SHORT_ID = 32
 
@@ -89,8 +90,12 @@ class Publishing(Delays):
                     self._make_room(topic, _need(ids, payloads), now)
             if topic.dedup.expire(now, EXPIRE_SLICE):  # a slice: the cleanup passes do the rest
                 self._recount(topic)
-            result = None if opts is not None else \
-                self._publish_fast(topic, ids, payloads, counts, now)
+            result = None
+            if opts is None:
+                result = self._publish_fast(topic, ids, payloads, counts, now)
+            elif opts.keys is not None and opts.headers is None and opts.delays is None \
+                    and opts.deliver_at is None:  # keys alone: the fast path takes them too
+                result = self._publish_fast(topic, ids, payloads, counts, now, opts.keys)
             if result is None:
                 result = self._publish_slow(topic, ids, payloads, counts, now, opts)
             if topic.generation != self.generation:  # a disk topic's own generation (G9)
@@ -150,10 +155,19 @@ class Publishing(Delays):
         return None
 
     def _publish_fast(self, topic: Topic, ids: list[Any], payloads: list[Any],
-                      counts: dict[str, int], now: float) -> list[Any] | None:
-        """Store a whole group of new, valid messages at once; None (nothing done) when
-        any item needs the exact per-item checks."""
+                      counts: dict[str, int], now: float,
+                      keys: list[Any] | None = None) -> list[Any] | None:
+        """Store a whole group of new, valid messages at once (``keys``: one ASCII key
+        each, if given); None (nothing done) when any item needs the exact per-item
+        checks."""
         n = len(ids)
+        meta = None
+        key_bytes = longest_key = 0
+        if keys is not None:
+            meta = _ascii_keys(keys)
+            if meta is None:
+                return None
+            key_bytes, longest_key = sum(meta.sizes), max(meta.sizes)
         name = topic.name
         count = counts.get(name, 0) + n
         if count > self.config.topic.buffer:
@@ -178,27 +192,27 @@ class Publishing(Delays):
         size = id_bytes + sum(lens)
         max_message = self.config.max_frame_bytes - MESSAGE_FRAME_SLACK
         # usually even the whole group fits in one message's room (cheaper than max())
-        if (size - id_bytes + longest_id > max_message
-                and max(lens) + longest_id > max_message):
+        if (size - id_bytes + longest_id + longest_key > max_message
+                and max(lens) + longest_id + longest_key > max_message):
             return None
-        if topic.held_bytes(now) + size + id_bytes > topic.settings.max_bytes:
+        if topic.held_bytes(now) + size + key_bytes + id_bytes > topic.settings.max_bytes:
             return None
         log, dedup = topic.log, topic.dedup
-        cost = size + n * MESSAGE_COST
+        cost = size + key_bytes + n * MESSAGE_COST
         if dedup.window > 0:
             cost += id_bytes + n * REMEMBERED_ID_COST
         if self.memory + cost > self.max_memory:
             return None
         first = log.next_offset
         if dedup.window > 0:
-            keys = dedup.keys_for(ids)
-            if len(keys) != n or dedup.known_any(keys):
+            found = dedup.keys_for(ids)
+            if len(found) != n or dedup.known_any(found):
                 return None  # a duplicate (in the window or the group): the slow path says which
             chunk = tuple(ids)  # one tuple held by both the log and the dedup window
-            dedup.remember_all(chunk, first, now, id_bytes, keys)
-            log.extend(chunk, payloads, now, size, lens)
+            dedup.remember_all(chunk, first, now, id_bytes, found)
+            log.extend(chunk, payloads, now, size, lens, meta)
         else:
-            log.extend(ids, payloads, now, size, lens)
+            log.extend(ids, payloads, now, size, lens, meta)
         counts[name] = count
         self.memory += cost
         topic.counted += cost
@@ -342,6 +356,21 @@ def _need(ids: list[Any], payloads: list[Any]) -> int:
             MESSAGE_COST + REMEMBERED_ID_COST)
     except TypeError:
         return 0
+
+
+def _ascii_keys(keys: list[Any]) -> Meta | None:
+    """The :class:`Meta` of a group's keys when every one is an ASCII string of 1-255
+    characters (so its length is its size), checked at C speed; None otherwise (the
+    per-item path checks them exactly)."""
+    try:
+        if set(map(type, keys)) != _STR or not "".join(keys).isascii():
+            return None
+        sizes = bytes(map(len, keys))  # (ValueError: a key of 256 or more characters)
+    except ValueError:
+        return None
+    if not sizes or min(sizes) < 1:
+        return None
+    return Meta(tuple(keys), None, tuple(sizes))
 
 
 def _refuse_all(n: int, exc: errors.FluxError) -> list[Any]:

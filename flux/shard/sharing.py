@@ -379,8 +379,8 @@ class Sharing(Delivery):
                     assert target is not None
                     assign(target, offset)
             else:
-                for offset in picks:
-                    key = key_of(offset)
+                pins = group.pins
+                for offset, key in zip(picks, log.keys_of(picks), strict=True):
                     if key is None:
                         target = pick(offset)
                         assert target is not None
@@ -391,12 +391,20 @@ class Sharing(Delivery):
                         waiting.append(offset)
                         group.queued_count += 1
                         continue
-                    target = group.pins.get(key) or pick(offset)
-                    assert target is not None  # (no more picks than fit: one always fits)
-                    if key not in group.pins:
+                    target = pins.get(key)
+                    if target is None:
+                        target = pick(offset)
+                        assert target is not None  # (no more picks than fit: one always does)
                         pin(key, target)
-                    if fits(target, offset):
-                        assign(target, offset, key)
+                    mid = id(target)
+                    if rooms.get(mid, 0) > 0 and (credits[mid] > 0 or offset in counts):
+                        if counts and offset in counts:
+                            assign(target, offset, key)
+                        else:  # the usual first push: what assign() does for one
+                            key_at[offset] = key
+                            rooms[mid] -= 1
+                            credits[mid] -= 1
+                            plan.setdefault(mid, []).append(offset)
                     else:
                         group.queued[key] = deque([offset])
                         group.queued_count += 1
@@ -462,15 +470,21 @@ class Sharing(Delivery):
         log = topic.log
         holder, pushes, in_flight, late = group.holder, group.pushes, m.in_flight, m.late
         by_count: dict[int, list[int]] = {}
-        for offset in offsets:
-            count = pushes.pop(offset, 0) + 1
-            in_flight[offset] = count
-            by_count.setdefault(count, []).append(offset)
-            if key_at:
+        if offsets and (not pushes or pushes.keys().isdisjoint(offsets)):
+            by_count[1] = offsets  # first pushes all (the usual case)
+            in_flight.update(dict.fromkeys(offsets, 1))
+        else:
+            for offset in offsets:
+                count = pushes.pop(offset, 0) + 1
+                in_flight[offset] = count
+                by_count.setdefault(count, []).append(offset)
+        if key_at:
+            key_of, keys = m.key_of, m.keys
+            for offset in offsets:
                 key = key_at.get(offset)
-                if key is not None and offset not in m.key_of:
-                    m.key_of[offset] = key
-                    m.keys[key] = m.keys.get(key, 0) + 1
+                if key is not None and offset not in key_of:
+                    key_of[offset] = key
+                    keys[key] = keys.get(key, 0) + 1
         holder.update(dict.fromkeys(offsets, m))
         # one frame per push count, in the order they were picked (hand-offs by offset,
         # then keys' queued ones, then first pushes in push order: G12's due order)
@@ -630,8 +644,11 @@ class Sharing(Delivery):
         if through >= 0 and in_flight:
             late = m.late
             delayed = self.topics[sub.topic].delayed
-            covered = [o for o in in_flight
-                       if o <= through and o not in late and o not in delayed]
+            if delayed or late:
+                covered = [o for o in in_flight
+                           if o <= through and o not in late and o not in delayed]
+            else:  # (the usual case: nothing to leave out)
+                covered = [o for o in in_flight if o <= through]
             for offset in covered:
                 self._member_acked(sub, m, offset)
             acked += len(covered)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
 from operator import add
 from typing import Any, NamedTuple, Protocol, cast
@@ -331,13 +331,58 @@ class TopicLog:
             return None
         keys: list[str | None] = []
         headers: list[dict[str, str] | None] = []
-        dues: list[float | None] = []
-        for o in offsets:
-            key, header, due = self.meta_of(o)
-            keys.append(key)
-            headers.append(header)
-            dues.append(None if due is None else epoch + due)
+        if self.metas:
+            for meta, i, o in self._metas_at(offsets):
+                if meta is None:
+                    key, header = (self._kept[o][1][:2] if o in self._kept
+                                   else (None, None))
+                else:
+                    key = meta.keys[i] if meta.keys is not None else None
+                    header = meta.headers[i] if meta.headers is not None else None
+                keys.append(key)
+                headers.append(header)
+        else:
+            keys = [None] * len(offsets)
+            headers = [None] * len(offsets)
+        due_times, kept, oldest = self.dues, self._kept, self.oldest
+        dues: list[float | None] = [None] * len(offsets)
+        if due_times:
+            for j, o in enumerate(offsets):
+                due = kept[o][1][2] if o < oldest and o in kept else due_times.due_of(o)
+                if due is not None:
+                    dues[j] = epoch + due
         return columns(keys, headers, dues)
+
+    def keys_of(self, offsets: Sequence[int]) -> list[str | None]:
+        """The keys of the held ``offsets`` (None where a message has none)."""
+        if not self.metas:
+            return [None] * len(offsets)
+        out: list[str | None] = []
+        for meta, i, o in self._metas_at(offsets):
+            if meta is None:
+                out.append(self._kept[o][1][0] if o in self._kept else None)
+            else:
+                out.append(meta.keys[i] if meta.keys is not None else None)
+        return out
+
+    def _metas_at(self, offsets: Iterable[int]) -> Iterator[tuple[Meta | None, int, int]]:
+        """For each held offset: its chunk's :class:`Meta` (None: the chunk has none, or
+        the offset is kept out of line), its index in that chunk, and the offset. Walks
+        offsets near each other without a search per offset."""
+        firsts, ids, metas = self._first, self._ids, self._meta
+        oldest = self.oldest
+        lo = hi = 0
+        meta: Meta | None = None
+        for o in offsets:
+            if not lo <= o < hi:
+                if o < oldest:  # kept out of line (or not held)
+                    yield None, 0, o
+                    continue
+                k = self._chunk(o)
+                lo = firsts[k]
+                hi = lo + len(ids[k])
+                meta = metas[k]
+            yield meta, o - lo, o
 
     def _keep(self, k: int, a: int, b: int, keep: Callable[[int, int], Iterable[int]]) -> None:
         """Items ``a`` to ``b - 1`` of chunk ``k`` are trimmed: hold those ``keep`` names out
