@@ -23,12 +23,14 @@ def _story() -> Story:
     return s.publish(0.1, "a", 0)
 
 
-def _read(s: Story, sent: float, letters: dict[int, float], generation: int = G) -> Story:
+def _read(s: Story, sent: float, letters: dict[int, float], generation: int = G,
+          pushes: int = 3) -> Story:
     """A whole read of ``DLQ``, sent at ``sent``: the dead letters of ``t``'s offsets
-    ``letters``, each written at the simulated time given."""
+    ``letters``, each written at the simulated time given, out of pushes after
+    ``pushes`` (retry_count is 2)."""
     metas = tuple(h.meta_key(None, {
         "flux-topic": "t", "flux-generation": str(G), "flux-offset": str(offset),
-        "flux-subscription": "n", "flux-reason": "exhausted", "flux-pushes": "3",
+        "flux-subscription": "n", "flux-reason": "exhausted", "flux-pushes": str(pushes),
         "flux-time": f"{EPOCH + at:.6f}"}) for offset, at in letters.items())
     ids = tuple("a" for _ in letters)
     return s.add(h.Fetched(sent + 0.002, "d0/~", "d0", 0, DLQ, None, generation, None, 0,
@@ -111,3 +113,12 @@ def test_a_dead_lettered_message_its_subscriber_never_got_is_not_lost() -> None:
     _read(s, 5.0, {0: 4.0})
     lost = [v.message for v in check(s.end(20.0).h).violations if v.rule == "lost"]
     assert len(lost) == 1 and lost[0].endswith("offsets 1"), lost
+
+
+def test_a_dead_letter_out_of_pushes_before_it_used_them_all_breaks_g11() -> None:
+    s = _story().deliver(0.12, 0, "a").deliver(1.62, 0, "a", attempt=2)
+    _read(s, 3.0, {0: 2.9}, pushes=2)
+    assert "G11/dead-letter-record" in _rules(s)
+    s = _story().deliver(0.12, 0, "a").deliver(1.62, 0, "a", attempt=2)
+    _read(s, 3.0, {0: 2.9}, pushes=3)
+    assert "G11/dead-letter-record" not in _rules(s)
