@@ -1633,6 +1633,26 @@ def exhausted_goes_inactive() -> contextlib.AbstractContextManager[Any]:
     return _wrap(ShardCore, "_exhausted", make)
 
 
+def dead_letter_a_push_early() -> contextlib.AbstractContextManager[Any]:
+    """G11: a message carried to a new attachment with one push left goes to the
+    dead-letter topic instead of getting that push (its subscriber may never have seen
+    it: every push so far went to sessions that lost them)."""
+    from flux.shard.push_counts import PushCounts
+
+    def make(f: Any) -> Any:
+        def push_carried(self: Any, session: Any, sub: Any, topic: Any, offsets: Any,
+                         now: float) -> bool:
+            left_one = topic.settings.retry_count
+            early = {o for o in offsets if sub.push_counts.get(o) == left_one
+                     and o not in sub.dead_pending}
+            for o in sorted(early):
+                self._dead_letter(topic, sub, o, left_one, "exhausted", now)
+            rest = [o for o in offsets if o not in early]
+            return bool(f(self, session, sub, topic, rest, now)) if rest else True
+        return push_carried
+    return _wrap(PushCounts, "_push_carried", make)
+
+
 def nak_delay_ignored() -> contextlib.AbstractContextManager[Any]:
     """G11: a nak's delay is ignored: the message is pushed again at once."""
     from flux.shard.naks import Settling
@@ -1653,6 +1673,7 @@ for _name, _bug, _rule in (
         ("dead-letter-dropped", dead_letter_dropped, "G11/dead-letter-missing"),
         ("dead-letter-loses-headers", dead_letter_loses_headers, "G11/dead-letter-record"),
         ("dead-letter-left-unacked", dead_letter_left_unacked, "G11/dead-letter-pushed"),
+        ("dead-letter-a-push-early", dead_letter_a_push_early, "G11/dead-letter-record"),
         ("term-ignored", term_ignored, "G11/termed-pushed"),
         ("exhausted-goes-inactive", exhausted_goes_inactive, "G11/exhausted-not-dead-lettered"),
         ("nak-delay-ignored", nak_delay_ignored, "G11/nak-early")):

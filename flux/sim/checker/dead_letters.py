@@ -22,7 +22,8 @@ def check(index: Index, report: Report) -> None:
     published = _published(index)
     for letters in index.dead_letters.values():
         for letter in letters.values():
-            _check_record(letter, published, report)
+            _check_record(letter, published, 1 + index.params_for(letter.topic).retry_count,
+                          report)
     for inc in index.incarnations:
         if inc.name is None:
             continue
@@ -55,9 +56,11 @@ def _published(index: Index) -> dict[tuple[str, str], tuple[str | None, str | No
 
 def _check_record(letter: DeadLetter, published: dict[tuple[str, str], tuple[str | None,
                                                                              str | None]],
-                  report: Report) -> None:
+                  max_pushes: int, report: Report) -> None:
     """A dead letter carries the message as it was published: its id, payload, key and
-    headers, in its subscription's dead-letter topic, with a reason of G11's."""
+    headers, in its subscription's dead-letter topic, with a reason of G11's; one out of
+    pushes used all ``max_pushes`` (its pushes may all have been lost to faults, so G2
+    does not ask that its subscriber got it: this is what keeps it honest)."""
     original = published.get((letter.topic, letter.id))
     report.examine("G11", "dead-letter-record")
     problems = []
@@ -73,6 +76,8 @@ def _check_record(letter: DeadLetter, published: dict[tuple[str, str], tuple[str
             problems.append(f"key and headers {letter.meta}, published {meta}")
     if not (letter.reason == "exhausted" or letter.reason.startswith("term")):
         problems.append(f"reason {letter.reason!r}")
+    elif letter.reason == "exhausted" and letter.pushes < max_pushes:
+        problems.append(f"out of pushes after {letter.pushes} of {max_pushes}")
     if problems:
         report.add("G11", "dead-letter-record", letter.seen,
                    f"dead letter of {letter.topic}@{letter.offset} id={letter.id!r}"

@@ -18,12 +18,18 @@ from typing import Any
 from flux import config as config_mod
 from flux.config import StorageConfig
 from flux.errors import ConfigError
+from flux.hashing import dead_letter_topic
 from flux.policies import TopicPolicy, TopicSettings, resolve, storage_defaults
 from flux.sim import history as h
 from flux.sim.faults import decode_plan
 
 # a slow link's latency factor when the history's plan does not say (the largest drawn)
 SLOW_FACTOR_UNKNOWN = 30.0
+# how far a dead letter's ``flux-time`` (wall seconds printed to the microsecond, read
+# back as a float near 1.7e9) may lie after the simulated instant it was written
+FLUX_TIME_SLACK = 1e-6
+# faults after which a disk topic's dead-letter topic may lack what it held (G9)
+DEAD_LETTER_LOSSES = ("power", "flip", "eio")
 
 
 @dataclass(frozen=True)
@@ -347,16 +353,61 @@ class Index:
         if inc.name is not None:
             for o, letter in self.dead_letters.get((inc.topic, inc.generation, inc.name),
                                                    {}).items():
-                if o not in out or letter.at < out[o]:
-                    out[o] = letter.at
+                at = letter.at - FLUX_TIME_SLACK   # (at the same instant as a trim after it)
+                if o not in out or at < out[o]:
+                    out[o] = at
         return out
 
     def _dead_letters_may_be_lost(self, inc: Incarnation) -> bool:
         """Whether a storage fault (power, flipped bits, I/O errors) hit the machine of
         ``inc``'s shard: its dead-letter topic may have lost dead letters (G9)."""
         hosts = {f"shard-{s.sub.shard}" for s in inc.sessions}
-        return any(d.fault in ("power", "flip", "eio") and hosts & set(d.hosts)
+        return any(d.fault in DEAD_LETTER_LOSSES and hosts & set(d.hosts)
                    for d in self.disturbances)
+
+    @functools.cached_property
+    def _whole_letter_reads(self) -> dict[str, list[tuple[float, int,
+                                                           frozenset[tuple[int, int]]]]]:
+        """Every FETCHED of a dead-letter topic that showed every dead letter it was ever
+        given (from offset 0, none trimmed yet), by topic, in the order sent: (sent, its
+        generation, the (source generation, source offset) of each dead letter shown)."""
+        reads: dict[str, list[tuple[float, int, frozenset[tuple[int, int]]]]] = {}
+        for e in self.history:
+            if not isinstance(e, h.Fetched) or "~" not in e.topic or e.offset or e.oldest \
+                    or e.holes or e.first + len(e.ids) < e.next \
+                    or len(e.metas) != len(e.ids):
+                continue
+            shown = set()
+            for meta in e.metas:
+                try:
+                    headers = json.loads(meta or "null")[1]
+                    shown.add((int(headers["flux-generation"]), int(headers["flux-offset"])))
+                except (ValueError, KeyError, TypeError, IndexError):
+                    continue
+            reads.setdefault(e.topic, []).append((e.requested, e.generation, frozenset(shown)))
+        for found in reads.values():
+            found.sort(key=lambda read: read[0])
+        return reads
+
+    def unseen_letter_from(self, inc: Incarnation, offset: int) -> float:
+        """The earliest time a dead letter of ``offset`` that no read showed may have been
+        written for named subscription ``inc`` of a memory topic (G11): one written by
+        then is in every whole read of its dead-letter topic that the shard handled
+        since (after the read was sent), as long as that shard incarnation lives. So
+        the latest whole read of the generation without it was sent before it was
+        written; it may be unseen for good when the shard stopped after that read.
+        ``inf`` without a dead-letter policy, and for a disk topic (a dead letter shows
+        only once durable, but it stays: a later read shows it)."""
+        if inc.name is None or not self.params_for(inc.topic).dead_letter \
+                or inc.generation not in self.shard_generations \
+                or offset in self.dead_letters.get((inc.topic, inc.generation, inc.name), {}):
+            return math.inf   # (a dead letter seen: its own time counts, in ``settled``)
+        earliest = 0.0
+        for sent, generation, shown in self._whole_letter_reads.get(
+                dead_letter_topic(inc.topic, inc.name), ()):
+            if generation == inc.generation and (inc.generation, offset) not in shown:
+                earliest = sent
+        return earliest
 
     @functools.cached_property
     def commits(self) -> dict[tuple[str, str], list[tuple[float, int | None, int]]]:

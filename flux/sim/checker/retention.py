@@ -10,6 +10,8 @@ oracle) on the shard's: the client may hear of that late, or never (a partition)
 
 from __future__ import annotations
 
+import math
+
 from flux.sim import history as h
 from flux.sim.checker import Report
 from flux.sim.checker.delayed import delayed_topics
@@ -177,7 +179,8 @@ def _unacked_holders(index: Index, incarnations: list[Incarnation], offset: int,
                      position: int, ack_times: dict[int, dict[int, float]], report: Report,
                      rule: str) -> list[Incarnation]:
     """The incarnations that surely held ``offset`` at ``t`` (history event ``position``)
-    with no ack for it sent by then: a deletion of it by ``t`` broke G5 for each.
+    with no ack for it sent by then, nor a dead letter (G11) written by then as far as
+    the reads of its dead-letter topic show: a deletion of it by ``t`` broke G5 for each.
     ``ack_times`` caches each incarnation's ack times (by ``id``)."""
     unacked = []
     for inc in incarnations:
@@ -186,8 +189,9 @@ def _unacked_holders(index: Index, incarnations: list[Incarnation], offset: int,
         report.examine("G5", rule)
         if id(inc) not in ack_times:
             ack_times[id(inc)] = _ack_times(inc, index.commits, index.settled(inc))
-        sent = ack_times[id(inc)].get(offset)
-        if sent is None or sent > t:
+        sent = min(ack_times[id(inc)].get(offset, math.inf),
+                   index.unseen_letter_from(inc, offset))
+        if sent > t:
             unacked.append(inc)
     return unacked
 
