@@ -217,13 +217,18 @@ def sub(topic: str, url: str, name: str | None, read_old: bool, from_offset: int
 @click.argument("pattern", default="*")
 @click.option("--url", default=DEFAULT_URL, show_default=True, help="The router's address.")
 @click.option("--json", "as_json", is_flag=True, help="Print every shard's reply as JSON.")
+@click.option("--wait", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds to wait for each shard; one that does not answer (recovering,"
+                   " restarting) is shown as such.")
 @credential_options
-def stats(pattern: str, url: str, as_json: bool, token: str | None, user: str | None,
-          password: str | None, tls_ca: str | None, tls_cert: str | None,
+def stats(pattern: str, url: str, as_json: bool, wait: float, token: str | None,
+          user: str | None, password: str | None, tls_ca: str | None, tls_cert: str | None,
           tls_key: str | None) -> None:
     """Show what each shard holds: topics, subscriptions (cursor, lag, in flight), counters.
 
-    PATTERN keeps the topics whose name matches it (a glob, e.g. 'orders.*').
+    PATTERN keeps the topics whose name matches it (a glob, e.g. 'orders.*'). A shard
+    that does not answer within --wait (one recovering its disk topics answers Busy)
+    is listed with why, and the others are shown.
     """
 
     from flux import stats_view
@@ -232,7 +237,7 @@ def stats(pattern: str, url: str, as_json: bool, token: str | None, user: str | 
     async def run() -> None:
         async with connect(url, retry_deadline=10.0, token=token, user=user, password=password,
                            tls=_tls(url, tls_ca, tls_cert, tls_key)) as client:
-            replies = stats_view.select(await client.stats(), pattern)
+            replies = stats_view.select(await client.stats(wait=wait, partial=True), pattern)
         if as_json:
             click.echo(stats_view.as_json(replies))
         else:

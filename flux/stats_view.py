@@ -16,8 +16,9 @@ from rich.table import Table
 
 def select(stats: dict[int, dict[str, Any]], pattern: str) -> dict[int, dict[str, Any]]:
     """The same replies with only the topics whose name matches ``pattern`` (a glob)."""
-    return {index: {**reply, "topics": {name: topic for name, topic in reply["topics"].items()
-                                        if fnmatch.fnmatchcase(name, pattern)}}
+    return {index: reply if "unavailable" in reply else
+            {**reply, "topics": {name: topic for name, topic in reply["topics"].items()
+                                 if fnmatch.fnmatchcase(name, pattern)}}
             for index, reply in stats.items()}
 
 
@@ -132,6 +133,9 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                           " waiting: still unacked, not pushed; held: in TOPIC~SUBSCRIPTION")
     for index in sorted(stats):
         reply = stats[index]
+        if "unavailable" in reply:  # (why: printed under the tables)
+            shards.add_row(str(index), "-", "no reply", "-", "-", "-")
+            continue
         shards.add_row(str(index), f"{reply['generation']:#018x}", _duration(reply["uptime"]),
                        str(reply["sessions"]), str(len(reply["topics"])),
                        f"{_bytes(reply.get('memory', 0))} / {_bytes(reply.get('max_memory', 0))}")
@@ -175,7 +179,8 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                 subs.add_row(name, shown, mode, state, f"{sub['cursor']:,}",
                              f"{sub.get('lag', max(0, topic['next_offset'] - sub['cursor'])):,}",
                              f"{sub.get('delayed', 0):,}", f"{sub['in_flight']:,}")
-    retired = sum(reply.get("retired_topics", 0) for reply in stats.values())
+    retired = sum(reply.get("retired_topics", 0) for reply in stats.values()
+                  if "unavailable" not in reply)
     if retired:
         topics.title = f"Topics ({retired:,} more retired: empty, only their next offset kept)"
     return [t for t in (shards, counters, topics, policies, disk, caches, subs, members, dead)
@@ -188,6 +193,10 @@ def show(stats: dict[int, dict[str, Any]], pattern: str = "*",
     console = console or Console()
     for table in tables(stats):
         console.print(table)
-    if not any(reply["topics"] for reply in stats.values()):
+    for index in sorted(stats):
+        why = stats[index].get("unavailable")
+        if why is not None:
+            console.print(f"shard {index}: no reply ({why})", markup=False, highlight=False)
+    if not any(reply.get("topics") for reply in stats.values()):
         console.print("no topics" if pattern == "*" else f"no topics match {pattern!r}",
                       markup=False, highlight=False)

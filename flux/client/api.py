@@ -172,15 +172,28 @@ class ClientBase:
         cursor: int = await self._call(call)
         return cursor
 
-    async def stats(self) -> dict[int, dict[str, Any]]:
-        """What every shard holds (its STATS reply), by shard index.
+    async def stats(self, *, wait: float | None = None, partial: bool = False
+                    ) -> dict[int, dict[str, Any]]:
+        """What every shard holds (its STATS reply), by shard index; each shard is asked
+        for at most ``wait`` seconds (default: ``retry_deadline``).
 
-        Raises RetryDeadlineExceeded if a shard stays unreachable.
+        Raises RetryDeadlineExceeded if a shard stays unreachable (a recovering shard
+        answers Busy until it is done), unless ``partial``: then such a shard's entry is
+        ``{"unavailable": "<why>"}`` and the others are returned.
         """
-        calls = self._core.stats(self._now())
+        calls = self._core.stats(self._now(), wait)
         self._pump()
         await self._wait_all(calls)
-        return {i: call.result() for i, call in enumerate(calls)}
+        out: dict[int, dict[str, Any]] = {}
+        for i, call in enumerate(calls):
+            try:
+                out[i] = call.result()
+            except errors.RetryDeadlineExceeded as exc:
+                if not partial:
+                    raise
+                why = exc.__cause__ if isinstance(exc.__cause__, errors.FluxError) else exc
+                out[i] = {"unavailable": f"{type(why).__name__}: {why}"}
+        return out
 
     # -- the shell ---------------------------------------------------------------------
 

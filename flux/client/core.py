@@ -289,11 +289,13 @@ class ClientCore(Timers):
         return self._call("commit", topic, {"topic": topic, "name": name,
                                             "generation": generation, "offset": offset}, now)
 
-    def stats(self, now: float) -> list[Call]:
-        """One STATS call per shard in the map."""
+    def stats(self, now: float, wait: float | None = None) -> list[Call]:
+        """One STATS call per shard in the map, each retried for ``wait`` seconds (default:
+        ``retry_deadline``)."""
         self._check_open()
         count = self.map.shard_count if self.map is not None else 0
-        calls = [Call("stats", topic=None, shard=i, body={}, deadline=now + self.retry_deadline)
+        deadline = now + (self.retry_deadline if wait is None else wait)
+        calls = [Call("stats", topic=None, shard=i, body={}, deadline=deadline)
                  for i in range(count)]
         for call in calls:
             self._route(call, now)

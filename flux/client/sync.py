@@ -230,9 +230,12 @@ class Client:
         UnknownSubscription, OffsetOutOfRange, RetryDeadlineExceeded."""
         return self._run(self._client.commit(topic, name, offset, generation))
 
-    def stats(self) -> dict[int, dict[str, Any]]:
-        """Every shard's STATS reply, by index. Raises RetryDeadlineExceeded."""
-        return self._run(self._client.stats())
+    def stats(self, *, wait: float | None = None, partial: bool = False
+              ) -> dict[int, dict[str, Any]]:
+        """Every shard's STATS reply, by index, each asked for at most ``wait`` seconds.
+        Raises RetryDeadlineExceeded, unless ``partial``: then a shard that did not
+        answer is ``{"unavailable": "<why>"}``."""
+        return self._run(self._client.stats(wait=wait, partial=partial))
 
 
 class Message:

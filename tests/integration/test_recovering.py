@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 import trio
 
-from flux import errors, protocol
+from rich.console import Console
+
+from flux import errors, protocol, stats_view
+from flux.client.trio import connect
 from flux.monitor.api import health
 from flux.monitor.gather import ShardEntry
 from flux.shard.disk import ShardStorage
@@ -70,6 +73,19 @@ async def test_a_recovering_shard_is_registered_answers_busy_then_says_ready_and
         await trio.sleep(4 * config.subscriber.heartbeat)
         assert (await _router_shards(broker.address))[0]["recovering"]
         assert broker.shard(0).status is None
+        # `flux stats` shows the other shard, and this one as recovering, without waiting
+        # out the retry deadline
+        async with connect(f"flux://{broker.address}", retry_deadline=30) as client:
+            with trio.fail_after(10):
+                replies = await client.stats(wait=1.0, partial=True)
+            assert "Busy" in replies[0]["unavailable"]
+            assert "recovering" in replies[0]["unavailable"]
+            assert "unavailable" not in replies[1] and "topics" in replies[1]
+            console = Console(record=True, width=120)
+            stats_view.show(stats_view.select(replies, "*"), console=console)
+            assert "shard 0: no reply (Busy" in console.export_text()
+            with trio.fail_after(10), pytest.raises(errors.RetryDeadlineExceeded):
+                await client.stats(wait=1.0)
         gate.set()
         while (await _router_shards(broker.address))[0]["recovering"]:
             await trio.sleep(0.05)
