@@ -115,9 +115,11 @@ class Cluster:
     def __init__(self, group: ProcessGroup, workdir: Path, *, port: int, shard_ports: list[int],
                  proxy_ports: list[int], settings: list[str], plant: str | None,
                  extra_args: list[str] | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None,
+                 hello: dict[str, Any] | None = None) -> None:
         self.group = group
         self.tls = tls  # the router's public port speaks TLS (its STATS too)
+        self.hello = hello  # credential fields of a HELLO before STATS (a broker with auth)
         self.workdir = workdir
         self.port = port
         self.shard_ports = shard_ports
@@ -221,7 +223,11 @@ class Cluster:
                 return None
             async with stream:
                 try:
-                    await stream.send_all(protocol.encode([protocol.STATS, 1]))
+                    hello = b""
+                    if self.hello is not None:
+                        hello = protocol.encode([protocol.HELLO, 2, {
+                            "version": protocol.VERSION, "role": "client", **self.hello}])
+                    await stream.send_all(hello + protocol.encode([protocol.STATS, 1]))
                     decoder = protocol.FrameDecoder()
                     while True:
                         data = await stream.receive_some(65536)

@@ -35,12 +35,16 @@ def parse_args(argv: list[str] | None) -> FuzzSettings:
                    help="topics on memory, on disk, or both (default %(default)s)")
     p.add_argument("--rounds", type=int, default=base.rounds,
                    help="good-client rounds over the run (default %(default)s)")
+    p.add_argument("--auth", action="store_true",
+                   help="run the broker with an auth section: HELLOs prove users (good,"
+                        " limited, wrong and missing credentials), every item is checked")
     p.add_argument("--out", type=Path, default=base.out, help="where the report goes")
     a = p.parse_args(argv)
     if a.frames < 1 or a.connections < 1 or a.shards < 1:
         p.error("--frames, --connections and --shards must be at least 1")
     return FuzzSettings(frames=a.frames, connections=a.connections, seed=a.seed,
-                        shards=a.shards, storage=a.storage, rounds=a.rounds, out=a.out)
+                        shards=a.shards, storage=a.storage, rounds=a.rounds, auth=a.auth,
+                        out=a.out)
 
 
 def report(tally: Tally, console: Console) -> None:

@@ -39,8 +39,37 @@ ANSWER_WAIT = 15.0        # seconds a request may wait for its answer
 CORRUPT_CHANCE = 0.004    # per frame: end the connection with damaged bytes instead
 # the reasons a shard or the router may close a connection, by the cause the fuzzer gave
 CLOSE_AFTER_DAMAGE = {errors.ProtocolError.code, errors.FrameTooLarge.code}
-CLOSE_AFTER_BAD_HELLO = {errors.UnsupportedVersion.code}
+CLOSE_AFTER_BAD_HELLO = {errors.UnsupportedVersion.code, errors.AuthenticationFailed.code}
 DISK_PREFIX = "fz.disk"
+# with --auth: who the HELLOs claim to be (tokens, a password), and how often
+FUZZER_TOKEN, READER_TOKEN, ADMIN_TOKEN = "fz-fuzzer-token", "fz-reader-token", "fz-admin-token"
+PASSWORD_USER, PASSWORD = "fz-pw", "fz-password"
+CREDENTIALS: list[tuple[dict[str, Any], float]] = [
+    ({"token": FUZZER_TOKEN}, 6),          # publish, subscribe and admin over fz.>
+    ({"token": READER_TOKEN}, 2),          # subscribe to fz.mem.> only: NotAuthorized items
+    ({"token": "not-a-token"}, 0.5),       # AuthenticationFailed, then the close
+    ({}, 0.5),                             # no credential: likewise
+    ({"user": PASSWORD_USER, "password": PASSWORD}, 0.5),   # the router only (a shard
+    ({"user": PASSWORD_USER, "password": "wrong"}, 0.3),    # refuses passwords)
+]
+
+
+def auth_config(path: Path) -> None:
+    """Write the ``auth`` section of an --auth run (a fast password hash: a fuzz run
+    logs in often)."""
+    from flux.auth.credentials import hash_password, token_digest
+
+    users = [
+        {"name": "fuzzer", "token_sha256": token_digest(FUZZER_TOKEN), "publish": ["fz.>"],
+         "subscribe": ["fz.>"], "admin": ["fz.>"]},
+        {"name": "reader", "token_sha256": token_digest(READER_TOKEN),
+         "subscribe": {"allow": ["fz.mem.>"], "deny": ["fz.mem.t0"]}},
+        {"name": PASSWORD_USER, "password": hash_password(PASSWORD, n=2**10),
+         "publish": ["fz.mem.>"], "subscribe": ["fz.mem.>"]},
+        {"name": "admin", "token_sha256": token_digest(ADMIN_TOKEN), "publish": [">"],
+         "subscribe": [">"], "admin": [">"]},
+    ]
+    path.write_text(json.dumps({"auth": {"users": users, "logins_per_minute": 600}}))
 
 
 @dataclass
@@ -51,6 +80,7 @@ class FuzzSettings:
     shards: int = 2
     storage: str = "mixed"       # memory | disk | mixed (fz.disk.* on disk)
     rounds: int = 20             # good-client rounds, spread over the run
+    auth: bool = False           # an auth section: HELLOs prove users, items are checked
     out: Path = Path("fuzz-results")
 
 
@@ -180,6 +210,10 @@ class Fuzzer:
                 kind = P.HELLO if first else rng.choice(CLIENT_KINDS)
                 first = False
                 base = valid_frame(kind, rng, rid, rng.choice(topics), f"fz{index}.{serial}")
+                if kind == P.HELLO and self.s.auth:
+                    credential = rng.choices([c for c, _ in CREDENTIALS],
+                                             [w for _, w in CREDENTIALS])[0]
+                    base[2].update(credential)
                 # a HELLO is mostly left whole, so that most connections get to the rest
                 if kind == P.HELLO and rng.random() >= 0.2:
                     batch.append((base, "none"))
@@ -228,7 +262,7 @@ class Fuzzer:
         # HELLOs of another version in this batch: the broker answers one with
         # UnsupportedVersion and closes, and what it still held for durability
         # before it is never answered (the connection is gone)
-        bad_hellos = {f[1] for f, _, _ in sent if _bad_hello(f) and len(f) > 1
+        bad_hellos = {f[1] for f, _, _ in sent if self._may_close(f) and len(f) > 1
                       and type(f[1]) is int}
         for frame, wanted, probe in sent:
             if not await self._answer(conn, frame, wanted, probe, deadline, bad_hellos):
@@ -282,12 +316,17 @@ class Fuzzer:
         """The broker closed the connection after ``frame``: a listed reason, given by it?"""
         last = conn.last
         code = last[2] if last is not None and last[0] == P.ERROR and len(last) > 2 else None
-        if code in CLOSE_AFTER_BAD_HELLO and _bad_hello(frame):
+        if code in CLOSE_AFTER_BAD_HELLO and self._may_close(frame):
             self.tally.closes[_code_name(last)] += 1
         else:
             self.tally.violation(f"the connection was closed after {_short(frame)}; last frame"
                                  f" {_short(last)}")
         return False
+
+    def _may_close(self, frame: list[Any]) -> bool:
+        """Whether the broker may close the connection over ``frame``: a HELLO of another
+        version, or with auth on any HELLO (its credential may be wrong, or mutated)."""
+        return _bad_hello(frame) or (self.s.auth and bool(frame) and frame[0] == P.HELLO)
 
     async def _damage(self, conn: _Conn, frame: list[Any], rng: random.Random) -> None:
         """End the connection with damaged bytes; a close must come with its reason."""
@@ -355,9 +394,10 @@ def _short(frame: Any) -> str:
     return text if len(text) < 160 else text[:157] + "..."
 
 
-async def good_round(url: str, n: int, topics: list[str], tally: Tally) -> None:
+async def good_round(url: str, n: int, topics: list[str], tally: Tally,
+                     token: str | None = None) -> None:
     """Publish to each topic through the client library and read every message back."""
-    async with flux_trio.connect(url) as client:
+    async with flux_trio.connect(url, token=token) as client:
         for topic in topics:
             name = f"{topic}.r{n}"
             payloads = [f"{name}:{i}".encode() * (1 + i % 7) for i in range(200)]
@@ -391,9 +431,15 @@ async def run(s: FuzzSettings, workdir: Path, say: Any = print) -> Tally:
     elif s.storage == "mixed":
         policy = json.dumps([{"match": f"{DISK_PREFIX}.>", "storage": "disk"}])
         extra = ["--set", f"storage.dir={data_dir}", "--set", f"topics={policy}"]
+    token = None
+    if s.auth:
+        auth_config(workdir / "auth.json")
+        extra += ["--config", str((workdir / "auth.json").resolve())]
+        token = ADMIN_TOKEN
     group = ProcessGroup(budget=3600.0)
     cluster = Cluster(group, workdir, port=router_port, shard_ports=shard_ports,
-                      proxy_ports=shard_ports, settings=[], plant=None, extra_args=extra)
+                      proxy_ports=shard_ports, settings=[], plant=None, extra_args=extra,
+                      hello={"token": token} if token else None)
     url = f"flux://127.0.0.1:{router_port}"
     await group.start()
     try:
@@ -408,7 +454,8 @@ async def run(s: FuzzSettings, workdir: Path, say: Any = print) -> Tally:
                       for i in range(s.shards)}
             good_topics = [f"fz.good.{k}" if k == "mem" else f"{DISK_PREFIX}.good"
                            for k in (["mem"] + (["disk"] if s.storage != "memory" else []))]
-            say(f"fuzz: broker on {url} ({s.shards} shards, {s.storage} topics), pids {pids};"
+            say(f"fuzz: broker on {url} ({s.shards} shards, {s.storage} topics"
+                f"{', auth on' if s.auth else ''}), pids {pids};"
                 f" {s.frames:,} frames over {s.connections} connections, seed {s.seed}")
             fuzzer = Fuzzer(s, f"127.0.0.1:{router_port}", shards, topics, tally)
             started = time.monotonic()
@@ -422,11 +469,11 @@ async def run(s: FuzzSettings, workdir: Path, say: Any = print) -> Tally:
                     await trio.sleep(0.2)
                     if mark - fuzzer.left >= every:
                         mark = fuzzer.left
-                        await good_round(url, n, good_topics, tally)
+                        await good_round(url, n, good_topics, tally, token)
                         n += 1
                         say(f"fuzz: {tally.frames:,} frames, {tally.connections:,} connections,"
                             f" {len(tally.violations)} violations")
-            await good_round(url, n, good_topics, tally)
+            await good_round(url, n, good_topics, tally, token)
             elapsed = time.monotonic() - started
             after = await cluster.stats()
             if after is None or not cluster.router_alive or cluster.crashes:

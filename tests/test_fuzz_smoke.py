@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from flux import protocol
 
@@ -45,10 +48,16 @@ def test_damaged_bytes_differ_from_what_was_encoded() -> None:
     assert all(corrupt(data, rng)[0] != data for _ in range(50))
 
 
-def test_a_short_fuzz_run_against_a_real_broker_passes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("auth", [False, True], ids=["open", "auth"])
+def test_a_short_fuzz_run_against_a_real_broker_passes(tmp_path: Path, auth: bool) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "fuzz", "--frames", "15000", "--connections", "8",
-         "--rounds", "3", "--out", str(tmp_path)],
+         "--rounds", "3", "--out", str(tmp_path), *(["--auth"] if auth else [])],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "PASS" in done.stdout
+    if auth:  # items were refused and bad credentials closed connections
+        [report] = tmp_path.glob("*/report.json")
+        tally = json.loads(report.read_text())
+        assert tally["answers"].get("error NotAuthorized", 0) > 0
+        assert tally["closes"].get("AuthenticationFailed", 0) > 0
