@@ -343,3 +343,31 @@ def test_keys_headers_and_due_times_survive_in_the_publish_record() -> None:
     assert topic.log.meta_of(2) == (None, None, 30.0)
     assert dict(topic.delayed.items()) == {2: 30.0}
     assert topic.log.held_bytes == held.log.held_bytes  # ids, payloads read back, meta
+
+
+def test_a_cursor_record_carries_only_the_acks_added_since_the_last_one() -> None:
+    """A message held unacked while the others are acked (a long job, a pending delayed
+    one) must not make every CURSOR record carry every ack above it: each carries the
+    acks added since the previous one, and recovery takes their union."""
+    shard, disk, client = _disk_shard(**{"subscriber.max_in_flight": 500})
+    ids = [f"m{i}" for i in range(400)]
+    _publish(client, *ids)
+    client.send([P.SUBSCRIBE, client.rid(), 1, {"topic": TOPIC, "name": "s",
+                                               "read_old": True, "credit": 500}])
+    disk.sync()
+    for first in range(1, 400, 50):  # 0 stays unacked: every ack lands above the cursor
+        client.send([P.ACK, client.rid(), 1, GEN, list(range(first, min(first + 50, 400))),
+                     -1])
+    disk.sync()
+    cursors = [msgpack.unpackb(r.body) for r in disk.writer().records if r.type == J.CURSOR]
+    assert [len(c[2]) for c in cursors] == [50] * 7 + [49]
+    assert all(c[1] == 0 for c in cursors)
+    topic = shard.core.topics[TOPIC]
+    replay = TopicReplay(TOPIC, topic.settings, epoch=0.0)
+    for rec in disk.writer().records:
+        replay.feed(rec)
+    rebuilt = replay.build(GEN, now=shard.now).subs["s"]
+    assert (rebuilt.cursor, rebuilt.acked) == (0, set(range(1, 400)))
+    client.send([P.ACK, client.rid(), 1, GEN, [0], -1])  # the cursor passes them all
+    disk.sync()
+    assert msgpack.unpackb(disk.writer().records[-1].body) == ["s", 400, []]

@@ -79,11 +79,12 @@ class TopicReplay:
             first, wall, ids = body
             self._ids(first, wall, ids)
             self.published.append((rec.end, first + len(ids), wall))
-        elif rtype == J.CURSOR:
+        elif rtype == J.CURSOR:  # acks added since the last record: their union counts
             name, cursor, acked = body
             row = self.subs.get(name)
             if row is not None:
-                row[3], row[4] = cursor, set(acked)
+                row[3] = cursor
+                row[4].update(acked)  # (those the cursor passed are left out at build)
         elif rtype == J.SUBSCRIPTION:
             name, mode, start, created = body
             self.subs[name] = [mode, start, created, start, set()]

@@ -301,11 +301,21 @@ class ShardState:
 
     def _journal_cursor(self, topic: Topic, sub: Subscription) -> TopicJournal | None:
         """Record a named subscription's cursor and acks in its disk topic's log; the
-        journal the reply must wait for (None: a memory topic or an ephemeral one)."""
+        journal the reply must wait for (None: a memory topic or an ephemeral one). The
+        first record of a subscription (since it was made or recovered) carries every
+        ack above the cursor, each later one only the acks added since: a message held
+        unacked for long under a stream of acks does not make each record longer."""
         journal = topic.journal
         if journal is None or sub.ephemeral:
             return None
-        journal.append(CURSOR, [sub.name, sub.cursor, sorted(sub.acked)])
+        cursor = sub.cursor
+        if sub.recording:
+            added = sorted(o for o in sub.unrecorded if o > cursor)
+            sub.unrecorded.clear()
+        else:
+            added = sorted(sub.acked)
+            sub.recording = True
+        journal.append(CURSOR, [sub.name, cursor, added])
         return journal
 
     def _release(self, held: list[Held]) -> list[Held]:

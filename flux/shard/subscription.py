@@ -74,6 +74,10 @@ class Subscription(PushTimers):
     start_offset: int
     created_at: float
     acked: set[int] = field(default_factory=set)
+    # a disk topic's: once its cursor was journaled, the acks added to ``acked`` since
+    # the last CURSOR record (the next one carries only those)
+    recording: bool = False
+    unrecorded: list[int] = field(default_factory=list)
     # push state, valid for the attached session only (reset on attach/detach)
     session: tuple[int, int] | None = None   # (connection id, client's sid)
     epoch: int = 0
@@ -170,6 +174,8 @@ class Subscription(PushTimers):
             self.cursor = cursor
         else:
             self.acked.add(offset)
+            if self.recording:
+                self.unrecorded.append(offset)
 
     def count_acked(self, offset: int) -> bool:
         """Count ``offset`` as acked whether or not it is in flight (G11: a dead letter,

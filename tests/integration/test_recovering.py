@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import trio
-
 from rich.console import Console
 
 from flux import errors, protocol, stats_view
