@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_core_support import GEN, Shard
+from test_core_support import GEN, TOPIC, Shard
 
 from flux import errors
 from flux import protocol as P
+from flux.shard.acks import Acks
 from flux.shard.subscription import Subscription
 
 QUIET = {"message.cleanup_time": 1000.0, "subscriber.cleanup_time": 1000.0}
@@ -265,7 +266,8 @@ def test_ack_through_in_bulk_is_acking_each_offset_in_turn(
         in_flight[offset] = pushes
         offset += 1
     subs = [Subscription(topic="t", name="s", ephemeral=False, mode="push", cursor=cursor,
-                         start_offset=0, created_at=0.0, acked={o for o in acked if o > cursor})
+                         start_offset=0, created_at=0.0,
+                         acked=Acks(o for o in acked if o > cursor))
             for _ in range(2)]
     for sub in subs:  # pushed one by one, as the shard does: a run while it can be one
         for o, p in in_flight.items():
@@ -310,3 +312,21 @@ def test_frames_received_together_make_one_push_pass() -> None:
     shard.collect()
     [deliver] = client.take(P.DELIVER)
     assert deliver[4] == 2 and deliver[5] == ["c", "d", "e", "f"]
+
+
+def test_acks_behind_a_message_held_at_the_cursor_cost_one_run() -> None:
+    """A message held unacked at the cursor (a long job, a poison message) while every
+    later one is acked: the acks above the cursor are one run, not one entry each, and
+    the cursor passes them all when it is acked."""
+    shard = Shard({"subscriber.max_in_flight": 5000})
+    client = shard.connect()
+    client.subscribe(1, name="s", credit=5000)
+    for first in range(0, 3000, 1000):
+        client.publish(*[f"m{i}" for i in range(first, first + 1000)])
+    assert len(client.deliveries(1)) == 3000
+    for first in range(1, 3000, 100):
+        assert client.ack(1, *range(first, min(first + 100, 3000)))[1] == []
+    [sub] = shard.core.topics[TOPIC].subs.values()
+    assert (sub.cursor, len(sub.acked), sub.acked.runs) == (0, 2999, 1)
+    assert client.ack(1, 0) == (3000, [])
+    assert not sub.acked

@@ -46,8 +46,8 @@ class Delivery(Settling):
         stop = min(end, start + room)
         acked = sub.acked
         offsets: range | list[int] = range(start, stop)
-        if acked and max(acked) >= start:
-            skipping = [o for o in offsets if o not in acked]
+        if acked and acked.max() >= start:
+            skipping = acked.missing(start, stop)
             if len(skipping) < stop - start:  # skipped some: fill the room further on
                 for o in range(stop, end):
                     if len(skipping) >= room:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 RUN_ITEMS = 4096  # offsets an open run takes before a new one starts (sealing sorts them)
 RUN_GAP = 64      # ordinary messages an open run spans (8 bytes each) rather than close
@@ -203,14 +203,24 @@ class TopicDelays:
                 if due == due:
                     yield first + i, due
 
-    def pending(self, cursor: int, acked: set[int], now: float) -> int:
+    def pending(self, cursor: int, acked: Collection[int], now: float) -> int:
         """Delayed messages not due by ``now`` at or above ``cursor`` and not in ``acked``
-        (per run, not per message, for a run wholly above ``cursor``)."""
+        (per run, not per message, for a run wholly above ``cursor``; the acks are looked
+        at one by one only while they are fewer than the pending messages)."""
         count = sum(run.pending_from(cursor, now) for run in self.runs(cursor))
-        for o in acked:
-            if o >= cursor:
-                due = self.due_of(o)
-                if due is not None and due > now:
+        if not acked or not count:
+            return count
+        if len(acked) <= count:
+            for o in acked:
+                if o >= cursor:
+                    due = self.due_of(o)
+                    if due is not None and due > now:
+                        count -= 1
+            return count
+        for run in self.runs(cursor):
+            first, dues = run.first, run.dues
+            for i in range(max(0, cursor - first), len(dues)):
+                if dues[i] > now and first + i in acked:
                     count -= 1
         return count
 

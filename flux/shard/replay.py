@@ -23,6 +23,7 @@ import msgpack
 from flux.message_meta import make_meta
 from flux.policies import TopicSettings
 from flux.shard import journal as J
+from flux.shard.acks import Acks
 from flux.shard.dedup import DedupWindow
 from flux.shard.due_index import TopicDelays
 from flux.shard.publish_record import read_publish
@@ -165,7 +166,7 @@ class TopicReplay:
                                mode="push" if shared else mode,
                                cursor=cursor, start_offset=start,
                                created_at=created - self.epoch,
-                               acked={o for o in acked if o > cursor},
+                               acked=Acks(o for o in acked if o > cursor),
                                group=Group(mode == "shared-keyed") if shared else None)
             sub.inactive_since = now
             sub.last_activity = now

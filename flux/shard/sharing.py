@@ -443,10 +443,9 @@ class Sharing(Delivery):
         stop = min(end, start + room)
         acked = sub.acked
         # acks above the cursor: a few while members ack out of order, every later ack
-        # while one message stays unacked (a poison key): look at the fewer of them
-        if acked and (max(acked) >= start if len(acked) <= stop - start
-                      else not acked.isdisjoint(range(start, stop))):
-            offsets = [o for o in range(start, stop) if o not in acked]
+        # while one message stays unacked (a poison key)
+        if acked and acked.any_in(start, stop):
+            offsets = acked.missing(start, stop)
             o = stop
             while len(offsets) < room and o < end:
                 if o not in acked:

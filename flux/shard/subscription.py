@@ -15,6 +15,7 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from flux.shard.acks import Acks
 from flux.shard.inflight import InFlight
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class Subscription(PushTimers):
     cursor: int
     start_offset: int
     created_at: float
-    acked: set[int] = field(default_factory=set)
+    acked: Acks = field(default_factory=Acks)
     # a disk topic's: once its cursor was journaled, the acks added to ``acked`` since
     # the last CURSOR record (the next one carries only those)
     recording: bool = False
@@ -88,7 +89,7 @@ class Subscription(PushTimers):
     # what this attachment was sent: offsets in [attached_from, next_push) except those
     # already acked when it attached (skipped, never pushed to it)
     attached_from: int = 0
-    preacked: frozenset[int] = frozenset()
+    preacked: Acks = field(default_factory=Acks)
     # (at, offsets, pushes, epoch): one entry per batch of pushes that share a deadline
     deadlines: deque[tuple[float, Any, Any, int]] = field(default_factory=deque)
     repushes: deque[tuple[float, int, int, int]] = field(default_factory=deque)
@@ -166,12 +167,7 @@ class Subscription(PushTimers):
         """Count ``offset`` (unacked, at or above the cursor) as acked: move the cursor
         over it and the acks above it, or remember it above the cursor."""
         if offset == self.cursor:
-            cursor = offset + 1
-            acked = self.acked
-            while cursor in acked:
-                acked.remove(cursor)
-                cursor += 1
-            self.cursor = cursor
+            self.cursor = self.acked.take_run(offset + 1)
         else:
             self.acked.add(offset)
             if self.recording:
@@ -233,11 +229,8 @@ class Subscription(PushTimers):
     def commit(self, offset: int) -> None:
         """Move a pull subscription's cursor forward to ``offset`` (never back)."""
         if offset > self.cursor:
-            self.cursor = offset
-            self.acked = {o for o in self.acked if o > offset}
-            while self.cursor in self.acked:
-                self.acked.remove(self.cursor)
-                self.cursor += 1
+            self.acked.drop_below(offset)
+            self.cursor = self.acked.take_run(offset)
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -255,7 +248,7 @@ class Subscription(PushTimers):
         self._reset_push_state()
         self.next_push = self.cursor
         self.attached_from = self.cursor
-        self.preacked = frozenset(self.acked)
+        self.preacked = self.acked.copy()
         self.active = True
         self.last_activity = now
 
@@ -273,7 +266,7 @@ class Subscription(PushTimers):
         self.deadlines.clear()
         self.repushes.clear()
         self.credit = 0
-        self.preacked = frozenset()
+        self.preacked = Acks()
         self.due_heap = []
         self.due_pushed = set()
         self.nak_waiting.clear()

@@ -1,0 +1,149 @@
+"""The offsets a subscription acked above its cursor, held as runs.
+
+A message held unacked at a subscription's cursor (a long job, a nak with a delay, a
+pending delayed message, a poison key) keeps the cursor still while every later ack
+lands above it: as a set of offsets that costs ~60 bytes an ack, without bound and
+outside ``shard.max_memory``. Acks mostly come in increasing runs, so :class:`Acks`
+keeps sorted, disjoint, maximal runs ``[start, end)`` instead: a stream of acks
+behind one stuck message is one run. Membership is a bisection; adding at the end of
+the last run, and taking the run at the cursor when it moves, cost O(1).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+from itertools import chain
+
+
+class Acks:
+    """A set of offsets (ints) as sorted, disjoint, maximal runs."""
+
+    __slots__ = ("_count", "_ends", "_starts")
+
+    def __init__(self, offsets: Iterable[int] = ()) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._count = 0
+        for offset in sorted(set(offsets)):
+            self.add(offset)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def __contains__(self, offset: object) -> bool:
+        starts = self._starts
+        if not starts or type(offset) is not int:
+            return False
+        i = bisect_right(starts, offset) - 1
+        return i >= 0 and offset < self._ends[i]
+
+    def __iter__(self) -> Iterator[int]:
+        """The offsets, increasing."""
+        return chain.from_iterable(map(range, self._starts, self._ends))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Acks):
+            return self._starts == other._starts and self._ends == other._ends
+        if isinstance(other, (set, frozenset)):
+            return len(other) == self._count and all(o in self for o in other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        runs = ", ".join(f"{s}" if e == s + 1 else f"{s}..{e - 1}"
+                         for s, e in zip(self._starts, self._ends, strict=True))
+        return f"Acks({{{runs}}})"
+
+    @property
+    def runs(self) -> int:
+        """How many runs it holds (what it costs)."""
+        return len(self._starts)
+
+    def add(self, offset: int) -> None:
+        starts, ends = self._starts, self._ends
+        if ends and offset == ends[-1]:  # the usual case: right after the last run
+            ends[-1] = offset + 1
+            self._count += 1
+            return
+        if not ends or offset > ends[-1]:
+            starts.append(offset)
+            ends.append(offset + 1)
+            self._count += 1
+            return
+        i = bisect_right(starts, offset) - 1
+        if i >= 0 and offset < ends[i]:
+            return  # held already
+        joins_left = i >= 0 and ends[i] == offset
+        joins_right = i + 1 < len(starts) and starts[i + 1] == offset + 1
+        if joins_left and joins_right:
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
+        elif joins_left:
+            ends[i] = offset + 1
+        elif joins_right:
+            starts[i + 1] = offset
+        else:
+            starts.insert(i + 1, offset)
+            ends.insert(i + 1, offset + 1)
+        self._count += 1
+
+    def take_run(self, offset: int) -> int:
+        """If a run starts at ``offset`` (a cursor that just moved there), drop it and
+        return its end (where the cursor goes); else return ``offset``."""
+        starts = self._starts
+        if not starts or starts[0] != offset:
+            return offset
+        end = self._ends[0]
+        del starts[0], self._ends[0]
+        self._count -= end - offset
+        return end
+
+    def drop_below(self, offset: int) -> None:
+        """Forget every offset below ``offset`` (a cursor moved past them)."""
+        starts, ends = self._starts, self._ends
+        i = bisect_right(ends, offset)  # runs 0..i-1 end at or below it: all gone
+        self._count -= sum(e - s for s, e in zip(starts[:i], ends[:i], strict=True))
+        del starts[:i], ends[:i]
+        if starts and starts[0] < offset:
+            self._count -= offset - starts[0]
+            starts[0] = offset
+
+    def max(self) -> int:
+        """The highest offset held (ValueError when empty, as ``max()`` of a set)."""
+        if not self._ends:
+            raise ValueError("max() of no acks")
+        return self._ends[-1] - 1
+
+    def any_in(self, start: int, stop: int) -> bool:
+        """Whether any offset of ``start`` .. ``stop - 1`` is held."""
+        if start >= stop or not self._starts:
+            return False
+        i = bisect_right(self._starts, stop - 1) - 1
+        return i >= 0 and self._ends[i] > start
+
+    def missing(self, start: int, stop: int) -> list[int]:
+        """The offsets of ``start`` .. ``stop - 1`` not held, increasing."""
+        starts, ends = self._starts, self._ends
+        out: list[int] = []
+        i = max(0, bisect_right(starts, start) - 1)
+        o = start
+        while o < stop:
+            if i < len(starts) and starts[i] <= o:
+                if o < ends[i]:
+                    o = ends[i]
+                i += 1
+                continue
+            gap_end = min(stop, starts[i]) if i < len(starts) else stop
+            out.extend(range(o, gap_end))
+            o = gap_end
+        return out
+
+    def copy(self) -> Acks:
+        twin = Acks()
+        twin._starts, twin._ends, twin._count = list(self._starts), list(self._ends), self._count
+        return twin

@@ -1,0 +1,56 @@
+"""Acks (flux.shard.acks) against a plain set of offsets: every operation the shard uses
+agrees, whatever the order of adds, and a stream of acks behind a stuck cursor is one run."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flux.shard.acks import Acks
+
+_ops = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 60)),
+    st.tuples(st.just("take"), st.integers(0, 60)),
+    st.tuples(st.just("drop"), st.integers(0, 70)),
+), max_size=80)
+
+
+@settings(max_examples=400, deadline=None)
+@given(ops=_ops, probe=st.tuples(st.integers(-2, 70), st.integers(-2, 70)))
+def test_acks_agree_with_a_set(ops: list[tuple[str, int]], probe: tuple[int, int]) -> None:
+    acks, model = Acks(), set[int]()
+    for op, x in ops:
+        if op == "add":
+            acks.add(x)
+            model.add(x)
+        elif op == "take":  # a cursor, below every ack: the first run goes if it is there
+            if model and x > min(model):
+                x = min(model)
+            want = x
+            while want in model:
+                model.remove(want)
+                want += 1
+            assert acks.take_run(x) == want
+        else:
+            acks.drop_below(x)
+            model = {o for o in model if o >= x}
+        assert len(acks) == len(model) and bool(acks) == bool(model)
+        assert list(acks) == sorted(model)
+        assert acks == model and acks == Acks(model)
+    start, stop = probe
+    assert acks.any_in(start, stop) == any(start <= o < stop for o in model)
+    assert acks.missing(start, stop) == [o for o in range(start, stop) if o not in model]
+    assert all((o in acks) == (o in model) for o in range(-2, 72))
+    if model:
+        assert acks.max() == max(model)
+    twin = acks.copy()
+    twin.add(1000)
+    assert 1000 not in acks
+
+
+def test_a_stream_of_acks_above_a_stuck_cursor_is_one_run() -> None:
+    acks = Acks()
+    for o in range(1, 100_001):
+        acks.add(o)
+    assert (len(acks), acks.runs) == (100_000, 1)
+    assert acks.take_run(0) == 0 and acks.take_run(1) == 100_001 and not acks
