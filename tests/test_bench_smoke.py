@@ -5,7 +5,13 @@ Never asserts a speed: only that each figure was measured and reported.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +64,40 @@ def test_quick_bench_of_flux_writes_its_figures(tmp_path: Path, client: str) -> 
     assert data["config"]["flux"]["client"]["flavour"] == client
     assert (out / "bench-throughput.png").exists()
     assert "Flux" in result.output
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` exited (a zombie nobody reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_broker_the_bench_started_dies_with_it_even_by_sigkill() -> None:
+    """Brokers run in sessions of their own: a bench killed outright must not leave
+    them running."""
+    script = ("import subprocess, sys, time\n"
+              "from flux.bench.systems import _die_with_parent\n"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+              " start_new_session=True, preexec_fn=_die_with_parent)\n"
+              "print(p.pid, flush=True)\n"
+              "time.sleep(60)\n")
+    bench = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bench.stdout is not None
+        broker = int(bench.stdout.readline())
+        assert not _gone(broker)
+        bench.kill()
+        bench.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while not _gone(broker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(broker)
+    finally:
+        bench.kill()
+        bench.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(broker, signal.SIGKILL)

@@ -83,7 +83,7 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
     from flux.bench import report
     from flux.bench.recovery import parse_bytes
     from flux.bench.runner import Plan, Runner
-    from flux.bench.systems import BenchError, ensure_python_packages
+    from flux.bench.systems import BenchError, ensure_python_packages, stopped_on_signals
 
     systems = ([] if no_flux else ["flux"]) + PEERS[vs]
     if not systems:
@@ -156,7 +156,8 @@ def bench(vs: str, quick: bool, count: int | None, repeat: int | None, sizes: st
 
         runner = Runner(plan, advance)
         try:
-            runner.run()
+            with stopped_on_signals():  # a killed bench leaves no broker behind
+                runner.run()
         except BenchError as exc:
             raise click.ClickException(str(exc)) from None
         progress.update(task, completed=plan.steps(), description="done")

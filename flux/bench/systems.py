@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -87,6 +88,46 @@ class Broker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _prctl() -> Any:
+    """libc's ``prctl`` (Linux), looked up in the benchmark's process, not after a fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+_PR_SET_PDEATHSIG = 1
+_SIGTERM = int(signal.SIGTERM)
+
+
+def _die_with_parent() -> None:
+    """In a started broker, before it runs (Linux): be sent SIGTERM when the benchmark
+    that started it dies, even by SIGKILL (it runs in a session of its own, which no
+    terminal signal reaches)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, _SIGTERM)
+
+
+@contextlib.contextmanager
+def stopped_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the benchmark as Ctrl-C does: every broker it started is
+    stopped on the way out (``with`` blocks and ``finally`` run)."""
+    def leave(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    saved = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def _wait_gone(pid: int, timeout: float) -> None:
@@ -159,7 +200,8 @@ def start_flux(shards: int, settings: dict[str, Any] | None = None,
     # stderr goes to a file: the router logs there, and a refusal says why
     errors = _server_log()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_die_with_parent)
     assert proc.stdout is not None
     url, pids = "", list[int]()
     deadline = time.monotonic() + START_TIMEOUT
@@ -348,7 +390,8 @@ def start_nats(sync_always: bool = False) -> Broker:
         f.write(nats_config(port, store, sync_always))
     proc = subprocess.Popen([binary, "-c", config],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_die_with_parent)
     try:
         _wait_listening(port, proc, "nats-server")
     except BaseException:
@@ -382,7 +425,8 @@ def start_redis(appendfsync: str | None = None) -> Broker:
     args = redis_args(port, tmp, appendfsync)
     proc = subprocess.Popen([binary, *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_die_with_parent)
     try:
         _wait_listening(port, proc, "redis-server")
     except BaseException:
