@@ -342,6 +342,32 @@ def test_first_pushes_of_a_delayed_topic_keep_due_order_per_member() -> None:
     assert a.deliveries(1) == [(0, 1)]
 
 
+def test_a_long_round_forgets_the_delayed_pushes_its_members_acked() -> None:
+    long = 1e5
+    shard = Shard({"subscriber.timeout": long, "message.ttl": long,
+                   "message.dedup_window": long, "subscriber.heartbeat": long,
+                   "limits.hello_timeout": long})
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=100, credit=100_000)
+    _join(b, 1, max_in_flight=100, credit=100_000)
+    n = 12_000
+    for start in range(0, n, 500):
+        reply = a.publish_frame([[TOPIC, [f"m{i}" for i in range(start, start + 500)],
+                                  [b"x"] * 500, {"delay": 1.0}]])
+        assert reply[0] == P.PUBLISHED
+    for t in range(1, 200):
+        shard.advance(float(t))
+        for client in (a, b):
+            offsets = [o for o, _ in client.deliveries(1)]
+            if offsets:
+                assert client.ack(1, *offsets)[1] == []
+        if shard.topic_stats()["subscriptions"][NAME]["cursor"] == n:
+            break
+    [sub] = shard.core.topics[TOPIC].subs.values()
+    assert sub.cursor == n
+    assert len(sub.due_pushed) <= 2 * 4096
+
+
 @pytest.mark.parametrize("narrow_first", [True, False])
 def test_a_run_split_over_unequal_windows_leaves_nothing_out(narrow_first: bool) -> None:
     shard = Shard()

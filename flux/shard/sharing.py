@@ -435,7 +435,14 @@ class Sharing(Delivery):
         delayed = topic.delayed
         if delayed and (sub.due_heap or delayed.last >= start):
             picks, next_push = self._due_order(sub, topic, start, end, room)
-            sub.due_pushed.update(o for o in picks if o in delayed)
+            pushed, group = sub.due_pushed, sub.group
+            assert group is not None
+            if len(pushed) > 2 * (len(group.holder) + len(group.nak_at)
+                                  + len(group.waiting)) + 4096:
+                # the acked ones go (they are never wanted again): a round's pushes add up
+                cursor, acked = sub.cursor, sub.acked
+                sub.due_pushed = pushed = {o for o in pushed if o >= cursor and o not in acked}
+            pushed.update(o for o in picks if o in delayed)
             sub.next_push = next_push
             return picks
         if start >= end:
