@@ -18,6 +18,7 @@ fsync the kernel's view of the file cannot be trusted (the fsync is never retrie
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import posixpath
@@ -44,28 +45,41 @@ from flux.storage import (
     recover,
 )
 from flux.storage.compaction import compact_segment
+from flux.storage.recovery import owner_of_log
 from flux.storage.table import SegmentTable
 
 log = logging.getLogger("flux.shard")
 
 FORMAT_VERSION = 1
 MARKER = "flux-data.json"
+NAME_MAX = 255     # bytes of a file name (most file systems)
+HASHED = "~"       # a topic directory named by hash starts so (no topic name does)
+OWNER = "topic "   # what a disk topic's segment headers name: OWNER + the topic
 ROOM_CHECK = 1.0   # seconds between two looks at the data directory's free room
 
 
 def directory_of_topic(name: str) -> str:
     """The directory name of a disk topic's log: the topic's name, except that a
     dead-letter topic's subscription part (any text, G11) is percent-encoded, dots
-    included, so it is one safe path component."""
+    included, so it is one safe path component; and a name longer than a file name
+    may be (a dead-letter topic of a long topic and subscription) is ``~`` and its
+    SHA-256 (the log's segment headers name the topic)."""
     parts = dead_letter_parts(name)
     if parts is None:
-        return name
-    topic, subscription = parts
-    return f"{topic}{DEAD_LETTER_SEP}{quote(subscription, safe='').replace('.', '%2E')}"
+        entry = name
+    else:
+        topic, subscription = parts
+        entry = f"{topic}{DEAD_LETTER_SEP}{quote(subscription, safe='').replace('.', '%2E')}"
+    if len(entry.encode()) > NAME_MAX:
+        return HASHED + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    return entry
 
 
-def topic_of_directory(entry: str) -> str:
-    """The topic whose log is in directory ``entry`` (:func:`directory_of_topic` undone)."""
+def topic_of_directory(entry: str) -> str | None:
+    """The topic whose log is in directory ``entry`` (:func:`directory_of_topic` undone);
+    None for a hashed name (its log's headers tell)."""
+    if entry.startswith(HASHED):
+        return None
     parts = dead_letter_parts(entry)
     if parts is None:
         return entry
@@ -162,7 +176,7 @@ class ShardStorage:
     def _writer(self, name: str, table: SegmentTable, generation: int) -> LogWriter:
         st = self.config.storage
         host = self.host
-        writer = LogWriter(self.disk, table, owner=f"topic {name}", generation=generation,
+        writer = LogWriter(self.disk, table, owner=f"{OWNER}{name}", generation=generation,
                            boot_id=self.disk.boot_id(), fsync=FsyncMode(st.fsync),
                            fsync_interval=st.fsync_interval, segment_bytes=st.segment_bytes,
                            now=host.now, wall_time=host.wall_time)
@@ -191,20 +205,31 @@ class ShardStorage:
         read = 0
         for i, name in enumerate(names):
             core.recovering = f"topic {i + 1} of {len(names)}, {read} bytes read so far"
+            done = len(self.recovered)
             await self._recover_topic(core, name)
-            read += self.recovered[-1].report.bytes
+            if len(self.recovered) > done:
+                read += self.recovered[-1].report.bytes
 
     async def _recover_topic(self, core: ShardCore, entry: str) -> None:
         host = self.host
         path = posixpath.join(self.directory, entry)
         name = topic_of_directory(entry)
+        if name is None:  # a hashed directory: its segment headers name the topic
+            owner = owner_of_log(self.disk, path)
+            if owner is None or not owner.startswith(OWNER) \
+                    or directory_of_topic(owner[len(OWNER):]) != entry:
+                log.error("shard %d: the log directory %s names no topic it could hold"
+                          " (no readable segment header, or another topic's); left as it is",
+                          core.index, path)
+                return
+            name = owner[len(OWNER):]
         settings = core.config.settings_for(name)
         if settings.storage != "disk":
             log.info("shard %d: topic %r stays on disk (it was made a disk topic; its policy"
                      " now says %s)", core.index, name, settings.storage)
         epoch = core.epoch
         replay = TopicReplay(name, settings, epoch, now=host.now())
-        table, report = await recover(self.disk, path, owner=f"topic {name}",
+        table, report = await recover(self.disk, path, owner=f"{OWNER}{name}",
                                       on_record=replay.feed, now=host.now,
                                       boot_id=self.disk.boot_id())
         why: str | None = None

@@ -41,6 +41,24 @@ RESYNC_TRIES = 1 << 20      # candidate record starts tried after a bad spot bef
 _NONZERO = re.compile(rb"[^\x00]")
 
 
+def owner_of_log(disk: Disk, directory: str) -> str | None:
+    """The owner the first segment's header of the log in ``directory`` names; None
+    when it has no segment, or that header cannot be read (recovery says why)."""
+    try:
+        firsts = [(first, name) for name in disk.listdir(directory)
+                  if (first := parse_name(name)) is not None]
+        if not firsts:
+            return None
+        f = disk.open(posixpath.join(directory, min(firsts)[1]))
+        try:
+            buf = f.read_at(0, MAX_HEADER)
+        finally:
+            f.close()
+        return decode_header(buf)[0].owner
+    except (OSError, record.Torn, record.Bad):
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Damage:
     """Where the log stopped being readable, and what recovery did about it."""

@@ -223,3 +223,34 @@ async def test_a_record_damaged_on_disk_is_never_delivered_and_the_shard_recover
             reason = shard["topics"][topic]["storage"]["new_generation"]
             assert "damage" in reason, reason
     assert "not delivered" in broker.router.log_text()  # the damage read back, logged
+
+
+async def test_a_dead_letter_topic_too_long_for_a_file_name_is_kept_and_recovered(
+        broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    """A dead-letter topic TOPIC~SUBSCRIPTION longer than a file name may be (here 8 +
+    250 bytes) keeps its log in a directory named by hash; a restart finds its topic
+    in the log's headers."""
+    data = tmp_path / "data"
+    broker = broker_factory(f"storage.dir={data}", "storage.kind=disk",
+                            config="topics:\n  - match: 'disk.>'\n    dead_letter: true\n")
+    victim = 0
+    topic = owned_topic(victim, prefix="disk")
+    worker = "w" * 250
+    dead_letters = f"{topic}~{worker}"
+    with trio.fail_after(60):
+        async with connect(broker.url, retry_deadline=30) as client:
+            await client.publish(topic, b"job", id="j1")
+            async with client.subscribe(topic, name=worker, read_old=True) as sub:
+                msg = await sub.__anext__()
+                await msg.term("no good")
+            while not (await client.fetch(dead_letters, 0)).messages:
+                await trio.sleep(0.05)
+            hashed = [p.name for p in data.rglob("~*") if p.is_dir()]
+            assert len(hashed) == 1 and len(hashed[0]) == 65
+            old_pid = broker.shards[victim].pid
+            os.kill(old_pid, signal.SIGKILL)
+            page = await client.fetch(dead_letters, 0)  # retried until the shard is back
+            assert [m.payload for m in page.messages] == [b"job"]
+            assert page.messages[0].headers["flux-reason"] == "term: no good"
+    broker.note_pids()
+    assert {s["index"]: s for s in broker.stats()["shards"]}[victim]["pid"] != old_pid
