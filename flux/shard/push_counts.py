@@ -50,6 +50,9 @@ class PushCounts(Delays):
                 break
             del counts[first]
         live = len(sub.in_flight) + len(sub.nak_waiting) + len(sub.dead_pending)
+        group = sub.group
+        if group is not None:  # a shared one's messages are out with its members
+            live += len(group.holder) + len(group.nak_at) + len(group.waiting)
         if len(counts) > 2 * live + 64:
             acked = sub.acked
             sub.push_counts = {o: n for o, n in counts.items() if o >= cursor and o not in acked}
