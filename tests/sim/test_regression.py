@@ -73,6 +73,12 @@ FOUND = [
     # old generation: the next recovery kept it, and offsets acked in it came again
     ("storage-faults", 382, "flip:shard-0@12.879,crash:shard-0@13.161,flip:shard-0@24.713,"
                             "crash:shard-0@24.726"),
+    # a crash between a publish's write and its fsync: recovery read the record back from
+    # the page cache and counted it durable without an fsync; the retry was acked as its
+    # duplicate, and a power loss then lost it: offset 24 used again (G1/offset-reused)
+    ("storage-faults", 406, "power:shard-0@6.82,power:shard-0@9.037,power:shard-0@14.878,"
+                            "crash:shard-0@17.585,flip:shard-0@17.954,flip:shard-0@25.456,"
+                            "power:shard-0@26.672"),
     # a cumulative ack crossed the push of a delayed message of a lower offset (G12:
     # pushed out of offset order), and the shard took it as acked though the client had
     # not seen it yet; now an ack_through never covers a delayed message
