@@ -115,6 +115,22 @@ def test_a_publish_is_acked_only_once_its_record_is_durable() -> None:
     assert reply[2] == GEN and reply[3] == [[0, [], []]]
 
 
+def test_a_recovering_shard_holds_cleanup_back_without_it_being_due_meanwhile() -> None:
+    """While recovery runs (a slow fsync, say) no cleanup pass runs, and none is reported
+    due: the shell's ticker slept until a past deadline again and again, and a
+    recovery longer than message.cleanup_time spun it at one instant. Once recovered,
+    the passes held back are due at once."""
+    shard, _disk, _client = _disk_shard(**{"subscriber.heartbeat": 1000.0})
+    shard.core.recovering = "topic 1 of 1"
+    shard.advance(12.0)   # raises if a tick leaves a deadline at or before it
+    assert shard.ticks == []
+    assert shard.core.next_deadline() > 12.0
+    shard.core.recovering = None
+    assert shard.core.next_deadline() == 5.0
+    shard.advance(13.0)
+    assert shard.ticks == [12.0]   # the passes held back run as one, on their period
+
+
 def test_a_disk_topic_has_its_own_generation_in_each_group_result() -> None:
     shard = Shard({"storage.dir": "/data", "topics": [{"match": "disk.>", "storage": "disk"}]})
     disk = Disk(shard, generation=0xD15C)

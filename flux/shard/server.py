@@ -272,6 +272,7 @@ class ShardServer:
                 await nursery.start(storage.run, self._dispatch)
                 nursery.start_soon(self._stop_on_storage_failure, storage)
                 self.core.recovering = None
+                self._rearm()   # the cleanup passes it held back may be due now
                 self._recovered.set()   # the control link tells the router (READY)
                 log.info("shard %d recovered its disk topics; serving", self.spec.index)
             await self._stop.wait()
