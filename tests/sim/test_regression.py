@@ -79,6 +79,11 @@ FOUND = [
     ("storage-faults", 406, "power:shard-0@6.82,power:shard-0@9.037,power:shard-0@14.878,"
                             "crash:shard-0@17.585,flip:shard-0@17.954,flip:shard-0@25.456,"
                             "power:shard-0@26.672"),
+    # an fsync that failed (EIO) in the middle of a recovery raised out of the shard: now
+    # the shard exits unserved as after any log failure, and recovers again at the restart
+    ("disk-errors", 172, "eio:shard-1@1.604,full:shard-1@4.597+2.169,eio:shard-0@18.078,"
+                         "slowdisk:shard-1@19.633+2.104,slowdisk:shard-0@20.51+1.413,"
+                         "slowdisk:shard-1@21.226+2.613,crash:shard-1@21.9,eio:shard-1@21.9"),
     # a cumulative ack crossed the push of a delayed message of a lower offset (G12:
     # pushed out of offset order), and the shard took it as acked though the client had
     # not seen it yet; now an ack_through never covers a delayed message
