@@ -463,7 +463,9 @@ class ShardServer:
             c.closing = True
             c.mark_sent()  # release a reader waiting on back-pressure
             c.wake()
-            c.nursery.start_soon(self._close_guard, c)
+            if not c.nursery.cancel_scope.cancel_called:  # else it is ending already (a
+                # drain may come while its serving nursery closes: no new task fits there)
+                c.nursery.start_soon(self._close_guard, c)
 
     async def _close_guard(self, c: Connection) -> None:
         await self.host.sleep_until(self.host.now() + CLOSE_GRACE)

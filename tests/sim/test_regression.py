@@ -84,6 +84,12 @@ FOUND = [
     ("disk-errors", 172, "eio:shard-1@1.604,full:shard-1@4.597+2.169,eio:shard-0@18.078,"
                          "slowdisk:shard-1@19.633+2.104,slowdisk:shard-0@20.51+1.413,"
                          "slowdisk:shard-1@21.226+2.613,crash:shard-1@21.9,eio:shard-1@21.9"),
+    # that shard's drain came while a connection's serving nursery was closing (its
+    # writer had hit a broken stream): starting the close guard there raised
+    ("disk-errors", 172, "eio:shard-1@1.604,full:shard-1@4.597+2.169,slowdisk:shard-1@7.2715+0.5,"
+                         "power:shard-1@7.4765,eio:shard-0@18.078,slowdisk:shard-1@19.633+2.104,"
+                         "slowdisk:shard-0@20.51+1.413,slowdisk:shard-1@21.226+2.613,"
+                         "crash:shard-1@21.9,eio:shard-1@21.995"),
     # a cumulative ack crossed the push of a delayed message of a lower offset (G12:
     # pushed out of offset order), and the shard took it as acked though the client had
     # not seen it yet; now an ack_through never covers a delayed message
