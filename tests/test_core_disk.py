@@ -157,6 +157,21 @@ def test_nothing_is_delivered_or_fetched_before_it_is_durable() -> None:
     assert fetched[2]["next"] == 2 and fetched[4] == ["a", "b"]
 
 
+def test_a_new_subscription_starts_at_the_durable_end_and_gets_what_becomes_durable() -> None:
+    """G9: a SUBSCRIBED tells no offset whose record is not durable (a crash may lose it,
+    and the next incarnation uses it again): an ephemeral subscription made while "a"
+    and "b" wait for their fsync starts at 0, not 2, and gets them once durable."""
+    shard, disk, client = _disk_shard()
+    reader = shard.connect()
+    _publish(client, "a", "b")
+    reply = reader.subscribe(1)
+    assert (reply["start_offset"], reply["next_offset"]) == (0, 0)
+    [refused] = reader.subscribe_frame(2, from_offset=1)[2:3]
+    assert refused == errors.OffsetOutOfRange.code
+    disk.sync()
+    assert reader.deliveries() == [(0, 1), (1, 1)]
+
+
 def test_a_duplicate_is_acked_only_once_its_original_is_durable() -> None:
     _shard, disk, client = _disk_shard()
     _publish(client, "a")
