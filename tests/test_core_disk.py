@@ -115,6 +115,22 @@ def test_a_publish_is_acked_only_once_its_record_is_durable() -> None:
     assert reply[2] == GEN and reply[3] == [[0, [], []]]
 
 
+def test_a_recovering_shard_holds_cleanup_back_without_it_being_due_meanwhile() -> None:
+    """While recovery runs (a slow fsync, say) no cleanup pass runs, and none is reported
+    due: the shell's ticker slept until a past deadline again and again, and a
+    recovery longer than message.cleanup_time spun it at one instant. Once recovered,
+    the passes held back are due at once."""
+    shard, _disk, _client = _disk_shard(**{"subscriber.heartbeat": 1000.0})
+    shard.core.recovering = "topic 1 of 1"
+    shard.advance(12.0)   # raises if a tick leaves a deadline at or before it
+    assert shard.ticks == []
+    assert shard.core.next_deadline() > 12.0
+    shard.core.recovering = None
+    assert shard.core.next_deadline() == 5.0
+    shard.advance(13.0)
+    assert shard.ticks == [12.0]   # the passes held back run as one, on their period
+
+
 def test_a_disk_topic_has_its_own_generation_in_each_group_result() -> None:
     shard = Shard({"storage.dir": "/data", "topics": [{"match": "disk.>", "storage": "disk"}]})
     disk = Disk(shard, generation=0xD15C)
@@ -139,6 +155,21 @@ def test_nothing_is_delivered_or_fetched_before_it_is_durable() -> None:
     assert reader.deliveries() == [(0, 1), (1, 1)]
     fetched = reader.fetch()
     assert fetched[2]["next"] == 2 and fetched[4] == ["a", "b"]
+
+
+def test_a_new_subscription_starts_at_the_durable_end_and_gets_what_becomes_durable() -> None:
+    """G9: a SUBSCRIBED tells no offset whose record is not durable (a crash may lose it,
+    and the next incarnation uses it again): an ephemeral subscription made while "a"
+    and "b" wait for their fsync starts at 0, not 2, and gets them once durable."""
+    shard, disk, client = _disk_shard()
+    reader = shard.connect()
+    _publish(client, "a", "b")
+    reply = reader.subscribe(1)
+    assert (reply["start_offset"], reply["next_offset"]) == (0, 0)
+    [refused] = reader.subscribe_frame(2, from_offset=1)[2:3]
+    assert refused == errors.OffsetOutOfRange.code
+    disk.sync()
+    assert reader.deliveries() == [(0, 1), (1, 1)]
 
 
 def test_a_duplicate_is_acked_only_once_its_original_is_durable() -> None:

@@ -256,6 +256,35 @@ def test_a_torn_tail_is_cut_and_the_cut_is_reported() -> None:
     _run(main)
 
 
+def test_what_a_crash_left_unsynced_is_durable_once_recovered() -> None:
+    """A record written but not fsynced when the process died is read back from the page
+    cache; the writer recovery hands the log to counts it durable (fsync always: a
+    duplicate's ack or a FETCH may expose it at once), so a power loss right after the
+    recovery must not lose it (storage-faults seed 406: an acked offset used again)."""
+    async def main() -> None:
+        disk = SimDisk(5, DiskFaults(sync_delay=(0.001, 0.002), torn_tail_chance=0.0))
+        table, _, _ = await _recover(disk)
+        writer = _writer(disk, table, FsyncMode.ALWAYS, 1 << 20)
+        entries: list[Entry] = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            await _play(disk, writer, [("append", 1, 50)] * 2, entries)
+            await writer.close()
+        path = table.segments[0].path
+        body = b"written, never synced"
+        disk.open(path).append(encode(1, body))   # the crash came before its fsync
+        entries.append(Entry(entries[-1].end, entries[-1].end + 9 + len(body), 1, body))
+        disk.crash()
+        table, _, got = await _recover(disk)
+        assert got == entries
+        assert _writer(disk, table, FsyncMode.ALWAYS, 1 << 20).durable == entries[-1].end
+        table.close()
+        disk.power_loss()
+        _, report, again = await _recover(disk)
+        assert again == entries and report.damage is None
+    _run(main)
+
+
 def test_a_directory_of_another_owner_or_program_is_refused_and_left_alone() -> None:
     async def main() -> None:
         disk = SimDisk(5)

@@ -265,8 +265,9 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
 
     def next_deadline(self) -> float:
         """The time :meth:`tick` must next run (cleanup passes, timers, heartbeats)."""
-        at = min(self._next_message_cleanup, self._next_subscriber_cleanup,
-                 self._next_session_check)
+        at = self._next_session_check
+        if self.recovering is None:  # cleanup waits until every disk topic is rebuilt
+            at = min(at, self._next_message_cleanup, self._next_subscriber_cleanup)
         if self._timers:
             at = min(at, self._timers[0][0])
         if self._delays:

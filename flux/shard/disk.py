@@ -168,6 +168,7 @@ class ShardStorage:
         self.failure: LogFailed | None = None
         self._unsettled: list[LogWriter] = []  # logs of new generations to sync first
         self._checked = False
+        self._running = False   # run() started the writers (close() waits for them)
         self.failed = trio.Event()
         self._core: ShardCore | None = None
         self._dispatch: Callable[[], None] = lambda: None
@@ -327,6 +328,7 @@ class ShardStorage:
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every writer (and those of topics made later) until cancelled."""
         self._dispatch = dispatch
+        self._running = True
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for name, journal in self.journals.items():
@@ -337,6 +339,14 @@ class ShardStorage:
             self._unsettled.clear()
             task_status.started()
             await trio.sleep_forever()
+
+    def recovery_failed(self, exc: BaseException) -> None:
+        """The disk failed while recovering or before serving: the shard exits unserved."""
+        log.error("shard: recovering the disk topics failed: %s", exc)
+        if self.failure is None:
+            self.failure = exc if isinstance(exc, LogFailed) else LogFailed(
+                f"recovery failed: {exc}", cause=exc)
+        self.failed.set()
 
     def _check_room(self) -> None:
         """Tell the core whether disk topics may take publishes: not while the disk holds
@@ -464,6 +474,10 @@ class ShardStorage:
 
     async def close(self) -> None:
         """Write and fsync what every log has queued, then close them (a clean stop)."""
+        if not self._running:   # recovery failed: no writer ran, and none wrote anything
+            for writer in self.writers.values():
+                writer.table.close()
+            return
         for name, writer in list(self.writers.items()):
             try:
                 await writer.close()

@@ -26,6 +26,7 @@ from flux.auth.users import parse_auth
 from flux.host import Host, ShardSpec
 from flux.shard.core import ShardCore
 from flux.shard.disk import ShardStorage
+from flux.storage import LogFailed
 from flux.tls import accept as tls_accept
 from flux.tls import server_context
 
@@ -269,12 +270,20 @@ class ShardServer:
                      "; recovering its disk topics" if storage is not None else "")
             task_status.started(port)
             if storage is not None:
-                await storage.recover(self.core)
-                await nursery.start(storage.run, self._dispatch)
-                nursery.start_soon(self._stop_on_storage_failure, storage)
-                self.core.recovering = None
-                self._recovered.set()   # the control link tells the router (READY)
-                log.info("shard %d recovered its disk topics; serving", self.spec.index)
+                try:
+                    await storage.recover(self.core)
+                    await nursery.start(storage.run, self._dispatch)
+                except* (OSError, LogFailed) as group:
+                    # the disk failed while recovering (a read, a cut, an fsync): exit
+                    # without serving, and the restart recovers again (G9)
+                    storage.recovery_failed(group.exceptions[0])
+                    self.stop()
+                else:
+                    nursery.start_soon(self._stop_on_storage_failure, storage)
+                    self.core.recovering = None
+                    self._rearm()   # the cleanup passes it held back may be due now
+                    self._recovered.set()   # the control link tells the router (READY)
+                    log.info("shard %d recovered its disk topics; serving", self.spec.index)
             await self._stop.wait()
             await self._drain()
             if storage is not None:
@@ -455,7 +464,9 @@ class ShardServer:
             c.closing = True
             c.mark_sent()  # release a reader waiting on back-pressure
             c.wake()
-            c.nursery.start_soon(self._close_guard, c)
+            if not c.nursery.cancel_scope.cancel_called:  # else it is ending already (a
+                # drain may come while its serving nursery closes: no new task fits there)
+                c.nursery.start_soon(self._close_guard, c)
 
     async def _close_guard(self, c: Connection) -> None:
         await self.host.sleep_until(self.host.now() + CLOSE_GRACE)

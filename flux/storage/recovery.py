@@ -185,6 +185,12 @@ async def recover(disk: Disk, directory: str, *, owner: str,
                 await _cut_corrupt(disk, table, segment, position, names[i + 1:], report,
                                    Damage("corrupt", path, position, reason, cut))
             break
+    if table.last is not None:
+        # a process crash leaves written records in the page cache, unsynced: they were
+        # read back above, and the writer counts everything recovered as synced (with
+        # fsync always, durable). Make it so before anyone hears of them (a duplicate's
+        # ack, a FETCH); every segment but the last was synced when the next began
+        await table.last.file.sync()
     report.segments = len(table.segments)
     report.start = table.start
     report.end = table.end

@@ -127,6 +127,33 @@ def test_messages_of_a_deleted_pull_subscription_may_go() -> None:
     assert "G5/fetch-skipped" not in rules and "G5/deleted-unacked" not in rules
 
 
+def _undone(*, stopped: bool) -> Reader:
+    """A disk topic's pull subscription, committed to 1, is deleted and offsets 0-1 are
+    trimmed; the shard's log fails before either is durable (``stopped``), and the
+    reader resumes the subscription its recovery brought back, at cursor 1."""
+    s = Reader().hello(0.0, generation=0x5A)   # the shard's generation; the topic's is G
+    s.pull(0.01)
+    s.publish(0.1, "a", 0).publish(0.1, "b", 1).publish(0.1, "c", 2)
+    s.fetch(0.2, 0, ("a",), next=3).commit(0.3, 1)
+    s.add(h.SubscriptionGone(3.0, 0, G, "t", "n")).add(h.Trimmed(3.5, 0, G, "t", 0, 2))
+    if stopped:
+        s.add(h.ShardStopped(3.6, 0, 0x5A)).hello(4.5, generation=0x5B)
+    s.pull(5.0, created=False, start=0, cursor=1)
+    return s.fetch(5.1, 1, ("b", "c"), oldest=0).commit(5.2, 3)
+
+
+def test_a_trim_a_crash_undid_with_the_deletion_before_it_is_not_judged() -> None:
+    """G9: neither the deletion nor the trim was durable; recovery brought both the
+    subscription and the messages back (disk-errors seed 172: G5/deleted-unacked)."""
+    report = check(_undone(stopped=True).end().h)
+    assert "G5/deleted-unacked" not in report.rules(), report.summary()
+
+
+def test_a_subscription_found_again_without_a_crash_held_what_was_trimmed() -> None:
+    """With no stop between, the trim of what it had not committed breaks G5."""
+    assert "G5/deleted-unacked" in _undone(stopped=False).end().rules()
+
+
 def test_without_an_oracle_a_skip_is_not_judged() -> None:
     assert "G5/fetch-skipped" not in _skipped(committed=1, oracle=False).end().rules()
 

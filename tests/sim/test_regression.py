@@ -73,6 +73,28 @@ FOUND = [
     # old generation: the next recovery kept it, and offsets acked in it came again
     ("storage-faults", 382, "flip:shard-0@12.879,crash:shard-0@13.161,flip:shard-0@24.713,"
                             "crash:shard-0@24.726"),
+    # a crash between a publish's write and its fsync: recovery read the record back from
+    # the page cache and counted it durable without an fsync; the retry was acked as its
+    # duplicate, and a power loss then lost it: offset 24 used again (G1/offset-reused)
+    ("storage-faults", 406, "power:shard-0@6.82,power:shard-0@9.037,power:shard-0@14.878,"
+                            "crash:shard-0@17.585,flip:shard-0@17.954,flip:shard-0@25.456,"
+                            "power:shard-0@26.672"),
+    # an fsync that failed (EIO) in the middle of a recovery raised out of the shard: now
+    # the shard exits unserved as after any log failure, and recovers again at the restart
+    ("disk-errors", 172, "eio:shard-1@1.604,full:shard-1@4.597+2.169,eio:shard-0@18.078,"
+                         "slowdisk:shard-1@19.633+2.104,slowdisk:shard-0@20.51+1.413,"
+                         "slowdisk:shard-1@21.226+2.613,crash:shard-1@21.9,eio:shard-1@21.9"),
+    # that shard's drain came while a connection's serving nursery was closing (its
+    # writer had hit a broken stream): starting the close guard there raised
+    ("disk-errors", 172, "eio:shard-1@1.604,full:shard-1@4.597+2.169,slowdisk:shard-1@7.2715+0.5,"
+                         "power:shard-1@7.4765,eio:shard-0@18.078,slowdisk:shard-1@19.633+2.104,"
+                         "slowdisk:shard-0@20.51+1.413,slowdisk:shard-1@21.226+2.613,"
+                         "crash:shard-1@21.9,eio:shard-1@21.995"),
+    # an ephemeral subscription made while a publish waited for its fsync was told a start
+    # past it; a power loss lost that record, and its offset went to a later message, so
+    # the start had skipped it (G6/start-past-new; disk-errors seed 172 found it first)
+    ("disk-errors", 127, "slowdisk:shard-0@2.654+2.112,full:shard-0@8.324+3.881,"
+                         "power:shard-0@11.8465"),
     # a cumulative ack crossed the push of a delayed message of a lower offset (G12:
     # pushed out of offset order), and the shard took it as acked though the client had
     # not seen it yet; now an ack_through never covers a delayed message

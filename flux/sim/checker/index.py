@@ -235,6 +235,10 @@ class Index:
             self.disturbances.append(Disturbance(fault, _hosts(target), begin,
                                                  max(begin, end) + self._tail(fault)))
 
+    def stopped_between(self, shard: int, begin: float, end: float) -> bool:
+        """Whether an incarnation of ``shard`` stopped at or after ``begin`` and before ``end``."""
+        return any(begin <= t < end for t in self._stops.get(shard, ()))
+
     def recovered_deadline(self, shard: int, since: float, slack: float) -> float:
         """When a disk topic's inactive subscription on ``shard``, inactive since ``since``,
         must be gone: ``slack`` after ``since``, or after the recovery of a restart within

@@ -206,6 +206,14 @@ def _held_for(index: Index, inc: Incarnation, offset: int, t: float, position: i
     # history order, so a trim at the same instant but before the deletion is checked
     if inc.deleted_event is not None and inc.deleted_event < position:
         return False
+    # first seen after its shard stopped, and that after ``t``: what the shard did before
+    # the stop and had not made durable (a deletion of this subscription, the trim) may
+    # have been lost with it, the subscription and the messages coming back at recovery
+    # (G9). Otherwise it held the offset at ``t``: it starts at or above what was held
+    # when it was made, and a trimmed offset never comes back without a stop
+    if inc.created_at > t and index.stopped_between(inc.sessions[0].sub.shard, t,
+                                                    inc.created_at):
+        return False
     if inc.name is not None:
         return True
     # ephemeral: only while its one session is surely attached
