@@ -24,6 +24,7 @@ from flux.policies import TopicSettings
 from flux.router.router import Router, Slot
 from flux.shard import server as shard_server
 from flux.shard import sharing as sharing_mod
+from flux.shard.acks import Acks
 from flux.shard.core import ShardCore
 from flux.shard.dedup import DedupWindow
 from flux.shard.delayed import Delays
@@ -288,7 +289,7 @@ def commit_moves_back() -> contextlib.AbstractContextManager[Any]:
     """G6: a COMMIT sets the cursor to its offset even when that is below the cursor."""
     def commit(self: Subscription, offset: int) -> None:
         self.cursor = offset
-        self.acked = {o for o in self.acked if o > offset}
+        self.acked = Acks(o for o in self.acked if o > offset)
     return mock.patch.object(Subscription, "commit", commit)
 
 
@@ -382,11 +383,8 @@ def ack_moves_cursor_early() -> contextlib.AbstractContextManager[Any]:
         if self.in_flight.pop(offset, None) is None:
             return False
         if offset - self.cursor <= 1:
-            cursor = offset + 1
-            while cursor in self.acked:
-                self.acked.remove(cursor)
-                cursor += 1
-            self.cursor = cursor
+            self.acked.drop_below(offset + 1)
+            self.cursor = self.acked.take_run(offset + 1)
         else:
             self.acked.add(offset)
         return True
@@ -689,7 +687,7 @@ def resume_rewinds_cursor() -> contextlib.AbstractContextManager[Any]:
         sub = topic.subs.get(str(opts.get("name"))) if topic is not None else None
         if sub is not None and sub.mode == "push":
             sub.cursor = max(sub.start_offset, topic.log.oldest)  # type: ignore[union-attr]
-            sub.acked = set()
+            sub.acked = Acks()
         return frame
     return _handler(protocol.SUBSCRIBE, before=before)
 
