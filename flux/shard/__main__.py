@@ -26,6 +26,7 @@ import trio
 from flux import errors
 from flux.host import RealHost, ShardSpec
 from flux.shard.server import run_shard
+from flux.shard.stalls import StallWatch
 
 
 def pin_to_cpu(cpu: int | None) -> None:
@@ -86,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     # collector's view, it no longer makes full collections cost tens of ms
     # (measured: 25k startup objects, 12 ms; the p99 latency followed them).
     gc.freeze()
+    watch = StallWatch(spec.index)  # logs what held the loop for long (a latency spike)
+    watch.install()
     try:
-        trio.run(serve, spec)
+        trio.run(serve, spec, instruments=[watch])
     except (errors.ConfigError, OSError, ExceptionGroup) as exc:
         config_error = errors.first_of(exc, errors.ConfigError)
         if config_error is not None:

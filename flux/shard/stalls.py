@@ -1,0 +1,72 @@
+"""Stall warnings: a shard process logs what held its event loop for long.
+
+Nothing else runs while one task step or a garbage collection runs, so a step of
+100 ms is 100 ms added to every delivery waiting behind it. :class:`StallWatch`
+is a trio instrument (and a ``gc`` callback) that times each task step and each
+collection on the process's own monotonic clock and logs those at or over
+:data:`STALL` with the task's name (at most one line a second, counting the
+rest), so an operator, or a soak run's log, can say where a latency spike came
+from. Only the shard's real process installs it; the simulator never does.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from typing import Any
+
+import trio
+
+log = logging.getLogger("flux.shard")
+
+STALL = 0.1        # seconds a step or collection may hold the loop before it is logged
+EVERY = 1.0        # at most one stall line a second (the others are counted in it)
+
+
+class StallWatch(trio.abc.Instrument):
+    """Times task steps and garbage collections; logs the long ones."""
+
+    def __init__(self, index: int, threshold: float = STALL) -> None:
+        self.index = index
+        self.threshold = threshold
+        self._step = 0.0
+        self._gc = 0.0
+        self._next_line = 0.0
+        self._unlogged = 0
+
+    def install(self) -> None:
+        """Also time garbage collections (call once; :meth:`uninstall` undoes it)."""
+        gc.callbacks.append(self._on_gc)
+
+    def uninstall(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._step = time.perf_counter()  # seam-ok: this process's own loop, not the broker's time
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        held = time.perf_counter() - self._step  # seam-ok
+        if held >= self.threshold:
+            self._report(f"task {task.name!r}", held)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc = time.perf_counter()  # seam-ok
+            return
+        held = time.perf_counter() - self._gc  # seam-ok
+        if held >= self.threshold:
+            self._report(f"a generation-{info.get('generation')} garbage collection"
+                         f" ({info.get('collected', 0)} objects freed)", held)
+
+    def _report(self, what: str, held: float) -> None:
+        now = time.perf_counter()  # seam-ok
+        if now < self._next_line:
+            self._unlogged += 1
+            return
+        more = f"; {self._unlogged} more since the last line" if self._unlogged else ""
+        log.warning("shard %d: %s held the event loop for %.0f ms%s", self.index, what,
+                    held * 1000, more)
+        self._next_line = now + EVERY
+        self._unlogged = 0
