@@ -315,13 +315,21 @@ async def soak(s: SoakSettings, workdir: Path, say: Any = print) -> dict[str, An
     return report
 
 
-def _merge_minute(rows: list[dict[str, Any]]) -> dict[str, float]:
+def _merge_minute(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One minute of every consumer: the worst of each quantile, messages summed."""
     if not rows:
         return {}
-    return {"n": sum(r.get("n", 0) for r in rows),
-            **{k: max(r.get(k, 0.0) for r in rows)
-               for k in ("p50_us", "p99_us", "p999_us", "max_us")}}
+    keys = ("p50_us", "p99_us", "p999_us", "max_us")
+    merged: dict[str, Any] = {"n": sum(r.get("n", 0) for r in rows),
+                              **{k: max(r.get(k, 0.0) for r in rows) for k in keys}}
+    kinds = {kind for r in rows for kind in r.get("by_kind", {})}
+    if kinds:  # memory and disk topics apart (a disk topic's delivery waits for its fsync)
+        merged["by_kind"] = {kind: {k: max(r.get("by_kind", {}).get(kind, {}).get(k, 0.0)
+                                           for r in rows) for k in keys}
+                             for kind in sorted(kinds)}
+    if any("consumer_gc_max_us" in r for r in rows):
+        merged["consumer_gc_max_us"] = max(r.get("consumer_gc_max_us", 0.0) for r in rows)
+    return merged
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -377,12 +385,20 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))   # chaos/ and fuzz/ sit beside the package
     report = trio.run(soak, s, workdir)
+    log_file = workdir / "broker.log"  # the shards' stall warnings (flux.shard.stalls)
+    report["stalls"] = [line.strip() for line in (
+        log_file.read_text(errors="replace").splitlines() if log_file.exists() else ())
+        if "held the event loop" in line]
     (workdir / "report.json").write_text(json.dumps(report, indent=2))
     plot(report, workdir / "soak.png")
     for i, m in enumerate(report["latency_per_minute"], 1):
         print(f"minute {i}: {m.get('n', 0):,} delivered; latency p50 {m.get('p50_us', 0):,.0f}"
               f" us, p99 {m.get('p99_us', 0):,.0f} us, p99.9 {m.get('p999_us', 0):,.0f} us,"
-              f" max {m.get('max_us', 0):,.0f} us")
+              f" max {m.get('max_us', 0):,.0f} us" + "".join(
+                  f"; {kind} p99.9 {v.get('p999_us', 0):,.0f} max {v.get('max_us', 0):,.0f}"
+                  for kind, v in m.get("by_kind", {}).items())
+              + (f"; consumers' longest gc {m['consumer_gc_max_us']:,.0f} us"
+                 if "consumer_gc_max_us" in m else ""))
     for name, v in report["rss"].items():
         print(f"{name}: RSS {v['mean_bytes'] / 2**20:.0f} MB after warm-up, slope"
               f" {v['slope_bytes_per_min'] / 2**20:+.2f} MB/min"
@@ -390,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"acked {report['acked']:,}, lost {len(report['lost'])} ranges, refused"
           f" {report['refused']}, restarts {report['restarts']}, redelivered"
           f" {report['redelivered']:,}; report and plot in {workdir}")
+    print(f"{len(report['stalls'])} stall warnings in the shards' log"
+          + "".join(f"\n  {line}" for line in report["stalls"][:10]))
     print("PASS" if report["pass"] else "FAIL")
     for line in report["lost"][:10]:
         print("lost:", line)

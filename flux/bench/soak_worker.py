@@ -13,6 +13,7 @@ the offsets delivered, as ranges, and each minute's publish-to-delivery latencie
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import struct
@@ -88,6 +89,27 @@ class Latencies:
                 "p999_us": self.quantile(0.999), "max_us": self.max}
 
 
+class _GcPauses:
+    """The longest garbage collection of this process since the last look."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.longest = 0.0
+
+    def install(self) -> None:
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        else:
+            self.longest = max(self.longest, time.perf_counter() - self.started)
+
+    def take_max(self) -> float:
+        longest, self.longest = self.longest, 0.0
+        return longest
+
+
 def say(event: str, **fields: Any) -> None:
     sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
     sys.stdout.flush()
@@ -158,6 +180,12 @@ async def consume(spec: dict[str, Any]) -> None:
     topics: list[str] = spec["topics"]
     delivered: dict[str, dict[int, Ranges]] = {t: {} for t in topics}
     total, now_minute = Latencies(), Latencies()
+    # the minute's latency of memory and of disk topics apart (a disk topic's delivery
+    # waits for its fsync), and this consumer's own longest garbage collection
+    by_kind: dict[str, Latencies] = {"mem": Latencies(), "disk": Latencies()}
+    kind_of = {t: "disk" if ".disk." in t else "mem" for t in topics}
+    pauses = _GcPauses()
+    pauses.install()
     counts: Counter[str] = Counter()
     last_arrival = [time.monotonic()]
     async with connect(spec["url"], retry_deadline=30.0) as client:
@@ -175,6 +203,7 @@ async def consume(spec: dict[str, Any]) -> None:
                     micros = (now - STAMP.unpack_from(msg.payload)[0]) / 1000.0
                     total.add(micros)
                     now_minute.add(micros)
+                    by_kind[kind_of[msg.topic]].add(micros)
                 delivered[msg.topic].setdefault(msg.generation, Ranges()).add(
                     msg.offset, msg.offset + 1)
                 counts["delivered"] += 1
@@ -187,8 +216,12 @@ async def consume(spec: dict[str, Any]) -> None:
             nonlocal now_minute
             while True:
                 await trio.sleep(60)
-                say("minute", **now_minute.summary())
+                say("minute", **now_minute.summary(),
+                    by_kind={k: v.summary() for k, v in by_kind.items()},
+                    consumer_gc_max_us=pauses.take_max() * 1e6)
                 now_minute = Latencies()
+                for k in by_kind:
+                    by_kind[k] = Latencies()
 
         async def commands() -> None:
             """``count``: say how many arrived so far; ``stop``: stop once caught up."""
