@@ -99,6 +99,20 @@ async def _recover(disk: SimDisk) -> tuple[SegmentTable, Any, list[Entry]]:
     return table, report, [Entry(r.position, r.end, r.type, r.body) for r in seen]
 
 
+async def _written(disk: SimDisk, appends: int, size: int, segment_bytes: int = 1 << 20
+                   ) -> tuple[SegmentTable, list[Entry]]:
+    """A new log on ``disk`` with ``appends`` records of ``size`` bytes, fsync always,
+    its writer closed: the table and what was written."""
+    table, _, _ = await _recover(disk)
+    writer = _writer(disk, table, FsyncMode.ALWAYS, segment_bytes)
+    entries: list[Entry] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await _play(disk, writer, [("append", 1, size)] * appends, entries)
+        await writer.close()
+    return table, entries
+
+
 async def _continue_cleanly(disk: SimDisk, table: SegmentTable, got: list[Entry], mode: FsyncMode,
                             segment_bytes: int) -> None:
     """Appends after recovery land right after what was recovered, and read back whole."""
@@ -207,13 +221,7 @@ def test_a_flipped_bit_in_synced_data_is_never_returned_and_is_reported(
 def test_corruption_in_the_middle_is_set_aside_not_wiped_and_says_where() -> None:
     async def main() -> None:
         disk = SimDisk(3, DiskFaults(sync_delay=(0.001, 0.002)))
-        table, _, _ = await _recover(disk)
-        writer = _writer(disk, table, FsyncMode.ALWAYS, 4096)
-        entries: list[Entry] = []
-        async with trio.open_nursery() as nursery:
-            await nursery.start(writer.run)
-            await _play(disk, writer, [("append", 1, 100)] * 120, entries)
-            await writer.close()
+        table, entries = await _written(disk, 120, 100, 4096)
         assert len(table.segments) >= 3
         victim = entries[5]
         segment = table.segments[0]
@@ -237,13 +245,7 @@ def test_corruption_in_the_middle_is_set_aside_not_wiped_and_says_where() -> Non
 def test_a_torn_tail_is_cut_and_the_cut_is_reported() -> None:
     async def main() -> None:
         disk = SimDisk(4)
-        table, _, _ = await _recover(disk)
-        writer = _writer(disk, table, FsyncMode.ALWAYS, 1 << 20)
-        entries: list[Entry] = []
-        async with trio.open_nursery() as nursery:
-            await nursery.start(writer.run)
-            await _play(disk, writer, [("append", 1, 50)] * 3, entries)
-            await writer.close()
+        table, entries = await _written(disk, 3, 50)
         path = table.segments[0].path
         file = disk.open(path)
         file.append(encode(1, b"z" * 200)[:120])          # a write cut by the crash
@@ -263,13 +265,7 @@ def test_what_a_crash_left_unsynced_is_durable_once_recovered() -> None:
     recovery must not lose it (storage-faults seed 406: an acked offset used again)."""
     async def main() -> None:
         disk = SimDisk(5, DiskFaults(sync_delay=(0.001, 0.002), torn_tail_chance=0.0))
-        table, _, _ = await _recover(disk)
-        writer = _writer(disk, table, FsyncMode.ALWAYS, 1 << 20)
-        entries: list[Entry] = []
-        async with trio.open_nursery() as nursery:
-            await nursery.start(writer.run)
-            await _play(disk, writer, [("append", 1, 50)] * 2, entries)
-            await writer.close()
+        table, entries = await _written(disk, 2, 50)
         path = table.segments[0].path
         body = b"written, never synced"
         disk.open(path).append(encode(1, body))   # the crash came before its fsync
