@@ -86,11 +86,7 @@ class Cleanup(DeadLetters):
                 # held (G5) only once they are (a full disk may keep them waiting long)
                 below = log.next_offset if topic.journal is None else topic.journal.exposed
                 keep: KeepDelayed | None = None
-                if not topic.delayed:
-                    for sub in topic.subs.values():
-                        if sub.cursor < below:
-                            below = sub.cursor
-                elif topic.journal is None:
+                if topic.delayed and topic.journal is None:
                     # held until ttl after it is due, out of line (G12): a pending one at a
                     # subscription's cursor holds back none of the others it acked (G5)
                     keep = self._delay_keep(topic, now)
@@ -98,13 +94,14 @@ class Cleanup(DeadLetters):
                     for sub in topic.subs.values():
                         if sub.cursor < below:
                             below = min(below, self._past_kept(topic, sub, keep.limit, stop))
-                else:  # a disk topic's log trims a prefix: hold from the first
+                else:
                     for sub in topic.subs.values():
                         if sub.cursor < below:
                             below = sub.cursor
-                    hold = self._delay_hold(topic, now)
-                    if hold is not None and hold < below:
-                        below = hold
+                    if topic.delayed:  # a disk topic's log trims a prefix: hold from the first
+                        hold = self._delay_hold(topic, now)
+                        if hold is not None and hold < below:
+                            below = hold
                 first = log.oldest
                 dropped = log.trim(below, now - ttl, budget, keep)
                 if dropped:
