@@ -231,6 +231,11 @@ class DiskFile(Protocol):
         """Release the file; idempotent."""
         ...
 
+    async def aclose(self) -> None:
+        """:meth:`close` without blocking the event loop: closing the last descriptor of a
+        removed or replaced file frees its blocks (~20-30 ms for a 64 MiB segment here)."""
+        ...
+
 
 class Disk(Protocol):
     """The file system as the storage engine sees it (DESIGN.md §3: storage is a seam).
@@ -258,6 +263,11 @@ class Disk(Protocol):
 
     def remove(self, path: str) -> None:
         """Remove the file at ``path``."""
+        ...
+
+    async def discard(self, path: str) -> None:
+        """:meth:`remove` without blocking the event loop (unlinking a large file frees its
+        blocks: ~20-30 ms for a 64 MiB segment here, longer on a busy disk)."""
         ...
 
     def rename(self, src: str, dst: str) -> None:
@@ -301,6 +311,9 @@ class RealDisk:
 
     def remove(self, path: str) -> None:
         os.remove(path)
+
+    async def discard(self, path: str) -> None:
+        await trio.to_thread.run_sync(os.remove, path)  # seam-ok: the disk seam itself
 
     def rename(self, src: str, dst: str) -> None:
         os.replace(src, dst)
@@ -380,3 +393,8 @@ class RealDiskFile:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
+
+    async def aclose(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            await trio.to_thread.run_sync(os.close, fd)  # seam-ok: the disk seam itself

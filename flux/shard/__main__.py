@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flux shard {spec.index}: cannot serve on port {spec.port}: {os_error}",
               file=sys.stderr)
         return 1
+    finally:
+        # what the run held is freed now (a shard with a full cache: a collection of
+        # 0.5 s or more); no client waits on it, so it is no stall to warn about
+        watch.uninstall()
     return 0
 
 

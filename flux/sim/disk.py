@@ -107,6 +107,10 @@ class SimDisk:
         if self._files.pop(path, None) is None:
             raise FileNotFoundError(errno.ENOENT, "no such file", path)
 
+    async def discard(self, path: str) -> None:
+        self.remove(path)
+        await trio.lowlevel.checkpoint()
+
     def rename(self, src: str, dst: str) -> None:
         src, dst = posixpath.normpath(src), posixpath.normpath(dst)
         inode = self._files.pop(src, None)
@@ -311,3 +315,7 @@ class SimDiskFile:
 
     def close(self) -> None:
         self._closed = True
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()

@@ -112,7 +112,7 @@ async def compact_segment(disk: Disk, table: SegmentTable, segment: OpenSegment,
         disk.rename(temp, segment.path)
         done = True
         table.replace(segment, new)
-        segment.file.close()
+        await segment.file.aclose()  # the old file's last descriptor: frees its blocks
         await disk.sync_dir(table.directory)
         return dataclasses.replace(result, after=size)
     finally:

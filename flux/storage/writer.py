@@ -234,7 +234,7 @@ class LogWriter:
         while len(self.table.segments) > 1 and self.table.segments[0].end <= position:
             segment = self.table.drop_first()
             segment.file.close()
-            self.disk.remove(segment.path)
+            await self.disk.discard(segment.path)  # off the loop: it frees the file's blocks
             dropped = True
         if dropped:
             await self.disk.sync_dir(self.table.directory)
