@@ -1,23 +1,26 @@
-"""Acks (flux.shard.acks) against a plain set of offsets: every operation the shard uses
-agrees, whatever the order of adds, and a stream of acks behind a stuck cursor is one run."""
+"""Acks (flux.acks) against a plain set of offsets: every operation the shard and the
+client use agrees, whatever the order of adds, and a stream of acks behind a stuck cursor is one run."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flux.shard.acks import Acks
+from flux.acks import Acks
 
 _ops = st.lists(st.one_of(
     st.tuples(st.just("add"), st.integers(0, 60)),
     st.tuples(st.just("take"), st.integers(0, 60)),
     st.tuples(st.just("drop"), st.integers(0, 70)),
+    st.tuples(st.just("range"), st.tuples(st.integers(0, 60), st.integers(0, 12))),
 ), max_size=80)
 
 
 @settings(max_examples=400, deadline=None)
 @given(ops=_ops, probe=st.tuples(st.integers(-2, 70), st.integers(-2, 70)))
-def test_acks_agree_with_a_set(ops: list[tuple[str, int]], probe: tuple[int, int]) -> None:
+def test_acks_agree_with_a_set(ops: list[tuple[str, Any]], probe: tuple[int, int]) -> None:
     acks, model = Acks(), set[int]()
     for op, x in ops:
         if op == "add":
@@ -31,6 +34,10 @@ def test_acks_agree_with_a_set(ops: list[tuple[str, int]], probe: tuple[int, int
                 model.remove(want)
                 want += 1
             assert acks.take_run(x) == want
+        elif op == "range":
+            start, n = x
+            acks.add_range(start, start + n)
+            model.update(range(start, start + n))
         else:
             acks.drop_below(x)
             model = {o for o in model if o >= x}
@@ -42,7 +49,10 @@ def test_acks_agree_with_a_set(ops: list[tuple[str, int]], probe: tuple[int, int
     assert acks.missing(start, stop) == [o for o in range(start, stop) if o not in model]
     assert all((o in acks) == (o in model) for o in range(-2, 72))
     if model:
-        assert acks.max() == max(model)
+        assert acks.max() == max(model) and acks.min() == min(model)
+    for o in range(-2, 72):
+        assert acks.first_missing(o) == next(m for m in range(o, 200) if m not in model)
+        assert acks.first_held(o) == min((m for m in model if m >= o), default=None)
     twin = acks.copy()
     twin.add(1000)
     assert 1000 not in acks

@@ -108,3 +108,21 @@ def test_a_delayed_message_is_acked_by_its_offset_never_by_a_cumulative_ack() ->
         session.ack(offset)
     # through 3 covers 0, 1 and 3 (the shard applies it to no delayed message); 2 is listed
     assert session.take_ack() == ([2], 3)
+
+
+def test_a_held_message_keeps_the_session_small() -> None:
+    """A message held unacked at the cursor (a long job) while 100,000 later ones are
+    delivered and acked: the session holds runs, not an entry per message."""
+    session = AckSession(1, 7, 0)
+    for first in range(0, 100_000, 100):
+        session.deliver_first(range(first, first + 100))
+        for offset in range(max(first, 1), first + 100):
+            session.ack(offset)
+        taken = session.take_ack()
+        assert taken is not None and taken[1] == -1  # nothing cumulative passes offset 0
+        session.confirm(0)
+    assert session.low() == 0
+    assert (session.deliveries.runs, session.acked.runs) == (1, 1)
+    assert session.ack(0) and session.low() == 100_000
+    session.confirm(100_000)
+    assert not session.acked and not session.deliveries

@@ -8,7 +8,7 @@ from test_core_support import GEN, TOPIC, Shard
 
 from flux import errors
 from flux import protocol as P
-from flux.shard.acks import Acks
+from flux.acks import Acks
 from flux.shard.subscription import Subscription
 
 QUIET = {"message.cleanup_time": 1000.0, "subscriber.cleanup_time": 1000.0}

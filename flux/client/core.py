@@ -186,9 +186,8 @@ class ClientCore(Timers):
         if msg._session is session and session is not None and sub.status == "active":
             # the usual case, SubState.ack and AckSession.ack inlined (once per message)
             offset = msg.offset
-            if offset < session.confirmed or offset in session.acked:
+            if offset < session.confirmed or not session.acked.add(offset):
                 return False
-            session.acked.add(offset)
             queued = session.queued
             queued.append(offset)
             if sub.ack_first_at is None:
@@ -219,9 +218,8 @@ class ClientCore(Timers):
             if msg[7] is session and session is not None and sub.status == "active":
                 # the usual case, :meth:`ack` inlined (msg[1] is msg.offset): once per message
                 offset = msg[1]
-                if offset < session.confirmed or offset in session.acked:
+                if offset < session.confirmed or not session.acked.add(offset):
                     return
-                session.acked.add(offset)
                 queued = session.queued
                 queued.append(offset)
                 if sub.ack_first_at is None:

@@ -10,13 +10,14 @@ builds frames nor knows connections; :mod:`flux.client.core` does.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from itertools import islice, repeat, takewhile
+from itertools import repeat
 from typing import Any, Literal
 
 from flux import errors
+from flux.acks import Acks
 from flux.client.types import Message, SubscribeInfo, Waiter, Wakeable
 
 Status = Literal["waiting", "subscribing", "active", "ended", "closed"]
@@ -31,20 +32,21 @@ ACK_BATCH = 256
 class AckSession:
     """Deliveries and user acks of one attachment of a subscription.
 
-    Deliveries are kept in ``order`` (increasing, G1: searched by bisection) from
-    index ``head`` on; :meth:`low` moves ``head`` past the acked ones in bulk, so
-    an ack costs a set insert and an append, not a walk.
+    Both are held as runs of offsets (:class:`~flux.acks.Acks`): a message held
+    unacked (a long job, a nak with a delay, a poison message) keeps every later
+    delivery and ack until the shard's cursor passes it, and as runs they cost
+    what their gaps cost, not ~100 bytes a message. :meth:`low` drops the
+    deliveries below the lowest one not acked.
     """
 
-    __slots__ = ("acked", "confirmed", "delayed", "generation", "head", "next_offset", "order",
+    __slots__ = ("acked", "confirmed", "delayed", "deliveries", "generation", "next_offset",
                  "queued", "sent_top", "settles", "sid", "terming")
 
     def __init__(self, sid: int, generation: int, cursor: int) -> None:
         self.sid = sid
         self.generation = generation
-        self.order: list[int] = []        # deliveries, increasing (G1), from ``head`` on
-        self.head = 0
-        self.acked: set[int] = set()       # user-acked offsets >= ``confirmed``
+        self.deliveries = Acks()           # offsets delivered here, from low() on
+        self.acked = Acks()                # user-acked offsets >= ``confirmed``
         self.queued: list[int] = []        # user acks not sent yet
         self.sent_top = -1                 # the highest ack taken for an ACK frame
         self.confirmed = cursor            # the shard's cursor: everything below is acked
@@ -60,7 +62,7 @@ class AckSession:
 
     def __repr__(self) -> str:
         return (f"<AckSession sid={self.sid} gen={self.generation:#x} confirmed={self.confirmed}"
-                f" next={self.next_offset} unacked={len(self.order) - self.head}"
+                f" next={self.next_offset} unacked={len(self.deliveries)}"
                 f" queued={len(self.queued)}>")
 
     def deliver(self, offset: int) -> None:
@@ -69,12 +71,8 @@ class AckSession:
             # hand-off): the shard never applies a cumulative ack to it, so it is acked
             # by offset (PROTOCOL.md §6.7)
             self.delayed.add(offset)
-        if not self.delivered(offset) and not self.is_acked(offset):
-            order = self.order
-            if len(order) == self.head or offset > order[-1]:
-                order.append(offset)
-            else:  # out of order (not a first delivery of this session): keep it sorted
-                insort(order, offset, self.head)
+        if not self.is_acked(offset):
+            self.deliveries.add(offset)
         if offset >= self.next_offset:
             self.next_offset = offset + 1
 
@@ -87,7 +85,7 @@ class AckSession:
         if first >= self.next_offset and first >= self.confirmed \
                 and (type(offsets) is range or offsets == list(range(first, first + len(offsets)))):
             # nothing at or above next_offset was delivered or acked here yet
-            self.order.extend(offsets)
+            self.deliveries.add_range(first, first + len(offsets))
             self.next_offset = first + len(offsets)
         else:
             for offset in offsets:
@@ -96,9 +94,7 @@ class AckSession:
     def delivered(self, offset: int) -> bool:
         """Whether ``offset`` was delivered here (an acked one may still count until
         :meth:`low` moves past it; :meth:`is_acked` tells)."""
-        order = self.order
-        i = bisect_left(order, offset, self.head)
-        return i < len(order) and order[i] == offset
+        return offset in self.deliveries
 
     def seen(self, offset: int) -> bool:
         return self.delivered(offset) or self.is_acked(offset)
@@ -108,32 +104,25 @@ class AckSession:
 
     def ack(self, offset: int) -> bool:
         """Record a user ack; False if it was already acked."""
-        if offset < self.confirmed or offset in self.acked:
+        if offset < self.confirmed or not self.acked.add(offset):
             return False
-        self.acked.add(offset)
         self.queued.append(offset)
         return True
 
     def low(self) -> int:
         """The lowest offset delivered here that the user has not acked (else next_offset)."""
-        order, head = self.order, self.head
-        start = head
-        acked, confirmed = self.acked, self.confirmed
-        while head < len(order):
-            offset = order[head]
-            if offset in acked:
-                # the run of acked offsets, in C (usually the acks of the last batch)
-                head += len(list(takewhile(acked.__contains__, islice(order, head, None))))
-            elif offset < confirmed:
-                head += 1
-            else:
-                break
-        if head != start:
-            if head >= 1024 and head * 2 >= len(order):  # drop the consumed prefix
-                del order[:head]
-                head = 0
-            self.head = head
-        return order[head] if head < len(order) else self.next_offset
+        deliveries, acked = self.deliveries, self.acked
+        if not deliveries:
+            return self.next_offset
+        offset: int | None = max(deliveries.min(), self.confirmed)
+        while offset is not None:
+            offset = acked.first_missing(offset)    # past a run of acks
+            if offset in deliveries:
+                deliveries.drop_below(offset)       # what lies below is acked: done
+                return offset
+            offset = deliveries.first_held(offset)  # past a gap in the deliveries
+        deliveries.drop_below(self.next_offset)
+        return self.next_offset
 
     def take_ack(self) -> tuple[list[int], int] | None:
         """Explicit offsets and a cumulative ``through`` (-1: none) for one ACK frame.
@@ -195,20 +184,9 @@ class AckSession:
 
     def confirm(self, cursor: int) -> None:
         """The shard's cursor after an ACKED: forget acks below it."""
-        old = self.confirmed
-        if cursor > old:
+        if cursor > self.confirmed:
             self.confirmed = cursor
-            acked = self.acked
-            if not acked:
-                return
-            # every ack is queued or was sent: sent_top and queued bound them from above
-            if cursor - old >= len(acked) and self.sent_top < cursor \
-                    and (not self.queued or max(self.queued) < cursor):
-                acked.clear()  # the usual case: every ack so far is confirmed
-            elif cursor - old <= 4 * len(acked):
-                acked.difference_update(range(old, cursor))  # acked has nothing below ``old``
-            else:
-                self.acked = {o for o in acked if o >= cursor}
+            self.acked.drop_below(cursor)
 
 
 class SubState(Wakeable):
@@ -294,7 +272,7 @@ class SubState(Wakeable):
         session = self.session
         if session is not None:
             self.resume_offset = session.low()
-            self.ack_on_arrival |= session.acked
+            self.ack_on_arrival.update(session.acked)
         # unconsumed messages come again from the shard's cursor; their credit resets
         self.buffer.clear()
         self.credit_owed = 0

@@ -20,10 +20,10 @@ from typing import Any
 
 import msgpack
 
+from flux.acks import Acks
 from flux.message_meta import make_meta
 from flux.policies import TopicSettings
 from flux.shard import journal as J
-from flux.shard.acks import Acks
 from flux.shard.dedup import DedupWindow
 from flux.shard.due_index import TopicDelays
 from flux.shard.publish_record import read_publish

@@ -15,7 +15,7 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from flux.shard.acks import Acks
+from flux.acks import Acks
 from flux.shard.inflight import InFlight
 
 if TYPE_CHECKING:

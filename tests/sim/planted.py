@@ -16,6 +16,7 @@ from typing import Any
 from unittest import mock
 
 from flux import errors, protocol
+from flux.acks import Acks
 from flux.client.core import ClientCore
 from flux.client.dispatch import Dispatch
 from flux.client.requests import PublishPart
@@ -24,7 +25,6 @@ from flux.policies import TopicSettings
 from flux.router.router import Router, Slot
 from flux.shard import server as shard_server
 from flux.shard import sharing as sharing_mod
-from flux.shard.acks import Acks
 from flux.shard.core import ShardCore
 from flux.shard.dedup import DedupWindow
 from flux.shard.delayed import Delays

@@ -1,4 +1,5 @@
-"""The offsets a subscription acked above its cursor, held as runs.
+"""Sets of offsets held as runs: a subscription's acks above its cursor, and (in the
+client) the offsets a session delivered and acked.
 
 A message held unacked at a subscription's cursor (a long job, a nak with a delay, a
 pending delayed message, a poison key) keeps the cursor still while every later ack
@@ -6,7 +7,8 @@ lands above it: as a set of offsets that costs ~60 bytes an ack, without bound a
 outside ``shard.max_memory``. Acks mostly come in increasing runs, so :class:`Acks`
 keeps sorted, disjoint, maximal runs ``[start, end)`` instead: a stream of acks
 behind one stuck message is one run. Membership is a bisection; adding at the end of
-the last run, and taking the run at the cursor when it moves, cost O(1).
+the last run, and taking the run at the cursor when it moves, cost O(1). The client
+keeps a session's deliveries and acks the same way, for the same reason.
 """
 
 from __future__ import annotations
@@ -64,20 +66,21 @@ class Acks:
         """How many runs it holds (what it costs)."""
         return len(self._starts)
 
-    def add(self, offset: int) -> None:
+    def add(self, offset: int) -> bool:
+        """Add ``offset``; False if it was held already."""
         starts, ends = self._starts, self._ends
         if ends and offset == ends[-1]:  # the usual case: right after the last run
             ends[-1] = offset + 1
             self._count += 1
-            return
+            return True
         if not ends or offset > ends[-1]:
             starts.append(offset)
             ends.append(offset + 1)
             self._count += 1
-            return
+            return True
         i = bisect_right(starts, offset) - 1
         if i >= 0 and offset < ends[i]:
-            return  # held already
+            return False  # held already
         joins_left = i >= 0 and ends[i] == offset
         joins_right = i + 1 < len(starts) and starts[i + 1] == offset + 1
         if joins_left and joins_right:
@@ -91,6 +94,44 @@ class Acks:
             starts.insert(i + 1, offset)
             ends.insert(i + 1, offset + 1)
         self._count += 1
+        return True
+
+    def add_range(self, start: int, stop: int) -> None:
+        """Add ``start`` .. ``stop - 1`` (in O(1) when they lie past every offset held)."""
+        if start >= stop:
+            return
+        ends = self._ends
+        if not ends or start > ends[-1]:
+            self._starts.append(start)
+            ends.append(stop)
+            self._count += stop - start
+        elif start == ends[-1]:
+            ends[-1] = stop
+            self._count += stop - start
+        else:
+            for offset in range(start, stop):
+                self.add(offset)
+
+    def min(self) -> int:
+        """The lowest offset held (ValueError when empty, as ``min()`` of a set)."""
+        if not self._starts:
+            raise ValueError("min() of no offsets")
+        return self._starts[0]
+
+    def first_missing(self, offset: int) -> int:
+        """The lowest offset at or above ``offset`` that is not held."""
+        i = bisect_right(self._starts, offset) - 1
+        if i >= 0 and offset < self._ends[i]:
+            return self._ends[i]  # runs are maximal: a run's end is never held
+        return offset
+
+    def first_held(self, offset: int) -> int | None:
+        """The lowest offset at or above ``offset`` that is held (None if there is none)."""
+        starts = self._starts
+        i = bisect_right(starts, offset) - 1
+        if i >= 0 and offset < self._ends[i]:
+            return offset
+        return starts[i + 1] if i + 1 < len(starts) else None
 
     def take_run(self, offset: int) -> int:
         """If a run starts at ``offset`` (a cursor that just moved there), drop it and
