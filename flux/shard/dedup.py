@@ -162,10 +162,11 @@ class DedupWindow:
         if keys is None:
             self.expire(now, EXPIRE_SLICE)  # (it never changes next_mark)
             keys = self.keys_for(ids)
-            again = [i for i, part in zip(keys, self._parts(keys), strict=True) if i in part]
-            if again:
+            if self.known_any(keys):  # one C-speed probe of each id when none is known
+                again = [i for i, part in zip(keys, self._parts(keys), strict=True) if i in part]
                 self._blank(again)
                 added -= len(again)
+                self._asked = (None, [])
         if size is None:
             size = len("".join(ids))
         if self._dir[0] is self._dir[-1]:  # one partition
