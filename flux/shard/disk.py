@@ -170,6 +170,7 @@ class ShardStorage:
         self.writers: dict[str, LogWriter] = {}
         self.recovered: list[Recovered] = []
         self.failure: LogFailed | None = None
+        self.failed_what = f"the disk topics in {self.directory}"  # what ``failure`` hit
         self._unsettled: list[LogWriter] = []  # logs of new generations to sync first
         # each running log's task: its cancel scope, and set once it has ended
         self._logs: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
@@ -314,7 +315,8 @@ class ShardStorage:
         core = self._core
         if self._nursery is None or core is None:
             if self.failure is None:
-                self.failure = LogFailed(f"topic {name!r}: damage read back: {reason}")
+                self.failure = LogFailed(f"damage read back: {reason}")
+                self.failed_what = self._log_of(name)
             self.failed.set()
         elif self.journals.get(name) is journal and name not in core.down:
             self._nursery.start_soon(self.recover_topic, journal, reason)
@@ -397,6 +399,15 @@ class ShardStorage:
                 f"recovery failed: {exc}", cause=exc)
         self.failed.set()
 
+    def _log_of(self, name: str) -> str:
+        path = posixpath.join(self.directory, directory_of_topic(name))
+        return f"the log of topic {name!r} in {path}"
+
+    def failure_line(self) -> str:
+        """One line for the shard's exit: what failed, where, and what happens next."""
+        return (f"{self.failed_what} failed ({self.failure}); the shard exits, and the"
+                " router restarts it: its recovery reads every disk topic's log back")
+
     def _check_room(self) -> None:
         """Tell the core whether disk topics may take publishes: not while the disk holds
         less than ``storage.reserved_bytes`` free (that room is for acks, commits and
@@ -469,6 +480,7 @@ class ShardStorage:
             self._dispatch()
             if self.failure is None:
                 self.failure = exc
+                self.failed_what = self._log_of(journal.topic)
             self.failed.set()
             nursery.cancel_scope.cancel()
 
