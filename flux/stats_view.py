@@ -82,6 +82,8 @@ def _disk_row(name: str, topic: dict[str, Any], storage: dict[str, Any]) -> tupl
         recovered = (f"{_bytes(storage['recovered_bytes'])} in"
                      f" {_seconds(storage.get('recovery_seconds', 0.0))}")
     notes = []
+    if storage.get("damage_read_back"):
+        notes.append(f"recovered while serving: {storage['damage_read_back']}")
     if storage.get("failed"):
         notes.append(f"FAILED: {storage['failed']}")
     if storage.get("new_generation"):
@@ -146,6 +148,8 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                            f"{cache.get('reads', 0):,}", f"{cache.get('evicted', 0):,}")
         counted = reply.get("counters", {})
         counters.add_row(str(index), *(f"{counted.get(key, 0):,}" for key in COUNTERS))
+        for name, why in sorted(reply.get("topics_recovering", {}).items()):
+            disk.add_row(name, "-", "-", "-", "-", f"RECOVERING its log: {why}")
         for name in sorted(reply["topics"]):
             topic = reply["topics"][name]
             topics.add_row(name, str(index), f"{topic['oldest']:,}", f"{topic['next_offset']:,}",

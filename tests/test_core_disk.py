@@ -402,3 +402,59 @@ def test_a_cursor_record_carries_only_the_acks_added_since_the_last_one() -> Non
     client.send([P.ACK, client.rid(), 1, GEN, [0], -1])  # the cursor passes them all
     disk.sync()
     assert msgpack.unpackb(disk.writer().records[-1].body) == ["s", 400, []]
+
+
+def test_a_topic_taken_down_for_its_log_ends_its_sessions_and_is_busy_while_others_serve() -> None:
+    """Damage read back (G9) is one topic's: taking it down ends each session attached
+    to it (SUB_ENDED StorageUnavailable, subscribe again), answers its requests Busy
+    and shows it in STATS, while the shard's other topics publish and deliver on."""
+    shard, disk, client = _disk_shard()
+    other = "other.topic"
+    reader = shard.connect()
+    for sid, topic, name in ((1, TOPIC, "damaged"), (2, other, "spared")):
+        reader.send([P.SUBSCRIBE, reader.rid(), sid, {"topic": topic, "name": name}])
+        disk.sync(topic)  # a SUBSCRIBED that made a subscription waits for its record
+    assert [f[0] for f in reader.take()] == [P.SUBSCRIBED, P.SUBSCRIBED]
+    shard.core.take_down(TOPIC, "damage read back at position 9", shard.now)
+    shard.collect()
+    assert reader.sub_ended() == [(1, errors.StorageUnavailable.code)]
+    [busy] = client.publish_rows([[TOPIC, "a", b"a"]])
+    assert busy[0] == errors.Busy.code
+    assert reader.fetch()[2] == errors.Busy.code
+    assert reader.subscribe_frame(3, name="damaged")[2] == errors.Busy.code
+    assert shard.stats()["topics_recovering"] == {TOPIC: "damage read back at position 9"}
+    assert TOPIC not in shard.stats()["topics"]
+    client.send([P.PUBLISH, client.rid(), [[other, ["b"], [b"b"]]]])
+    disk.sync(other)
+    assert len(client.take(P.PUBLISHED)) == 1 and reader.deliveries(2) == [(0, 1)]
+    shard.core.bring_up(TOPIC)
+    _publish(client, "c")
+    disk.sync()
+    assert len(client.take(P.PUBLISHED)) == 1 and shard.stats()["topics_recovering"] == {}
+
+
+@pytest.mark.parametrize("generation", [GEN, GEN + 1])
+def test_a_topic_recovered_alone_in_its_generation_keeps_its_inactive_clocks(
+        generation: int) -> None:
+    """The shard never stopped: a subscription inactive before the topic was taken down
+    keeps counting from then, one attached counts from the take-down; a new generation
+    (damage cut records) starts every subscription over, as a restart does (G9)."""
+    shard, disk, client = _disk_shard()
+    for sid, name in ((1, "idle"), (2, "live")):
+        client.send([P.SUBSCRIBE, client.rid(), sid, {"topic": TOPIC, "name": name}])
+    client.send([P.UNSUBSCRIBE, client.rid(), 1])
+    disk.sync()
+    idle_since = shard.core.topics[TOPIC].subs["idle"].inactive_since
+    shard.advance(5.0)
+    shard.core.take_down(TOPIC, "damage read back", shard.now)
+    replay = TopicReplay(TOPIC, shard.core.config.settings_for(TOPIC), epoch=0.0)
+    for rec in disk.writer().records:
+        replay.feed(rec)
+    topic = replay.build(generation, now=6.0, reset=generation != GEN)
+    shard.core.adopt_recovered(topic, 6.0)
+    shard.core.bring_up(TOPIC)
+    subs = shard.core.topics[TOPIC].subs
+    if generation == GEN:
+        assert (subs["idle"].inactive_since, subs["live"].inactive_since) == (idle_since, 5.0)
+    else:
+        assert subs["idle"].inactive_since == subs["live"].inactive_since == 6.0

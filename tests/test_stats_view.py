@@ -113,3 +113,16 @@ def test_shared_subscriptions_show_their_members() -> None:
     members = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines()
                if line.startswith("│ jobs") and "pool" in line and "key-ordered" not in line]
     assert [m[2:7] for m in members] == [["1", "3", "10", "97", "2"], ["2", "2", "4", "8", "1"]]
+
+
+def test_disk_topics_table_shows_a_topic_recovering_its_log_and_damage_read_back() -> None:
+    storage = {"log_bytes": 100, "durable": 100, "recovered_bytes": 100,
+               "recovery_seconds": 0.1, "new_generation": "damage in its log lost records",
+               "damage_read_back": "reading position 9 back failed"}
+    stats = {0: {**reply(0, {"orders.eu": {**TOPIC, "storage": storage}}),
+                 "topics_recovering": {"orders.us": "damage read back"}}}
+    disk = printed(stats)
+    disk = disk[disk.index("Disk topics"):]
+    row = next(line for line in disk.splitlines() if "orders.us" in line)
+    assert "RECOVERING" in row  # (the note wraps onto the next lines)
+    assert "recovered while" in next(line for line in disk.splitlines() if "orders.eu" in line)

@@ -5,7 +5,9 @@ on a RealHost and, once the shard serves, pins the process to its CPU (recoverin
 disk topics before that may use every CPU). The broker's secret is not in
 the spec: the shard reads it as one line from its standard input (a pipe from the
 launcher), so no command line shows it. SIGTERM or SIGINT drains the shard and
-exits 0. Exit status 1: the port could not be bound; 2: a bad spec or no secret.
+exits 0. Exit status 1: the port could not be bound; 2: a bad spec or no secret;
+3: a disk topic's log failed (one line says which and where; the router restarts
+the shard and its recovery runs).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import trio
 
 from flux import errors
 from flux.host import RealHost, ShardSpec
-from flux.shard.server import run_shard
+from flux.shard.server import StorageFailed, run_shard
 from flux.shard.stalls import StallWatch
 
 
@@ -100,7 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     watch.install()
     try:
         trio.run(serve, spec, instruments=[watch])
-    except (errors.ConfigError, OSError, ExceptionGroup) as exc:
+    except (errors.ConfigError, OSError, StorageFailed, ExceptionGroup) as exc:
+        failed = errors.first_of(exc, StorageFailed)
+        if failed is not None:  # expected, and said in full: no traceback but at debug
+            log = logging.getLogger("flux.shard")
+            log.error("%s", failed)
+            log.debug("where the shard stopped", exc_info=exc)
+            return 3
         config_error = errors.first_of(exc, errors.ConfigError)
         if config_error is not None:
             print(f"flux shard {spec.index}: {config_error}", file=sys.stderr)

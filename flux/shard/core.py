@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from flux import errors
 from flux.hashing import dead_letter_source
 from flux.shard.access import BEFORE_HELLO, Access
+from flux.shard.cache import TopicPayloads
 from flux.shard.cleanup import Cleanup
 from flux.shard.delivery import Delivery
 from flux.shard.journal import TopicJournal
@@ -218,6 +219,7 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
                 "retired_topics": len(self.retired),
                 "publish_ack_seconds": self.publish_acks.as_dict(),
                 "fsync_seconds": self.fsync_times.as_dict(), "recovering": self.recovering,
+                "topics_recovering": dict(self.down),
                 "topics": topics}
 
     def _subscription_stats(self, topic: Topic, s: Subscription, now: float) -> dict[str, Any]:
@@ -367,6 +369,51 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
     def storage_stopped(self, journal: TopicJournal, reason: str, now: float) -> None:
         """``journal``'s log failed (:meth:`storage_failed`), at ``now``."""
         self._pushes_sent(self.storage_failed(journal, reason), now)
+
+    def take_down(self, name: str, reason: str, now: float) -> None:
+        """Take disk topic ``name`` out of service while the shell recovers its log alone
+        (damage read back, G9); the shard's other topics serve on. Replies waiting on its
+        log fail (StorageUnavailable), each session attached to one of its subscriptions
+        is told (SUB_ENDED StorageUnavailable), and requests naming it get Busy until
+        :meth:`bring_up`. Its subscriptions are rebuilt from the log, not deleted."""
+        self.down[name] = reason
+        topic = self.topics.get(name)
+        if topic is None:
+            return
+        if topic.journal is not None:
+            self.storage_stopped(topic.journal, reason, now)
+        message = (f"topic {name!r} is recovering its log after damage was read back;"
+                   " subscribe again shortly")
+        for session in self.sessions.values():
+            for sid, sub in list(session.subs.items()):
+                if sub.topic == name and sub.attached_as(session.conn, sid):
+                    session.out.append([P.SUB_ENDED, sid, errors.StorageUnavailable.code,
+                                        message])
+                    self._detach_sid(sub, session.conn, sid, now)
+        for sub in topic.subs.values():
+            sub.deleted = True  # stale: timers, dead letters and pushes pass it by
+        del self.topics[name]
+        self._taken_down[name] = topic
+        self._subscribed.pop(name, None)
+        self.memory -= topic.counted
+        store = topic.log.store
+        if isinstance(store, TopicPayloads):
+            for _, first in [key for key in self.cache.lru if key[0] is store]:
+                store.drop(first)
+        self._emit("topic_down", name, topic.generation)
+
+    def bring_up(self, name: str) -> None:
+        """``name`` (adopted again, :meth:`adopt_recovered`) serves again. In the same
+        generation (recovery found no damage) each rebuilt subscription that was
+        inactive keeps its inactive clock: the shard never stopped (G6, G9)."""
+        self.down.pop(name, None)
+        old, topic = self._taken_down.pop(name, None), self.topics.get(name)
+        if old is None or topic is None or topic.generation != old.generation:
+            return
+        for sub in topic.subs.values():
+            before = old.subs.get(sub.name)
+            if before is not None and not before.active:
+                sub.inactive_since, sub.last_activity = before.inactive_since, before.last_activity
 
     def drain(self) -> None:
         """Refuse new publishes from now on (the shard is stopping)."""

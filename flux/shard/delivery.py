@@ -72,7 +72,7 @@ class Delivery(Settling):
             else:
                 ids, payloads, times = self._columns(log, offsets)
         except errors.StorageUnavailable:
-            return  # damage read back (logged; the shard stops to recover): nothing pushed
+            return  # damage read back (logged; its topic is recovered): nothing pushed
         sub.next_push = stop
         sub.in_flight.push_first(offsets)
         self._count_pushes(topic, sub, offsets, 1)
@@ -100,7 +100,7 @@ class Delivery(Settling):
             try:  # a disk topic's evicted payloads are read back here
                 ids, payloads, times = self._columns(log, picks)
             except errors.StorageUnavailable:
-                return  # damage read back (logged; the shard stops to recover): nothing pushed
+                return  # damage read back (logged; its topic is recovered): nothing pushed
             delayed, pushed = topic.delayed, sub.due_pushed
             if len(pushed) > 4096 and len(pushed) > 2 * len(sub.in_flight):
                 in_flight = sub.in_flight  # the acked ones go: a session's pushes add up
@@ -252,7 +252,7 @@ class Delivery(Settling):
                 try:  # a disk topic's evicted payloads are read back here
                     columns = self._columns(log, offsets)
                 except errors.StorageUnavailable:
-                    # damage read back (logged; the shard stops to recover): the push is
+                    # damage read back (logged; its topic is recovered): the push is
                     # counted but not sent, and times out like a lost one
                     continue
                 self.counters["redelivered"] += len(offsets)

@@ -14,6 +14,10 @@ from the writer task as its fsync returns: no other task wakes up for it).
 A log that fails (an fsync or write error) fails what waits on it, and the
 shard stops so that the router restarts it and recovery runs: after a failed
 fsync the kernel's view of the file cannot be trusted (the fsync is never retried).
+Damage read back (a record that fails its checksum, for a delivery, a FETCH or
+compaction) is that topic's alone: its log is recovered while the shard's other
+topics serve on (:meth:`ShardStorage.recover_topic`); requests for it get Busy
+meanwhile, and damage that cut acked records starts its new generation.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from flux.hashing import DEAD_LETTER_SEP, dead_letter_parts
 from flux.host import Disk, Host
 from flux.shard.core import ShardCore
 from flux.shard.journal import TopicJournal
-from flux.shard.replay import TopicReplay
+from flux.shard.replay import ReplayError, TopicReplay
 from flux.storage import (
     FsyncMode,
     LogFailed,
@@ -166,7 +170,10 @@ class ShardStorage:
         self.writers: dict[str, LogWriter] = {}
         self.recovered: list[Recovered] = []
         self.failure: LogFailed | None = None
+        self.failed_what = f"the disk topics in {self.directory}"  # what ``failure`` hit
         self._unsettled: list[LogWriter] = []  # logs of new generations to sync first
+        # each running log's task: its cancel scope, and set once it has ended
+        self._logs: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
         self._checked = False
         self._running = False   # run() started the writers (close() waits for them)
         self.failed = trio.Event()
@@ -211,7 +218,10 @@ class ShardStorage:
             if len(self.recovered) > done:
                 read += self.recovered[-1].report.bytes
 
-    async def _recover_topic(self, core: ShardCore, entry: str) -> None:
+    async def _recover_topic(self, core: ShardCore, entry: str, found: str | None = None
+                             ) -> None:
+        """Recover the log in directory ``entry`` into ``core``; ``found``: the damage
+        read back that made the shard recover it while serving."""
         host = self.host
         path = posixpath.join(self.directory, entry)
         name = topic_of_directory(entry)
@@ -264,6 +274,7 @@ class ShardStorage:
         self.journals[name], self.writers[name] = journal, writer
         info = {"recovered_bytes": report.bytes, "recovered_records": replay.records,
                 "recovery_seconds": report.seconds, "new_generation": why,
+                "damage_read_back": found,
                 "damage": None if report.damage is None else {
                     "kind": report.damage.kind, "path": report.damage.path,
                     "position": report.damage.position, "reason": report.damage.reason,
@@ -297,11 +308,51 @@ class ShardStorage:
         return journal
 
     def _damaged(self, journal: TopicJournal, reason: str) -> None:
-        """A record read back failed its checks: stop the shard, so that recovery sets the
-        damage aside (and starts a new generation if it lost acked messages, G9)."""
-        if self.failure is None:
-            self.failure = LogFailed(f"topic {journal.topic!r}: damage read back: {reason}")
-        self.failed.set()
+        """A record read back failed its checks: recover that topic's log alone (recovery
+        sets the damage aside and starts a new generation if it cut acked records, G9).
+        Before the shard serves, there is no other topic to spare: the shard stops."""
+        name = journal.topic
+        core = self._core
+        if self._nursery is None or core is None:
+            if self.failure is None:
+                self.failure = LogFailed(f"damage read back: {reason}")
+                self.failed_what = self._log_of(name)
+            self.failed.set()
+        elif self.journals.get(name) is journal and name not in core.down:
+            self._nursery.start_soon(self.recover_topic, journal, reason)
+
+    async def recover_topic(self, journal: TopicJournal, reason: str) -> None:
+        """Recover ``journal``'s topic alone while the shard serves: take it down in the
+        core, stop its log, run recovery on its directory and adopt what it rebuilt. If
+        the disk fails meanwhile, the shard stops (its restart recovers every topic)."""
+        core = self._core
+        assert core is not None and self._nursery is not None
+        name = journal.topic
+        log.error("shard %d: topic %r: %s; recovering its log while the shard's other topics"
+                  " serve on (requests for it get Busy meanwhile)", core.index, name, reason)
+        core.take_down(name, reason, self.host.now())   # nothing more is appended
+        self._dispatch()
+        try:
+            # what it queued is written and synced: recovery reads it, so nothing the
+            # shard did (a trim, a deletion) comes undone unless the damage cuts it
+            await self.writers[name].close()
+            running = self._logs.pop(name, None)
+            if running is not None:
+                scope, ended = running
+                scope.cancel()
+                await ended.wait()
+            del self.journals[name], self.writers[name]
+            await self._recover_topic(core, directory_of_topic(name), found=reason)
+            writer = self.writers[name]
+            self._nursery.start_soon(self._serve_log, self.journals[name], writer)
+            if writer in self._unsettled:   # a new generation: on disk before anyone hears
+                self._unsettled.remove(writer)
+                await writer.sync()
+        except (OSError, StorageError, ReplayError) as exc:
+            self.recovery_failed(exc)
+            return
+        core.bring_up(name)
+        self._dispatch()
 
     def _boot_changed(self, report: RecoveryReport) -> bool:
         """Whether the log's unsynced tail may be gone: it was written before the
@@ -348,6 +399,15 @@ class ShardStorage:
                 f"recovery failed: {exc}", cause=exc)
         self.failed.set()
 
+    def _log_of(self, name: str) -> str:
+        path = posixpath.join(self.directory, directory_of_topic(name))
+        return f"the log of topic {name!r} in {path}"
+
+    def failure_line(self) -> str:
+        """One line for the shard's exit: what failed, where, and what happens next."""
+        return (f"{self.failed_what} failed ({self.failure}); the shard exits, and the"
+                " router restarts it: its recovery reads every disk topic's log back")
+
     def _check_room(self) -> None:
         """Tell the core whether disk topics may take publishes: not while the disk holds
         less than ``storage.reserved_bytes`` free (that room is for acks, commits and
@@ -386,6 +446,17 @@ class ShardStorage:
             await host.sleep_until(host.now() + ROOM_CHECK)
 
     async def _serve_log(self, journal: TopicJournal, writer: LogWriter) -> None:
+        ended = trio.Event()
+        with trio.CancelScope() as scope:
+            self._logs[journal.topic] = (scope, ended)
+            try:
+                await self._run_log(journal, writer)
+            finally:
+                ended.set()
+                if self._logs.get(journal.topic) == (scope, ended):
+                    del self._logs[journal.topic]
+
+    async def _run_log(self, journal: TopicJournal, writer: LogWriter) -> None:
         core = self._core
         assert core is not None
         mark = writer.durable
@@ -409,6 +480,7 @@ class ShardStorage:
             self._dispatch()
             if self.failure is None:
                 self.failure = exc
+                self.failed_what = self._log_of(journal.topic)
             self.failed.set()
             nursery.cancel_scope.cancel()
 

@@ -110,8 +110,8 @@ class TopicJournal:
     droppable: int = 0
     # reads records back (evicted payloads); None: nothing can be evicted
     reader: RecordReader | None = None
-    # told of damage found reading a record back (the shell stops the shard: recovery
-    # then sets the damage aside and starts a new generation, G9)
+    # told of damage found reading a record back (the shell recovers this topic's log:
+    # recovery sets the damage aside and starts a new generation, G9)
     on_damage: Callable[[TopicJournal, str], None] | None = None
     damaged: str | None = None             # the first damage read back, if any
     last_position: int = -1                # where the last record appended starts (-1: none)
@@ -178,8 +178,8 @@ class TopicJournal:
 
     def _damage(self, reason: str) -> errors.StorageUnavailable:
         """Damage read back: log and report it; the error to answer with."""
-        log.error("topic %r: %s; not delivered (the shard restarts so that recovery sets"
-                  " the damage aside)", self.topic, reason)
+        log.error("topic %r: %s; not delivered (its log is recovered, which sets the"
+                  " damage aside)", self.topic, reason)
         if self.damaged is None:
             self.damaged = reason
             if self.failed is None:
@@ -188,7 +188,7 @@ class TopicJournal:
                 self.on_damage(self, reason)
         return errors.StorageUnavailable(
             f"a record of topic {self.topic!r} is damaged on disk ({reason}); retry after"
-            " the shard recovers")
+            " its log is recovered")
 
     def published_at(self, end: int, next_offset: int, wall: float) -> None:
         """A PUBLISH record ending at ``end`` holds the messages below ``next_offset``."""

@@ -290,8 +290,7 @@ class ShardServer:
                 await storage.close()
             nursery.cancel_scope.cancel()
         if storage is not None and storage.failure is not None:
-            raise StorageFailed(f"shard {self.spec.index}: a log failed ({storage.failure});"
-                                " exiting so that recovery runs at the restart")
+            raise StorageFailed(f"shard {self.spec.index}: {storage.failure_line()}")
 
     async def _stop_on_storage_failure(self, storage: ShardStorage) -> None:
         await storage.failed.wait()

@@ -531,7 +531,7 @@ class Sharing(Delivery):
                 else:
                     ids, payloads, times = self._columns(log, batch)
             except errors.StorageUnavailable:
-                continue  # damage read back (the shard stops to recover): times out as lost
+                continue  # damage read back (its topic is recovered): times out as lost
             meta = log.meta_columns(batch, self.epoch)  # (None fast: no key, header or due)
             self._deliver(session, m.sid, topic.generation, count, batch, ids, payloads,
                           times, meta)

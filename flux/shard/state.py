@@ -160,6 +160,10 @@ class ShardState:
         # what the recovery of disk topics has done so far, while it runs (G9): every
         # request gets Busy meanwhile; None once the shard serves
         self.recovering: str | None = None
+        # disk topics whose log is being recovered alone (damage read back), and why:
+        # requests naming one get Busy meanwhile
+        self.down: dict[str, str] = {}
+        self._taken_down: dict[str, Topic] = {}   # each one's topic as it was taken down
         # why disk topics take no publishes now (the data directory's disk is short of
         # ``storage.reserved_bytes``, or a write found it full); None: they do
         self.disk_full: str | None = None
@@ -219,7 +223,7 @@ class ShardState:
             if self.check_ownership and index != self.index:
                 raise errors.WrongShard(f"topic {topic!r} belongs to shard {index}, not"
                                         f" {self.index}; refresh the shard map")
-            return topic
+            return self._check_up(topic)
         owned = self._owned.get(topic) if isinstance(topic, str) else None
         if owned is None:
             P.check_topic(topic)
@@ -232,7 +236,14 @@ class ShardState:
             raise errors.WrongShard(
                 f"topic {topic!r} belongs to shard {shard_for(topic, self.shard_count)},"
                 f" not {self.index}; refresh the shard map")
-        return str(topic)
+        return self._check_up(str(topic))
+
+    def _check_up(self, name: str) -> str:
+        """``name``, unless its log is being recovered (damage read back): Busy."""
+        if self.down and name in self.down:
+            raise errors.Busy(f"topic {name!r} is recovering its log ({self.down[name]});"
+                              " retry shortly")
+        return name
 
     def _topic(self, name: str) -> Topic:
         """The topic ``name``, made (and registered) if this shard holds none."""
@@ -243,7 +254,9 @@ class ShardState:
         return topic
 
     def _new_topic(self, name: str) -> Topic:
-        """An empty topic, not registered: it continues where a retired one stopped."""
+        """An empty topic, not registered: it continues where a retired one stopped.
+        Busy while a topic of that name is recovering its log (a dead letter waits)."""
+        self._check_up(name)
         settings = self.config.settings_for(name)
         start = self.retired.get(name, 0)
         disk = settings.storage == "disk"

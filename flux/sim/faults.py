@@ -24,13 +24,15 @@ from dataclasses import dataclass
 #             was fsynced (an unsynced tail may survive torn or zero-filled, G9)
 #   flip      a bit of a synced block of a shard machine's disk flips, and the shard is
 #             killed (so recovery reads the damage back)
+#   rot       a bit of a synced block flips while the shard runs: a read back (a delivery
+#             or FETCH of an evicted payload, compaction) or a later recovery finds it
 #   eio       the next fsync on a shard machine's disk fails (EIO): the log stops, the
 #             shard exits and the router restarts it (G9)
 #   full      a shard machine's disk is full for `duration`: every write fails (ENOSPC)
 #   slowdisk  a shard machine's fsyncs take 0.2-2 s each for `duration`
 KINDS = ("crash", "pause", "router", "partition", "stall", "reset", "slow", "power", "flip",
-         "eio", "full", "slowdisk")
-SHARD_INSTANT = ("crash", "power", "flip", "eio")   # instant faults of a shard machine
+         "eio", "full", "slowdisk", "rot")
+SHARD_INSTANT = ("crash", "power", "flip", "eio", "rot")   # instant faults of a shard machine
 SHARD_SPAN = ("pause", "full", "slowdisk")            # ... and those that last a while
 
 

@@ -315,14 +315,15 @@ def disk(rng: random.Random) -> Workload:
 
 def storage_faults(rng: random.Random) -> Workload:
     """Disk topics under storage faults above all: power losses (an unsynced tail lost,
-    torn or zero-filled) and flipped bits in synced records, between shard crashes."""
+    torn or zero-filled) and flipped bits in synced records, found by the recovery
+    after a crash or read back while the shard serves, between shard crashes."""
     w = disk(rng)
     config = dict(w.config)
     config["storage"] = {**w.config["storage"], "kind": "disk"}  # type: ignore[dict-item]
     config.pop("topics", None)  # every topic on disk: every fault hits some log
     return replace(w, scenario="storage-faults", config=config, auditors=("a0",),
-                   mix=FaultMix((("crash", 1.0), ("power", 1.5), ("flip", 1.5)),
-                                count=(4, 12)))
+                   mix=FaultMix((("crash", 1.0), ("power", 1.5), ("flip", 1.5),
+                                 ("rot", 1.5)), count=(4, 12)))
 
 
 def disk_errors(rng: random.Random) -> Workload:

@@ -32,11 +32,12 @@ from flux.sim.world import World
 ROUTER_URL = "flux://127.0.0.1:7070"
 ROUTER_PORT = 7070
 
-# Errors after which a subscriber subscribes again.
+# Errors after which a subscriber subscribes again (StorageUnavailable: its topic's log
+# is being recovered after damage was read back, G9).
 ENDED = (errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.TopicReset,
          errors.NotDelivered, errors.UnknownSubscription, errors.OffsetOutOfRange,
          errors.InvalidRequest, errors.RetryDeadlineExceeded, errors.ConnectionLost,
-         errors.RequestTimeout)
+         errors.RequestTimeout, errors.StorageUnavailable)
 
 # Subscriber behaviours; "live" ones must have everything delivered (pullers: read and
 # committed) after the heal.

@@ -123,7 +123,7 @@ class World:
         if self._healed:
             return  # due at the very moment of the heal, and started after it: too late
         kind, target, net = fault.kind, fault.target, self.network
-        if kind in ("eio", "full", "slowdisk"):
+        if kind in ("eio", "full", "slowdisk", "rot"):
             await self._disk_fault(fault)
             return
         if kind in ("crash", "pause", "power", "flip"):
@@ -181,6 +181,11 @@ class World:
         if fault.kind == "eio":
             disk.fail_next_syncs(1)
             self.record(h.FaultInjected(now(), "eio", fault.target, "instant"))
+            return
+        if fault.kind == "rot":
+            flipped = _flip_in_a_record(disk)
+            self.record(h.FaultInjected(now(), "rot", fault.target, "nothing synced"
+                                        if flipped is None else f"{flipped[0]}@{flipped[1]}"))
             return
         self.record(h.FaultInjected(now(), fault.kind, fault.target, "begin"))
         full = fault.kind == "full"

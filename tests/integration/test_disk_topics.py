@@ -176,16 +176,18 @@ async def test_a_disk_topic_bigger_than_shard_memory_is_read_back_by_fetch(
             assert shard["topics"][topic]["storage"]["recovered_records"] > 0
 
 
-async def test_a_record_damaged_on_disk_is_never_delivered_and_the_shard_recovers(
+async def test_a_record_damaged_on_disk_is_never_delivered_and_only_its_topic_recovers(
         broker_factory: BrokerFactory, tmp_path: Path) -> None:
     """G9 "Corruption": with no payload cache every read goes to the log; a bit flipped
-    in a record on disk is refused (StorageUnavailable, which the client retries), the
-    shard exits, and its restart sets the damage aside and starts a new generation.
-    Nothing FETCH returns, before or after, differs from what was published."""
+    in a record on disk is refused (StorageUnavailable, which the client retries) and
+    that topic's log is recovered alone: the damage set aside, a new generation (acked
+    messages were cut), reported in the log and STATS. The shard keeps running and its
+    other topic takes publishes and serves reads throughout. Nothing FETCH returns,
+    before or after, differs from what was published."""
     data = tmp_path / "data"
     broker = broker_factory("storage.cache_bytes=0", "message.ttl=600", shards=1,
                             args=("--data-dir", str(data)))
-    topic = "damaged.log"
+    topic, spared = "damaged.log", "spared.log"
     sent: dict[str, bytes] = {}
     with trio.fail_after(90):
         async with connect(broker.url, retry_deadline=30) as client:
@@ -195,13 +197,14 @@ async def test_a_record_damaged_on_disk_is_never_delivered_and_the_shard_recover
                 acks = await client.publish_many(topic, payloads, ids=ids)
                 sent.update(zip(ids, payloads, strict=True))
             generation = acks[0].generation
+            spared_generation = (await client.publish(spared, b"before", id="s0")).generation
             [segment] = sorted((data / "shard-0" / topic).glob("*.log"))
             raw = bytearray(segment.read_bytes())
             raw[len(raw) // 2] ^= 0x04  # a payload byte of a group in the middle
             with open(segment, "r+b") as f:
                 f.seek(len(raw) // 2)
                 f.write(raw[len(raw) // 2:len(raw) // 2 + 1])
-            old_pid = broker.shards[0].pid
+            pid = broker.shards[0].pid
             got: dict[str, bytes] = {}
             offset, page_generation = 0, generation
             while True:
@@ -217,12 +220,56 @@ async def test_a_record_damaged_on_disk_is_never_delivered_and_the_shard_recover
             assert page_generation != generation  # damage lost acked messages: new generation
             assert got and all(sent[i] == p for i, p in got.items())  # nothing wrong delivered
             assert len(got) < len(sent)  # what followed the damage was set aside
-            broker.note_pids()
-            assert not pid_alive(old_pid)
-            shard = (await client.stats())[0]
-            reason = shard["topics"][topic]["storage"]["new_generation"]
-            assert "damage" in reason, reason
-    assert "not delivered" in broker.router.log_text()  # the damage read back, logged
+            after = await client.publish(spared, b"after", id="s1")
+            assert after.generation == spared_generation and after.offset == 1
+            assert [m.payload for m in (await client.fetch(spared, 0)).messages] == \
+                [b"before", b"after"]
+            assert pid_alive(pid) and broker.shards[0].pid == pid  # the shard never stopped
+            storage = (await client.stats())[0]["topics"][topic]["storage"]
+            assert "damage" in storage["new_generation"], storage
+            assert "reading position" in storage["damage_read_back"], storage
+            assert storage["damage"]["kind"] == "corrupt" and storage["damage"]["set_aside"]
+            assert list((data / "shard-0" / topic).glob("*.damaged"))
+    text = broker.router.log_text()
+    assert "not delivered" in text and "other topics serve on" in text
+
+
+async def test_damage_found_at_recovery_starts_a_new_generation_for_its_topic_alone(
+        broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    """G9 "Corruption" at recovery: a byte flipped in the middle of one topic's segment
+    while its shard is down. The restart cuts that log at the damaged record (setting
+    it and what follows aside) and gives that topic a new generation, with the messages
+    before the damage at their offsets; the other topic of the shard keeps its
+    generation and every message."""
+    data = tmp_path / "data"
+    broker = broker_factory("message.ttl=600", shards=1, args=("--data-dir", str(data)))
+    damaged, spared = "damaged.log", "spared.log"
+    with trio.fail_after(90):
+        async with connect(broker.url, retry_deadline=30) as client:
+            for topic in (damaged, spared):
+                for group in range(10):
+                    ids = [f"{topic}-g{group}m{i}" for i in range(100)]
+                    await client.publish_many(topic, [i.encode() * 20 for i in ids], ids=ids)
+            generations = {t: (await client.fetch(t, 0, max_messages=0)).generation
+                           for t in (damaged, spared)}
+            pid = broker.shards[0].pid
+            os.kill(pid, signal.SIGKILL)
+            while pid_alive(pid):
+                await trio.sleep(0.01)
+            [segment] = sorted((data / "shard-0" / damaged).glob("*.log"))
+            raw = bytearray(segment.read_bytes())
+            raw[len(raw) // 2] ^= 0x04
+            segment.write_bytes(bytes(raw))
+            kept = await client.fetch(spared, 0, max_messages=1000)
+            assert kept.generation == generations[spared] and len(kept.messages) == 1000
+            assert all(m.payload == m.id.encode() * 20 for m in kept.messages)
+            page = await client.fetch(damaged, 0, max_messages=1000)
+            assert page.generation != generations[damaged]
+            assert 0 < len(page.messages) < 1000 and page.messages[0].offset == 0
+            assert all(m.payload == m.id.encode() * 20 for m in page.messages)
+            storage = (await client.stats())[0]["topics"][damaged]["storage"]
+            assert "damage" in storage["new_generation"] and storage["damage_read_back"] is None
+            assert storage["damage"]["kind"] == "corrupt"
 
 
 async def test_a_dead_letter_topic_too_long_for_a_file_name_is_kept_and_recovered(

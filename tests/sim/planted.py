@@ -1063,6 +1063,19 @@ def compaction_ignores_held() -> contextlib.AbstractContextManager[Any]:
     return _wrap(TopicJournal, "retain", make)
 
 
+def damage_stops_shard() -> contextlib.AbstractContextManager[Any]:
+    """G9: a damaged record read back stops the whole shard (as before it was recovered
+    alone), so every other topic of the shard goes unserved until the restart."""
+    from flux.shard import disk
+    from flux.storage import LogFailed
+
+    def damaged(self: Any, journal: Any, reason: str) -> None:
+        if self.failure is None:
+            self.failure = LogFailed(f"topic {journal.topic!r}: damage read back: {reason}")
+        self.failed.set()
+    return mock.patch.object(disk.ShardStorage, "_damaged", damaged)
+
+
 def full_disk_fails_log() -> contextlib.AbstractContextManager[Any]:
     """G9: a write that finds the disk full fails the log for good, as an fsync error
     does, so a full disk restarts the shard instead of refusing publishes until there
@@ -1204,6 +1217,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "dedup-not-recovered": dedup_not_recovered,
     "compaction-ignores-held": compaction_ignores_held,
     "full-disk-fails-log": full_disk_fails_log,
+    "damage-stops-shard": damage_stops_shard,
     "ack-timeout-from-held-push": ack_timeout_from_held_push,
     "trim-past-exposed": trim_past_exposed,
     "replay-payloads-rotated": replay_payloads_rotated,
@@ -1226,7 +1240,8 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "ack-before-durable": "disk", "no-checksum-on-read": "storage-faults",
             "torn-tail-kept": "storage-faults", "dedup-not-recovered": "disk-errors",
             "compaction-ignores-held": "disk",
-            "full-disk-fails-log": "disk-errors", "ack-timeout-from-held-push": "disk-errors",
+            "full-disk-fails-log": "disk-errors",
+            "damage-stops-shard": "storage-faults", "ack-timeout-from-held-push": "disk-errors",
             "trim-past-exposed": "disk-errors",
             "cursor-record-ahead": "disk", "replay-payloads-rotated": "disk",
             "generation-kept-after-power-loss": "disk",
@@ -1289,7 +1304,8 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "replay-payloads-rotated": ("G9/payload-changed",),
     "torn-tail-kept": ("G9/generation-kept",),
     "dedup-not-recovered": ("G3/stored-twice",),
-    "compaction-ignores-held": ("G9/storage-failed-unexplained",),
+    "compaction-ignores-held": ("G5/gone-unacked",),
+    "damage-stops-shard": ("G9/storage-failed-unexplained",),
     "full-disk-fails-log": ("G9/storage-failed-unexplained",),
     "ack-timeout-from-held-push": ("G4/early-redelivery",),
     "trim-past-exposed": ("G1/fetch-range",),

@@ -247,3 +247,29 @@ def test_a_pull_subscription_deleted_while_it_is_read_breaks_g6() -> None:
         s.fetch(0.2, 0, ("a",)).commit(0.3, 1).fetch(fetched, 1, ())
         s.add(h.SubscriptionGone(6.0, 0, G, "t", "n"))
         assert [r for r in s.end().rules() if r.startswith("G6")] == rules, fetched
+
+
+def _resumed_past_durable(*, stopped: bool) -> Reader:
+    """A disk topic's pull subscription is committed to 1 (COMMITTED: durable); a COMMIT
+    to 3 moves it in memory, and a resume at 0.5 reports cursor 3 before that COMMIT's
+    record is durable. ``stopped``: the shard then stops (its COMMITTED never comes),
+    and recovery brings the subscription back at its last durable cursor, 1."""
+    s = Reader().hello(0.0, generation=0x5A)   # the shard's generation; the topic's is G
+    s.pull(0.01)
+    s.publish(0.1, "a", 0).publish(0.1, "b", 1).publish(0.1, "c", 2)
+    s.fetch(0.2, 0, ("a", "b", "c")).commit(0.3, 1).commit_sent(0.4, 3)
+    s.pull(0.5, created=False, cursor=3)
+    if stopped:
+        s.add(h.ShardStopped(0.6, 0, 0x5A)).hello(1.5, generation=0x5B)
+    return s.pull(2.0, created=False, cursor=1)
+
+
+def test_a_resumed_cursor_a_crash_undid_is_no_floor_for_the_next_resume() -> None:
+    """G9 waits for durability before COMMITTED, not before a resuming SUBSCRIBED: the
+    cursor a resume reports may hold a commit the crash lost (same generation)."""
+    report = check(_resumed_past_durable(stopped=True).end().h)
+    assert "G6/resume-below-commit" not in report.rules(), report.summary()
+
+
+def test_a_resume_below_the_last_one_without_a_stop_between_breaks_g6() -> None:
+    assert "G6/resume-below-commit" in _resumed_past_durable(stopped=False).end().rules()

@@ -22,12 +22,16 @@ from flux.sim.checker.index import Index
 # loss (with fsync interval or never, the unsynced tail may be gone) and damage found
 # by recovery (a flipped bit in a synced block)
 RESETTING = ("power", "flip")
+# a bit flipped while the shard runs lies in wait: a read back or a later recovery
+# finds it, so it may end any generation that began before it happened
+LATENT = "rot"
 
 
 # storage faults that may make a shard's log fail (it exits; the router restarts it):
-# an fsync error, damage read back, and a power loss (which, like a crash, ends every
-# open file). Not a full disk: that refuses publishes and makes writes wait (G9).
-FAILING = ("eio", "flip", "power")
+# an fsync error and a power loss (which, like a crash, ends every open file). Not a
+# full disk: that refuses publishes and makes writes wait; nor damage (flip, rot): a
+# damaged record read back is its topic's alone, recovered while the others serve (G9).
+FAILING = ("eio", "power")
 
 
 def check(index: Index, report: Report) -> None:
@@ -38,16 +42,23 @@ def check(index: Index, report: Report) -> None:
 
 def _check_storage_failures(index: Index, report: Report) -> None:
     """A shard's log fails (the shard exits, G9) only after a storage fault on its
-    machine that may fail it: an fsync error or a bit flip read back, never a full disk
-    (publishes are refused and writes wait for room). Sound: a simulated disk raises
-    no error and changes no byte unless a fault says so."""
-    faults: dict[str, float] = {}   # host -> when the first storage fault hit it
+    machine that may fail it: an fsync error or a power loss; never a full disk
+    (publishes are refused and writes wait for room), nor a damaged record read back
+    (its topic's log is recovered alone; the shard's other topics serve on). Sound: a
+    simulated disk raises no error unless a fault says so, and damage raises none."""
+    faults: dict[str, float] = {}   # host -> when the first fsync error hit it
+    power: dict[str, float] = {}    # host -> its last power loss
     for e in index.history.of(h.FaultInjected):
-        if e.fault in FAILING:
+        if e.fault == "power":
+            power[e.target] = e.t
+        elif e.fault in FAILING:
             faults.setdefault(e.target, e.t)
         elif e.fault == "storage-failed":
             report.examine("G9", "storage-failed-unexplained")
-            if faults.get(e.target, math.inf) > e.t:
+            # a power loss kills the shard at once: it explains a failure of the log it
+            # cut short then, not of a later incarnation's
+            if faults.get(e.target, math.inf) > e.t \
+                    and not 0 <= e.t - power.get(e.target, -math.inf) <= index.params.latency:
                 report.add("G9", "storage-failed-unexplained", e.t,
                            f"{e.target}: a log failed ({e.detail}) though no storage fault"
                            " hit its machine")
@@ -61,20 +72,26 @@ def _check_generation_kept(index: Index, report: Report) -> None:
     Sound under any delay: an acked publish means its record was written (and with
     fsync always, synced); recovery reads the generation from that record's segment
     header, and only a reboot with unsynced data (power) or damage (flip) may make it
-    draw another."""
+    draw another. A bit flipped while the shard runs (``rot``) explains the change if
+    it happened after the old generation began (its predecessor's last evidence): the
+    recovery or creation that began it read, or wrote, every record it kept."""
     shards = int(index.history.meta.get("config", {}).get("shards", 1) or 1)
-    seen: dict[str, tuple[int, float]] = {}   # topic -> (generation, last evidence)
+    lat = index.params.latency
+    # topic -> (generation, last evidence, last evidence of the generation before it)
+    seen: dict[str, tuple[int, float, float]] = {}
     for e in index.history:
         if not isinstance(e, h.PublishAcked) or e.generation in index.shard_generations:
             continue
         previous = seen.get(e.topic)
-        seen[e.topic] = (e.generation, e.t)
         if previous is None or previous[0] == e.generation:
+            seen[e.topic] = (e.generation, e.t, -math.inf if previous is None else previous[2])
             continue
+        seen[e.topic] = (e.generation, e.t, previous[1])
         report.examine("G9", "generation-kept")
         host = f"shard-{shard_for(e.topic, shards)}"
-        explained = any(d.fault in RESETTING and host in d.hosts
-                        and previous[1] - index.params.latency <= d.begin <= e.t
+        explained = any(host in d.hosts and d.begin <= e.t and (
+                            (d.fault in RESETTING and previous[1] - lat <= d.begin)
+                            or (d.fault == LATENT and previous[2] - lat <= d.begin))
                         for d in index.disturbances)
         if not explained:
             report.add("G9", "generation-kept", e.t,

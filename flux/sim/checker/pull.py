@@ -36,6 +36,7 @@ class _Cursor:
     cursor: int
     what: str
     created: bool = False
+    shard: int | None = None   # a resume's: its cursor may hold commits not yet durable
 
 
 def check(index: Index, report: Report) -> None:
@@ -60,7 +61,7 @@ def check(index: Index, report: Report) -> None:
             key = (e.topic, e.generation, e.name)
             subscribed.setdefault(key, []).append(e)
             cursors.setdefault(key, []).append(
-                _Cursor(e.requested, e.t, e.cursor, "resumed at", e.created))
+                _Cursor(e.requested, e.t, e.cursor, "resumed at", e.created, e.shard))
         elif isinstance(e, h.Committed):
             report.examine("G6", "commit-not-applied")
             if e.cursor < e.offset:
@@ -82,7 +83,7 @@ def check(index: Index, report: Report) -> None:
     report.count("fetch_gaps", gaps)   # pages that found offsets they asked for cleaned up
     if history.meta.get("oracle", False):
         for key, seen in cursors.items():
-            _check_cursors(key, seen, gone, report)
+            _check_cursors(index, key, seen, gone, report)
             _check_cursor_bound(key, seen, commits, gone, report)
         judged = sum(_check_skipped(e, subscribed, commits, gone, report)
                      for e in history.of(h.Fetched))
@@ -164,15 +165,21 @@ def _check_page(e: h.Fetched, ids: dict[tuple[str, int, int], str],
                        f"{where} read {e.topic}@{offset} id={message_id!r}, never published")
 
 
-def _check_cursors(key: Key, seen: list[_Cursor], gone: _Deletions, report: Report) -> None:
+def _check_cursors(index: Index, key: Key, seen: list[_Cursor], gone: _Deletions,
+                   report: Report) -> None:
     """G6: a pull subscription's cursor never moves back. A reply that arrived before
     another request was sent was answered first; unless the subscription may have been
-    deleted in between, the later answer's cursor is at least the earlier one's."""
+    deleted in between, the later answer's cursor is at least the earlier one's. A
+    resume's cursor is no floor across a stop of its shard: it may hold commits whose
+    records were not durable yet (G9 holds back COMMITTED, not a resuming SUBSCRIBED),
+    and a disk topic's recovery, in the same generation, goes back to the last durable."""
     ordered = sorted(seen, key=lambda c: c.t)
     arrivals = [c.t for c in ordered]
     for b in ordered:
         before = ordered[:bisect.bisect_left(arrivals, b.requested)]
-        floor = max((a for a in before if not gone.between(key, a.requested, b.t)),
+        floor = max((a for a in before if not gone.between(key, a.requested, b.t) and not (
+                        a.shard is not None and not a.created
+                        and index.stopped_between(a.shard, a.requested, b.t))),
                     key=lambda a: a.cursor, default=None)
         if floor is not None:
             report.examine("G6", "commit-moved-back" if b.what == "committed to"
