@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flux.shard.publish_record import PackedIds, packed_ids, packed_lengths, read_publish
+from flux.shard.packed_ids import PackedIds
+from flux.shard.publish_record import packed_ids, packed_lengths, read_publish
 from flux.shard.topic import payload_lengths
 
 _pack = msgpack.Packer(use_bin_type=True).pack

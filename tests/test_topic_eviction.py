@@ -131,3 +131,25 @@ def test_a_placed_log_reads_like_one_that_keeps_everything(ops: list[tuple[Any, 
     for offset in range(plain.oldest, plain.next_offset):
         assert log.get(offset) == plain.get(offset)
     assert log.held_bytes == plain.held_bytes  # every chunk read back: all resident again
+
+
+def test_an_evicted_chunk_keeps_its_ids_packed_and_reads_them_back() -> None:
+    """Ids as str cost ~80 bytes each; an evicted chunk's are kept as one packed array
+    (their bytes and a header byte each) until a read wants them."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        store = Store()
+        log = _placed(store)
+        for start in range(0, 20_000, 100):
+            _extend(log, store, [f"{i:032x}" for i in range(start, start + 100)], [b"p"] * 100)
+        store.durable_mark = len(store.records)
+        held = tracemalloc.get_traced_memory()[0]
+        for first in range(0, 20_000, 100):
+            log.evict(first)
+        evicted = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held - evicted > 20_000 * 40  # the str objects went: the log held the only copy
+    assert log.get(12_345)[0] == f"{12_345:032x}" and log.get(0)[0] == "0" * 32

@@ -12,62 +12,18 @@ The layout is PROTOCOL.md §14.3: ``[first offset, wall time, [id, ...], [payloa
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Sequence
+from typing import Any
 
 import msgpack
 
+from flux.shard.packed_ids import PackedIds
 from flux.shard.topic import payload_lengths
 
 # a MessagePack bin header's first byte -> (header size, bytes of its length field)
 _BIN = {0xC4: (2, 1), 0xC5: (3, 2), 0xC6: (5, 4)}
 # a MessagePack str8/str16 header's first byte -> (header size, bytes of its length field)
 _STR = {0xD9: (2, 1), 0xDA: (3, 2)}
-
-
-class PackedIds(Sequence[str]):
-    """A PUBLISH record's ids, kept as their packed MessagePack array until first wanted.
-
-    Recovery holds most of a long log's ids only for deliveries and FETCH that may
-    never come; building a str per id was most of what reading the log cost. The
-    bytes were checked when it was made (every header, every id ASCII), so unpacking
-    them later cannot fail."""
-
-    __slots__ = ("_count", "_ids", "_packed")
-
-    def __init__(self, packed: bytes, count: int) -> None:
-        self._packed = packed
-        self._count = count
-        self._ids: tuple[str, ...] | None = None
-
-    def _all(self) -> tuple[str, ...]:
-        ids = self._ids
-        if ids is None:
-            ids = self._ids = msgpack.unpackb(self._packed, raw=False, use_list=False)
-            self._packed = b""
-        return ids
-
-    def __len__(self) -> int:
-        return self._count
-
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
-        return self._all()[index]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PackedIds):
-            other = other._all()
-        return isinstance(other, tuple) and self._all() == other
-
-    __hash__ = None  # type: ignore[assignment]  # equal to a tuple, so not hashable as one
 
 
 def packed_ids(buf: bytes, at: int) -> tuple[PackedIds, int, int] | None:

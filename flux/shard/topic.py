@@ -23,6 +23,7 @@ import msgpack
 from flux import errors
 from flux import protocol as P
 from flux.message_meta import Meta, columns, meta_size
+from flux.shard.packed_ids import PackedIds
 
 _packer = msgpack.Packer(use_bin_type=True)
 _ONE_BYTE = [bytes((n,)) for n in range(256)]  # the lengths of one short payload, shared
@@ -261,6 +262,9 @@ class TopicLog:
             return 0
         freed = sum(self._lens[k][self._skip:]) if k == self._head and self._skip else size
         self._packed[k] = None
+        ids = self._ids[k]
+        if type(ids) is tuple:  # a str each (~80 bytes) -> packed (its bytes and one more)
+            self._ids[k] = PackedIds(_packer.pack(ids), len(ids))
         self.held_bytes -= freed
         store.drop(first)
         return freed
