@@ -13,9 +13,10 @@ keeps a session's deliveries and acks the same way, for the same reason.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from itertools import chain
+from operator import sub
 
 
 class Acks:
@@ -97,7 +98,8 @@ class Acks:
         return True
 
     def add_range(self, start: int, stop: int) -> None:
-        """Add ``start`` .. ``stop - 1`` (in O(1) when they lie past every offset held)."""
+        """Add ``start`` .. ``stop - 1``: O(1) past every offset held, else a bisection
+        and a merge with the runs it meets."""
         if start >= stop:
             return
         ends = self._ends
@@ -108,9 +110,18 @@ class Acks:
         elif start == ends[-1]:
             ends[-1] = stop
             self._count += stop - start
-        else:
-            for offset in range(start, stop):
-                self.add(offset)
+        else:  # merge with the runs it overlaps or touches (runs i .. j-1)
+            starts = self._starts
+            i = bisect_left(ends, start)
+            j = bisect_right(starts, stop)
+            if i == j:
+                starts.insert(i, start)
+                ends.insert(i, stop)
+                self._count += stop - start
+                return
+            low, high = min(starts[i], start), max(ends[j - 1], stop)
+            self._count += high - low - sum(map(sub, ends[i:j], starts[i:j]))
+            starts[i:j], ends[i:j] = [low], [high]
 
     def min(self) -> int:
         """The lowest offset held (ValueError when empty, as ``min()`` of a set)."""

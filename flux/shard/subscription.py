@@ -173,6 +173,22 @@ class Subscription(PushTimers):
             if self.recording:
                 self.unrecorded.append(offset)
 
+    def mark_acked_all(self, offsets: Sequence[int]) -> None:
+        """:meth:`mark_acked` of each of ``offsets`` (distinct, unacked, at or above the
+        cursor; any order), in bulk when they are one run (a member's usual ack)."""
+        ordered = sorted(offsets)
+        first, last = ordered[0], ordered[-1]
+        acked = self.acked
+        if last - first == len(ordered) - 1:
+            acked.add_range(first, last + 1)
+        else:
+            for offset in ordered:
+                acked.add(offset)
+        cursor = self.cursor
+        self.cursor = acked.take_run(cursor)
+        if self.recording and last >= self.cursor:
+            self.unrecorded.extend(o for o in ordered if o >= self.cursor)
+
     def count_acked(self, offset: int) -> bool:
         """Count ``offset`` as acked whether or not it is in flight (G11: a dead letter,
         or a term without a dead-letter policy); False if it was acked already."""
