@@ -16,7 +16,9 @@ from flux.storage.record import Bad, Torn
 
 
 class Foreign(Bad):
-    """Not a segment this Flux can read: another magic, or another format version."""
+    """Not a segment this Flux can read: another magic, or another format version (whose
+    checksum does not verify with ours: else it is ours, damaged)."""
+
 
 MAGIC = b"FLUXLOG\n"
 VERSION = 1
