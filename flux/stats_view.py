@@ -150,6 +150,8 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
         counters.add_row(str(index), *(f"{counted.get(key, 0):,}" for key in COUNTERS))
         for name, why in sorted(reply.get("topics_recovering", {}).items()):
             disk.add_row(name, "-", "-", "-", "-", f"RECOVERING its log: {why}")
+        for name, why in sorted(reply.get("topics_refused", {}).items()):
+            disk.add_row(name, "-", "-", "-", "-", f"REFUSED: {why}")
         for name in sorted(reply["topics"]):
             topic = reply["topics"][name]
             topics.add_row(name, str(index), f"{topic['oldest']:,}", f"{topic['next_offset']:,}",

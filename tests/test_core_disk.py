@@ -433,6 +433,26 @@ def test_a_topic_taken_down_for_its_log_ends_its_sessions_and_is_busy_while_othe
     assert len(client.take(P.PUBLISHED)) == 1 and shard.stats()["topics_recovering"] == {}
 
 
+def test_a_refused_topic_gets_storage_unavailable_is_never_made_and_shows_in_stats() -> None:
+    """A topic whose log directory holds what is not its log (G9) is refused: every
+    request naming it gets StorageUnavailable saying why, no journal is opened for it
+    (nothing is written there), STATS shows it, and the shard's other topics serve."""
+    shard, disk, client = _disk_shard()
+    why = "/data/shard-0/t/00000000000000000000.log: not a Flux log segment; move it away"
+    shard.core.refuse(TOPIC, why)
+    [refused] = client.publish_rows([[TOPIC, "a", b"a"]])
+    assert refused[0] == errors.StorageUnavailable.code and why in refused[1]
+    assert client.fetch()[2] == errors.StorageUnavailable.code
+    assert client.subscribe_frame(1, name="s")[2] == errors.StorageUnavailable.code
+    assert TOPIC not in disk.journals and TOPIC not in shard.core.topics
+    stats = shard.stats()
+    assert stats["topics_refused"] == {TOPIC: why} and TOPIC not in stats["topics"]
+    other = "other.topic"
+    client.send([P.PUBLISH, client.rid(), [[other, ["b"], [b"b"]]]])
+    disk.sync(other)
+    assert len(client.take(P.PUBLISHED)) == 1
+
+
 @pytest.mark.parametrize("generation", [GEN, GEN + 1])
 def test_a_topic_recovered_alone_in_its_generation_keeps_its_inactive_clocks(
         generation: int) -> None:

@@ -115,7 +115,7 @@ def test_shared_subscriptions_show_their_members() -> None:
     assert [m[2:7] for m in members] == [["1", "3", "10", "97", "2"], ["2", "2", "4", "8", "1"]]
 
 
-def test_disk_topics_table_shows_a_topic_recovering_its_log_and_damage_read_back() -> None:
+def test_disk_topics_table_shows_a_topic_recovering_or_refused_and_damage_read_back() -> None:
     storage = {"log_bytes": 100, "durable": 100, "recovered_bytes": 100,
                "recovery_seconds": 0.1, "new_generation": "damage in its log lost records",
                "damage_read_back": "reading position 9 back failed"}
@@ -125,4 +125,8 @@ def test_disk_topics_table_shows_a_topic_recovering_its_log_and_damage_read_back
     disk = disk[disk.index("Disk topics"):]
     row = next(line for line in disk.splitlines() if "orders.us" in line)
     assert "RECOVERING" in row  # (the note wraps onto the next lines)
+    stats[0]["topics_refused"] = {"orders.uk": "/data/shard-0/orders.uk/x.log: bad magic"}
+    disk = printed(stats)
+    disk = disk[disk.index("Disk topics"):]
+    assert "REFUSED" in next(line for line in disk.splitlines() if "orders.uk" in line)
     assert "recovered while" in next(line for line in disk.splitlines() if "orders.eu" in line)

@@ -220,6 +220,9 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
                 "publish_ack_seconds": self.publish_acks.as_dict(),
                 "fsync_seconds": self.fsync_times.as_dict(), "recovering": self.recovering,
                 "topics_recovering": dict(self.down),
+                "topics_refused": {name: why for name, why in self.refused.items()
+                                   if visible is None or visible(dead_letter_source(name)
+                                                                 or name)},
                 "topics": topics}
 
     def _subscription_stats(self, topic: Topic, s: Subscription, now: float) -> dict[str, Any]:
@@ -401,6 +404,14 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
             for _, first in [key for key in self.cache.lru if key[0] is store]:
                 store.drop(first)
         self._emit("topic_down", name, topic.generation)
+
+    def refuse(self, name: str, why: str) -> None:
+        """Refuse every request naming disk topic ``name`` from now on (StorageUnavailable,
+        saying ``why``): its log directory holds what is not its log, which the shell
+        leaves untouched (G9). The shard's other topics serve on."""
+        self.refused[name] = why
+        self.down.pop(name, None)
+        self._taken_down.pop(name, None)
 
     def bring_up(self, name: str) -> None:
         """``name`` (adopted again, :meth:`adopt_recovered`) serves again. In the same

@@ -8,9 +8,13 @@ Layout (``storage.dir``)::
 
 A directory that is not Flux's, has another format, or was written with another
 shard count is refused with an error naming the path and what to do; nothing in
-it is ever wiped. Each topic's writer runs as a task of the shard and hands every
-move of its durable mark to the core itself (``ShardCore.storage_progress``, called
-from the writer task as its fsync returns: no other task wakes up for it).
+it is ever wiped. A topic's directory that holds what is not that topic's log (a
+file of another program, another format version, another owner's log) refuses
+that topic alone: it is never written, requests for it get StorageUnavailable,
+and the shard serves its other topics. Each topic's writer runs as a task of the
+shard and hands every move of its durable mark to the core itself
+(``ShardCore.storage_progress``, called from the writer task as its fsync returns:
+no other task wakes up for it).
 A log that fails (an fsync or write error) fails what waits on it, and the
 shard stops so that the router restarts it and recovery runs: after a failed
 fsync the kernel's view of the file cannot be trusted (the fsync is never retried).
@@ -33,13 +37,14 @@ from urllib.parse import quote, unquote
 import trio
 
 from flux.config import Config
-from flux.errors import ConfigError
+from flux.errors import ConfigError, StorageUnavailable
 from flux.hashing import DEAD_LETTER_SEP, dead_letter_parts
 from flux.host import Disk, Host
 from flux.shard.core import ShardCore
 from flux.shard.journal import TopicJournal
 from flux.shard.replay import ReplayError, TopicReplay
 from flux.storage import (
+    ForeignLog,
     FsyncMode,
     LogFailed,
     LogReader,
@@ -169,6 +174,9 @@ class ShardStorage:
         self.journals: dict[str, TopicJournal] = {}
         self.writers: dict[str, LogWriter] = {}
         self.recovered: list[Recovered] = []
+        # topic directories (entries) that hold what is not their topic's log, and why:
+        # never written, their topics refused until the shard restarts
+        self.refused: dict[str, str] = {}
         self.failure: LogFailed | None = None
         self.failed_what = f"the disk topics in {self.directory}"  # what ``failure`` hit
         self._unsettled: list[LogWriter] = []  # logs of new generations to sync first
@@ -203,8 +211,8 @@ class ShardStorage:
     async def recover(self, core: ShardCore) -> None:
         """Rebuild every disk topic of this shard into ``core`` (before it serves), saying
         how far it got in ``core.recovering`` meanwhile. Raises ConfigError for a directory
-        that is not this broker's, StorageError (ForeignLog) for a log that is not this
-        topic's."""
+        that is not this broker's; a topic directory that holds what is not its topic's
+        log refuses that topic alone (:meth:`_refuse`)."""
         if not self._checked:
             await self.check()
         self._core = core
@@ -229,9 +237,9 @@ class ShardStorage:
             owner = owner_of_log(self.disk, path)
             if owner is None or not owner.startswith(OWNER) \
                     or directory_of_topic(owner[len(OWNER):]) != entry:
-                log.error("shard %d: the log directory %s names no topic it could hold"
-                          " (no readable segment header, or another topic's); left as it is",
-                          core.index, path)
+                self._refuse(core, entry, path, ForeignLog(
+                    path, "names no topic it could hold (no readable segment header, or"
+                          " another topic's)"))
                 return
             name = owner[len(OWNER):]
         settings = core.config.settings_for(name)
@@ -240,13 +248,19 @@ class ShardStorage:
                      " now says %s)", core.index, name, settings.storage)
         epoch = core.epoch
         replay = TopicReplay(name, settings, epoch, now=host.now())
-        table, report = await recover(self.disk, path, owner=f"{OWNER}{name}",
-                                      on_record=replay.feed, now=host.now,
-                                      boot_id=self.disk.boot_id())
+        try:
+            table, report = await recover(self.disk, path, owner=f"{OWNER}{name}",
+                                          on_record=replay.feed, now=host.now,
+                                          boot_id=self.disk.boot_id())
+        except ForeignLog as exc:
+            self._refuse(core, entry, name, exc)
+            return
         why: str | None = None
         generation = report.generation
         segments = table.segments
-        if generation is None:
+        if report.damage is not None and report.damage.kind == "corrupt":
+            why = f"damage in its log lost records ({report.damage.reason})"
+        elif generation is None:
             why = "its log held no record"
         elif len(segments) > 1 and segments[-1].end == segments[-1].first \
                 and segments[-2].header.generation != generation:
@@ -255,8 +269,6 @@ class ShardStorage:
             # no meaning in this one (and no client heard of it: that snapshot is synced
             # before the shard serves)
             why = "a new generation began and the shard stopped before its first snapshot"
-        elif report.damage is not None and report.damage.kind == "corrupt":
-            why = f"damage in its log lost records ({report.damage.reason})"
         elif generation in report.damaged_generations:
             why = "an earlier recovery set damage aside and stopped before a new generation"
         elif self._boot_changed(report):
@@ -298,6 +310,15 @@ class ShardStorage:
                  report.seconds, report.bytes, replay.records, replay.messages, len(topic.subs),
                  topic.log.oldest, topic.log.next_offset, generation,
                  f" (new: {why})" if why else "", damage)
+
+    def _refuse(self, core: ShardCore, entry: str, topic: str, exc: ForeignLog) -> None:
+        """Leave topic directory ``entry`` as it is and refuse ``topic`` (its name, or the
+        directory's path when it names none): what is in it is not that topic's log."""
+        self.refused[entry] = str(exc)
+        core.refuse(topic, str(exc))
+        log.error("shard %d: %s is refused and its directory left untouched (the shard serves"
+                  " its other topics): %s", core.index,
+                  "a topic" if topic == exc.path else f"topic {topic!r}", exc)
 
     def _journal(self, name: str, writer: LogWriter, exposed: int) -> TopicJournal:
         """A disk topic's journal: its writer, and a reader of its durable records (what
@@ -343,6 +364,9 @@ class ShardStorage:
                 await ended.wait()
             del self.journals[name], self.writers[name]
             await self._recover_topic(core, directory_of_topic(name), found=reason)
+            if name in core.refused:   # its directory no longer holds its log
+                self._dispatch()
+                return
             writer = self.writers[name]
             self._nursery.start_soon(self._serve_log, self.journals[name], writer)
             if writer in self._unsettled:   # a new generation: on disk before anyone hears
@@ -360,12 +384,15 @@ class ShardStorage:
         return report.boot_id != self.disk.boot_id() and self.config.storage.fsync != "always"
 
     def open_new(self, name: str, start: int) -> TopicJournal:
-        """A new disk topic's journal (the core calls this when it makes the topic)."""
-        path = posixpath.join(self.directory, directory_of_topic(name))
+        """A new disk topic's journal (the core calls this when it makes the topic).
+        Raises StorageUnavailable if its directory cannot be made or was refused."""
+        entry = directory_of_topic(name)
+        path = posixpath.join(self.directory, entry)
+        if entry in self.refused:   # never write where another program's data is
+            raise StorageUnavailable(f"topic {name!r} cannot be served: {self.refused[entry]}")
         try:
             self.disk.makedirs(path)
         except OSError as exc:
-            from flux.errors import StorageUnavailable
             raise StorageUnavailable(f"cannot make the log directory of topic {name!r}:"
                                      f" {exc.strerror or exc}") from None
         writer = self._writer(name, SegmentTable(path, start=0), self.new_generation())

@@ -164,6 +164,10 @@ class ShardState:
         # requests naming one get Busy meanwhile
         self.down: dict[str, str] = {}
         self._taken_down: dict[str, Topic] = {}   # each one's topic as it was taken down
+        # disk topics whose log directory holds what is not their log (G9), and the line
+        # that says so; requests naming one get StorageUnavailable. A hashed directory
+        # that names no topic is keyed by its path
+        self.refused: dict[str, str] = {}
         # why disk topics take no publishes now (the data directory's disk is short of
         # ``storage.reserved_bytes``, or a write found it full); None: they do
         self.disk_full: str | None = None
@@ -239,10 +243,14 @@ class ShardState:
         return self._check_up(str(topic))
 
     def _check_up(self, name: str) -> str:
-        """``name``, unless its log is being recovered (damage read back): Busy."""
+        """``name``, unless its log is being recovered (damage read back): Busy; or its
+        log directory was refused: StorageUnavailable."""
         if self.down and name in self.down:
             raise errors.Busy(f"topic {name!r} is recovering its log ({self.down[name]});"
                               " retry shortly")
+        if self.refused and name in self.refused:
+            raise errors.StorageUnavailable(f"topic {name!r} cannot be served:"
+                                            f" {self.refused[name]}")
         return name
 
     def _topic(self, name: str) -> Topic:

@@ -30,6 +30,7 @@ from flux.storage.record import Bad, Record, Torn, decode_run
 from flux.storage.segment import MAX_HEADER, decode_header
 
 log = logging.getLogger("flux.sim")
+HEADER_FLIPS = 8   # one flipped bit of a segment in this many hits its header
 
 
 class World:
@@ -256,8 +257,10 @@ def _directions(target: str) -> list[tuple[str, str]]:
 
 
 def _flip_in_a_record(disk: SimDisk) -> tuple[str, int] | None:
-    """Flip a bit in a record of a log segment (past its header), where the checksums
-    must find it; two times in three in the most recently written block.
+    """Flip a bit in a record of a log segment, where the checksums must find it; two
+    times in three in the most recently written block. One flip in HEADER_FLIPS hits
+    the segment's header instead (its magic and version included: damage, PROTOCOL.md
+    §14.2, set aside by the next recovery).
 
     Never in a segment's last record: after a reboot a damaged last record cannot be
     told from a torn write, and recovery cuts it as one (PROTOCOL.md §14.3 says so; with
@@ -272,6 +275,8 @@ def _flip_in_a_record(disk: SimDisk) -> tuple[str, int] | None:
         _, header_size = decode_header(data[:MAX_HEADER])
     except (Bad, Torn):
         return None
+    if disk.random.randrange(HEADER_FLIPS) == 0:
+        return disk.flip_bit(path, limit=header_size)
     records: list[Record] = []
     jumps: list[tuple[int, int]] = []
     decode_run(data, header_size, header_size, records, jumps)

@@ -5,8 +5,10 @@ log ends at the first bad spot. In the last segment, a bad spot after which no
 valid record follows is a *torn tail* (a write cut by a crash or power loss): the
 file is truncated there. Anywhere else it is *corruption*: the damaged segment is
 copied to ``<name>.damaged`` before being cut, later segments are renamed to
-``<name>.damaged``, and the report says where; nothing is wiped. A directory that
-is not this owner's Flux log raises :class:`ForeignLog` and is left untouched.
+``<name>.damaged``, and the report says where; nothing is wiped. A header whose
+magic or version alone is damaged is damage like any other (its checksum tells it
+from a foreign file's). A directory that is not this owner's Flux log raises
+:class:`ForeignLog` and is left untouched.
 Compacted segments (:mod:`~flux.storage.compaction`) read like any other: their
 JUMP records carry positions past what was left out; a compaction a crash cut
 short left a ``.compact`` file, which is removed (the segment it was rewriting
@@ -32,6 +34,7 @@ from flux.storage.segment import (
     MAX_HEADER,
     Foreign,
     decode_header,
+    generation_field,
     parse_name,
 )
 from flux.storage.table import OpenSegment, SegmentTable
@@ -42,21 +45,23 @@ _NONZERO = re.compile(rb"[^\x00]")
 
 
 def owner_of_log(disk: Disk, directory: str) -> str | None:
-    """The owner the first segment's header of the log in ``directory`` names; None
-    when it has no segment, or that header cannot be read (recovery says why)."""
+    """The owner the log in ``directory`` names: in its first segment header that can
+    be read (a damaged first one does not hide it). None when no segment header can."""
     try:
-        firsts = [(first, name) for name in disk.listdir(directory)
-                  if (first := parse_name(name)) is not None]
-        if not firsts:
-            return None
-        f = disk.open(posixpath.join(directory, min(firsts)[1]))
-        try:
-            buf = f.read_at(0, MAX_HEADER)
-        finally:
-            f.close()
-        return decode_header(buf)[0].owner
-    except (OSError, record.Torn, record.Bad):
+        names = sorted((first, name) for name in disk.listdir(directory)
+                       if (first := parse_name(name)) is not None)
+    except OSError:
         return None
+    for _, name in names:
+        try:
+            f = disk.open(posixpath.join(directory, name))
+            try:
+                return decode_header(f.read_at(0, MAX_HEADER))[0].owner
+            finally:
+                f.close()
+        except (OSError, record.Torn, record.Bad):
+            continue
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,18 +207,23 @@ async def recover(disk: Disk, directory: str, *, owner: str,
 
 
 def _generation_of(disk: Disk, path: str) -> int | None:
-    """The generation in the header of a segment set aside (None: unreadable)."""
+    """The generation in the header of a segment set aside (None: unreadable). A header
+    set aside as damaged is read unchecked: its generation field is most likely whole,
+    and a wrong one matches no generation the log has."""
     try:
         file = disk.open(path)
     except OSError:
         return None
     try:
-        header, _ = decode_header(file.read_at(0, MAX_HEADER))
-    except (OSError, record.Torn, record.Bad):
+        buf = file.read_at(0, MAX_HEADER)
+    except OSError:
         return None
     finally:
         file.close()
-    return header.generation
+    try:
+        return decode_header(buf)[0].generation
+    except (record.Torn, record.Bad):
+        return generation_field(buf)
 
 
 async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] | None,

@@ -16,7 +16,9 @@ from flux.storage.record import Bad, Torn
 
 
 class Foreign(Bad):
-    """Not a segment this Flux can read: another magic, or another format version."""
+    """Not a segment this Flux can read: another magic, or another format version (whose
+    checksum does not verify with ours: else it is ours, damaged)."""
+
 
 MAGIC = b"FLUXLOG\n"
 VERSION = 1
@@ -29,6 +31,8 @@ _FIXED = struct.Struct("<8sHHQQd")     # magic, version, header length, generati
 _CRC = struct.Struct("<I")
 _U16 = struct.Struct("<H")
 MAX_HEADER = 4096
+_MIN_HEADER = _FIXED.size + 1 + _U16.size + _CRC.size
+_OURS = MAGIC + _U16.pack(VERSION)    # the bytes a header of this Flux starts with
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,12 +85,33 @@ def _length_from_fields(buf: bytes) -> int | None:
     return at + _U16.size + owner_len + _CRC.size
 
 
+def _ours_but_damaged(buf: bytes, size: int) -> bool:
+    """Whether ``buf`` is a header this Flux wrote whose magic or version alone was
+    damaged: its checksum verifies once ours are put back. A header of another format
+    version never does (CRC32C catches every change within 32 bits), nor, but by a
+    chance of 1 in 2**32, anything else."""
+    if not _MIN_HEADER <= size <= min(len(buf), MAX_HEADER):
+        return False
+    ours = _OURS + buf[len(_OURS):size - _CRC.size]
+    return bool(google_crc32c.value(ours) == _CRC.unpack_from(buf, size - _CRC.size)[0])
+
+
+def generation_field(buf: bytes) -> int | None:
+    """The generation field of the header at the start of ``buf``, unchecked (None if
+    ``buf`` is too short to hold it): what a header too damaged to decode still says."""
+    if len(buf) < _FIXED.size:
+        return None
+    return int(_FIXED.unpack_from(buf)[3])
+
+
 def decode_header(buf: bytes) -> tuple[SegmentHeader, int]:
     """The header at the start of ``buf`` and its length in bytes.
 
     Raises :class:`Torn` if ``buf`` ends inside it (or holds only zeros: a segment
     whose header never reached the disk), :class:`Foreign` if it is not a Flux
-    segment or has another format version, and :class:`Bad` if it fails its checksum.
+    segment or has another format version, and :class:`Bad` if it fails its checksum
+    (also a magic or version that differs from ours while the rest verifies with ours:
+    damage to a header this Flux wrote, not a foreign file).
     """
     if len(buf) < _FIXED.size:
         if not buf.strip(b"\0"):
@@ -95,13 +120,16 @@ def decode_header(buf: bytes) -> tuple[SegmentHeader, int]:
             raise Foreign("not a Flux log segment (bad magic)")
         raise Torn(f"header cut short ({len(buf)} bytes)")
     magic, version, size, generation, first, created = _FIXED.unpack_from(buf)
-    if magic != MAGIC:
+    if magic != MAGIC or version != VERSION:
         if not buf[:_FIXED.size].strip(b"\0"):
             raise Torn("header is zero-filled")
-        raise Foreign("not a Flux log segment (bad magic)")
-    if version != VERSION:
+        if _ours_but_damaged(buf, size):
+            raise Bad(f"header magic or version damaged ({magic!r}, version {version}): its"
+                      " checksum verifies with this Flux's")
+        if magic != MAGIC:
+            raise Foreign("not a Flux log segment (bad magic)")
         raise Foreign(f"format version {version}; this Flux reads version {VERSION}")
-    if not _FIXED.size + 1 + _U16.size + _CRC.size <= size <= MAX_HEADER:
+    if not _MIN_HEADER <= size <= MAX_HEADER:
         raise Bad(f"header length {size} is impossible")
     derived = _length_from_fields(buf)
     if derived is not None and derived != size:

@@ -10,12 +10,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 
 from flux.client.trio import connect
+from flux.errors import RetryDeadlineExceeded, StorageUnavailable
 from flux.router.launcher import pid_alive
 
 from .wire import owned_topic
@@ -234,42 +235,66 @@ async def test_a_record_damaged_on_disk_is_never_delivered_and_only_its_topic_re
     assert "not delivered" in text and "other topics serve on" in text
 
 
+async def _fill(client: Any, topics: tuple[str, ...], groups: int) -> dict[str, int]:
+    """Publish ``groups`` groups of 100 messages (payload: the id 20 times) to each
+    topic; returns each topic's generation."""
+    for topic in topics:
+        for group in range(groups):
+            ids = [f"{topic}-g{group}m{i}" for i in range(100)]
+            await client.publish_many(topic, [i.encode() * 20 for i in ids], ids=ids)
+    return {t: (await client.fetch(t, 0, max_messages=0)).generation for t in topics}
+
+
+async def _killed(pid: int) -> None:
+    """SIGKILL shard ``pid`` and wait until it is gone (the router restarts it)."""
+    os.kill(pid, signal.SIGKILL)
+    while pid_alive(pid):
+        await trio.sleep(0.01)
+
+
+def _restarts(broker: object) -> int:
+    return int(broker.stats()["shards"][0]["restarts"])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("flip", ["record", "magic"])
 async def test_damage_found_at_recovery_starts_a_new_generation_for_its_topic_alone(
-        broker_factory: BrokerFactory, tmp_path: Path) -> None:
+        broker_factory: BrokerFactory, tmp_path: Path, flip: str) -> None:
     """G9 "Corruption" at recovery: a byte flipped in the middle of one topic's segment
     while its shard is down. The restart cuts that log at the damaged record (setting
     it and what follows aside) and gives that topic a new generation, with the messages
     before the damage at their offsets; the other topic of the shard keeps its
-    generation and every message."""
+    generation and every message. A bit flipped in the segment header's magic is damage
+    too, not another program's file: the segment is set aside whole, and the shard
+    starts once (no restart loop)."""
     data = tmp_path / "data"
     broker = broker_factory("message.ttl=600", shards=1, args=("--data-dir", str(data)))
     damaged, spared = "damaged.log", "spared.log"
     with trio.fail_after(90):
         async with connect(broker.url, retry_deadline=30) as client:
-            for topic in (damaged, spared):
-                for group in range(10):
-                    ids = [f"{topic}-g{group}m{i}" for i in range(100)]
-                    await client.publish_many(topic, [i.encode() * 20 for i in ids], ids=ids)
-            generations = {t: (await client.fetch(t, 0, max_messages=0)).generation
-                           for t in (damaged, spared)}
-            pid = broker.shards[0].pid
-            os.kill(pid, signal.SIGKILL)
-            while pid_alive(pid):
-                await trio.sleep(0.01)
+            generations = await _fill(client, (damaged, spared), 10)
+            await _killed(broker.shards[0].pid)
             [segment] = sorted((data / "shard-0" / damaged).glob("*.log"))
             raw = bytearray(segment.read_bytes())
-            raw[len(raw) // 2] ^= 0x04
+            raw[len(raw) // 2 if flip == "record" else 3] ^= 0x04   # magic "FLUX" -> "FLU\\"
             segment.write_bytes(bytes(raw))
             kept = await client.fetch(spared, 0, max_messages=1000)
             assert kept.generation == generations[spared] and len(kept.messages) == 1000
             assert all(m.payload == m.id.encode() * 20 for m in kept.messages)
             page = await client.fetch(damaged, 0, max_messages=1000)
             assert page.generation != generations[damaged]
-            assert 0 < len(page.messages) < 1000 and page.messages[0].offset == 0
+            if flip == "record":
+                assert 0 < len(page.messages) < 1000 and page.messages[0].offset == 0
+            else:
+                assert page.messages == []
             assert all(m.payload == m.id.encode() * 20 for m in page.messages)
             storage = (await client.stats())[0]["topics"][damaged]["storage"]
             assert "damage" in storage["new_generation"] and storage["damage_read_back"] is None
             assert storage["damage"]["kind"] == "corrupt"
+            assert Path(f"{segment}.damaged").read_bytes() == bytes(raw)   # kept, not wiped
+            ack = await client.publish(damaged, b"again", id="again")
+            assert (ack.generation, ack.offset) == (page.generation, page.next)
+            await trio.sleep(1)
+    assert _restarts(broker) == 1   # the kill's; recovery never stopped the shard
 
 
 async def test_a_dead_letter_topic_too_long_for_a_file_name_is_kept_and_recovered(
@@ -301,3 +326,44 @@ async def test_a_dead_letter_topic_too_long_for_a_file_name_is_kept_and_recovere
             assert page.messages[0].headers["flux-reason"] == "term: no good"
     broker.note_pids()
     assert {s["index"]: s for s in broker.stats()["shards"]}[victim]["pid"] != old_pid
+
+
+async def test_a_topic_directory_holding_a_foreign_file_is_refused_and_left_untouched(
+        broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    """G9: a topic directory holding what is not Flux's log (here an SQLite file planted
+    as its first segment) is never wiped, written or ignored silently: the shard logs
+    it once, serves its other topics, refuses that topic's requests with
+    StorageUnavailable and shows it in STATS; the file is the same bytes after."""
+    data = tmp_path / "data"
+    broker = broker_factory("message.ttl=600", shards=1, args=("--data-dir", str(data)))
+    foreign, spared = "foreign.log", "spared.log"
+    planted = data / "shard-0" / foreign / "00000000000000000000.log"
+    content = b"SQLite format 3\x00" + bytes(range(256)) * 16
+    with trio.fail_after(90):
+        async with connect(broker.url, retry_deadline=30) as client:
+            await client.publish(spared, b"before", id="s0")
+            generation = (await client.fetch(spared, 0)).generation
+            await _killed(broker.shards[0].pid)
+            planted.parent.mkdir()
+            planted.write_bytes(content)
+            page = await client.fetch(spared, 0)   # retried until the shard serves again
+            assert page.generation == generation and [m.payload for m in page.messages] == \
+                [b"before"]
+            async with connect(broker.url, retry_deadline=1.5) as quick:
+                for request in (quick.publish(foreign, b"x", id="f1"), quick.fetch(foreign, 0)):
+                    with pytest.raises(RetryDeadlineExceeded) as info:
+                        await request
+                    cause = info.value.__cause__
+                    assert isinstance(cause, StorageUnavailable), cause
+                    assert str(planted) in str(cause) and "move it away" in str(cause)
+            stats = (await client.stats())[0]
+            assert foreign not in stats["topics"]
+            assert str(planted) in stats["topics_refused"][foreign]
+            await client.publish(spared, b"after", id="s1")
+            await trio.sleep(1)
+    assert _restarts(broker) == 1
+    assert broker.stop() == 0
+    assert planted.read_bytes() == content
+    assert sorted(p.name for p in planted.parent.iterdir()) == [planted.name]
+    text = broker.router.log_text()
+    assert text.count("is refused and its directory left untouched") == 1, text
