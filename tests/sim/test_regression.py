@@ -144,6 +144,12 @@ FOUND = [
     # taken over and went to the dead-letter topic, rightly; G2 wanted the subscriber to
     # have got them (a checker bug: a dead letter settles them, G11)
     ("deadletters", 249, None),
+    # G12 on disk topics: a kept delayed message recovered from its KEEP record, when no
+    # message in line had a key or headers, was delivered without its own (G2/meta-changed)
+    ("delays-disk", 123, None),
+    # the shard's READY (its recovery over) and a heartbeat PING went out on the router
+    # link at once: trio refused the second send and the shard crashed
+    ("delays-disk", 127, None),
 ]
 
 CASES = [(scenario, seed, None) for scenario in SCENARIOS
