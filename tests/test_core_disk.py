@@ -543,3 +543,14 @@ def test_a_snapshot_lists_only_the_kept_messages_recorded_before_it() -> None:
     journal.trimmed_to, journal.kept = 1, {}  # as if the trim had not been recorded yet
     body = msgpack.unpackb(shard.core._snapshot(shard.core.topics[TOPIC])[1])
     assert body[1:] == [1, []]
+
+
+def test_a_fetch_below_a_kept_message_reads_nothing_not_durable_yet() -> None:
+    shard, disk, client = _keep_one_pending()
+    _publish(client, "e")  # offset 3, its record not durable yet
+    reader = shard.connect()  # (the publisher's next reply waits behind its PUBLISHED)
+    fetched = reader.fetch(offset=0)
+    assert fetched[2]["next"] == 3 and fetched[3] == [0] and fetched[4] == ["d"]
+    disk.sync()
+    fetched = reader.fetch(offset=0)
+    assert fetched[2]["next"] == 4 and fetched[3] == [0, 3] and fetched[4] == ["d", "e"]
