@@ -1056,10 +1056,10 @@ def compaction_ignores_held() -> contextlib.AbstractContextManager[Any]:
     from flux.shard.journal import TopicJournal
 
     def make(f: Any) -> Any:
-        def retain(self: Any, oldest: int, forgotten_before: float) -> int:
-            droppable = f(self, oldest, forgotten_before)
+        def retain(self: Any, oldest: int, forgotten_before: float) -> list[int]:
+            moved: list[int] = f(self, oldest, forgotten_before)
             self.held_from = 1 << 62
-            return int(droppable)
+            return moved
         return retain
     return _wrap(TopicJournal, "retain", make)
 
@@ -1314,8 +1314,10 @@ EXPECT: dict[str, tuple[str, ...]] = {
 
 # Where a bug's 50 seeds start when not at 0: the workloads at the lower seeds of its
 # scenario rarely reach what it breaks (a full disk while an auditor fetches a topic
-# whose messages reach their ttl).
-FIRST_SEED = {"trim-past-exposed": 40}
+# whose messages reach their ttl, on a topic that keeps no delayed message out of line
+# below them: a FETCH then shows a head past its readable end; first caught at 158 since
+# disk topics keep pending delayed messages, 63 before).
+FIRST_SEED = {"trim-past-exposed": 150}
 
 # Rules no realistic planted bug can trip, and why (flux.sim.checker.RULES says so too).
 NO_PLANT: dict[str, str] = {}
