@@ -554,3 +554,13 @@ def test_a_fetch_below_a_kept_message_reads_nothing_not_durable_yet() -> None:
     disk.sync()
     fetched = reader.fetch(offset=0)
     assert fetched[2]["next"] == 4 and fetched[3] == [0, 3] and fetched[4] == ["d", "e"]
+
+
+def test_kept_messages_go_in_keep_records_of_about_keep_bytes_each() -> None:
+    writer = FakeWriter(GEN)
+    journal = TopicJournal(TOPIC, writer, exposed=0)
+    big = b"x" * (J.KEEP_BYTES // 2 + 1)
+    journal.keep([[o, f"m{o}", 0.0, big, None, None, 9.0] for o in range(5)])
+    assert [len(msgpack.unpackb(r.body)) for r in writer.records] == [2, 2, 1]
+    assert list(journal.kept) == [0, 1, 2, 3, 4]
+    assert [journal.kept[o] for o in (0, 2, 4)] == [r.position for r in writer.records]

@@ -49,7 +49,7 @@ KEEP = 9           # [[offset, id, wall time, payload, key, headers, wall due], 
                    # messages a trim passed, held out of line whole (G12)
 RELEASE = 10       # [offset, ...]: kept messages cleaned up
 
-KEEP_BYTES = 1 << 20  # payload bytes one KEEP record carries at most (one message more)
+KEEP_BYTES = 1 << 20  # a KEEP record takes no more messages once its payloads reach this
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
