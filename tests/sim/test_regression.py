@@ -153,6 +153,10 @@ FOUND = [
     # a FETCH below a kept delayed message of a disk topic read the messages after it up
     # to the log's end, past the durable end it may read (G1/fetch-range)
     ("disk-errors", 91, None),
+    # a shard orphaned by a long router outage drained: it cut its sessions at once and
+    # stopped 0.9 s later, once its connections closed; G6 took the cut for one without
+    # cause (it allowed a stop one latency bound after, not a drain's grace; a checker bug)
+    ("delays-disk", 469, None),
 ]
 
 CASES = [(scenario, seed, None) for scenario in SCENARIOS
