@@ -36,6 +36,10 @@ class FakeWriter:
     def size(self) -> int:
         return self.appended
 
+    @property
+    def synced(self) -> int:
+        return self.durable
+
     def append(self, rtype: int, body: bytes) -> Appended:
         if self.failed is not None:
             raise self.failed
@@ -478,3 +482,160 @@ def test_a_topic_recovered_alone_in_its_generation_keeps_its_inactive_clocks(
         assert (subs["idle"].inactive_since, subs["live"].inactive_since) == (idle_since, 5.0)
     else:
         assert subs["idle"].inactive_since == subs["live"].inactive_since == 6.0
+
+def _replayed(shard: Shard, records: list[Record]) -> tuple[TopicReplay, Any]:
+    """The topic the records rebuild (and the replay that rebuilt it)."""
+    replay = TopicReplay(TOPIC, shard.core.topics[TOPIC].settings, epoch=0.0, now=shard.now)
+    for rec in records:
+        replay.feed(rec)
+    return replay, replay.build(GEN, now=shard.now)
+
+
+def _keep_one_pending(**overrides: Any) -> tuple[Shard, Disk, Client]:
+    """A disk topic whose pending delayed message (offset 0, due at 100) a trim passed."""
+    shard, disk, client = _disk_shard(**{"message.ttl": 5.0, **overrides})
+    client.send([P.PUBLISH, client.rid(), [[TOPIC, ["d"], [b"pending"],
+                                            {"delay": [100.0], "keys": ["k"],
+                                             "headers": [{"h": "v"}]}]]])
+    _publish(client, "a", "b")
+    disk.sync()
+    shard.advance(10.0)
+    disk.sync()
+    return shard, disk, client
+
+
+def test_a_trim_past_a_pending_message_writes_it_whole_in_a_keep_record_first() -> None:
+    shard, disk, _ = _keep_one_pending()
+    topic = shard.core.topics[TOPIC]
+    assert (topic.log.lowest, topic.log.oldest) == (0, 3)  # 1 and 2 went, 0 is kept
+    kinds = disk.writer().kinds()
+    assert J.KEEP in kinds and kinds.index(J.KEEP) < kinds.index(J.TRIM)
+    keep = next(r for r in disk.writer().records if r.type == J.KEEP)
+    assert msgpack.unpackb(keep.body) == [[0, "d", 0.0, b"pending", "k", {"h": "v"}, 100.0]]
+    assert disk.journals[TOPIC].kept == {0: keep.position}
+    # a recovery holds it out of line, due when it was, with its key and headers
+    replay, rebuilt = _replayed(shard, disk.writer().records)
+    assert (rebuilt.log.lowest, rebuilt.log.oldest, rebuilt.log.next_offset) == (0, 3, 3)
+    assert rebuilt.log.get(0) == ("d", b"pending", 0.0)
+    assert rebuilt.log.meta_of(0) == ("k", {"h": "v"}, 100.0)
+    assert dict(rebuilt.delayed.items()) == {0: 100.0}
+    assert rebuilt.log.held_bytes == topic.log.held_bytes
+    assert replay.kept_positions() == {0: keep.position}
+
+
+def test_a_kept_message_comes_back_from_its_keep_record_alone() -> None:
+    """The segments holding its PUBLISH record may go: a SNAPSHOT and the KEEP record
+    after it rebuild it."""
+    shard, disk, _ = _keep_one_pending()
+    topic = shard.core.topics[TOPIC]
+    records = disk.writer().records
+    snap = Record(0, *shard.core._snapshot(topic))
+    tail = [r for r in records if r.type in (J.KEEP, J.TRIM)]
+    _, rebuilt = _replayed(shard, [snap, *tail])
+    assert rebuilt.log.get(0) == ("d", b"pending", 0.0)
+    assert rebuilt.log.oldest == 3
+    # deliveries carry its key and headers (no message in line has any)
+    assert rebuilt.log.keys_of([0]) == ["k"]
+    assert rebuilt.log.meta_columns([0], 0.0) == {"keys": ["k"], "headers": [{"h": "v"}],
+                                                  "due": [100.0]}
+
+
+def test_a_released_kept_message_stays_gone_after_a_recovery() -> None:
+    shard, disk, _ = _keep_one_pending()
+    shard.advance(106.0)  # ttl past its due time, and nobody holds it: released
+    disk.sync()
+    assert shard.core.topics[TOPIC].log.lowest == 3
+    assert disk.writer().kinds()[-1] == J.RELEASE
+    assert disk.journals[TOPIC].kept == {}
+    records = disk.writer().records
+    _, rebuilt = _replayed(shard, records)
+    assert rebuilt.log.get(0) is None and rebuilt.log.lowest == 3
+    # a SNAPSHOT after the release lists no kept message: the RELEASE itself may go
+    snap = Record(0, *shard.core._snapshot(shard.core.topics[TOPIC]))
+    _, rebuilt = _replayed(shard, [*(r for r in records if r.type != J.RELEASE), snap])
+    assert rebuilt.log.get(0) is None and rebuilt.log.lowest == 3
+
+
+def test_a_kept_message_held_at_a_cursor_goes_once_the_subscription_acks_it() -> None:
+    long = 1e4
+    shard, disk, client = _disk_shard(**{"message.ttl": 5.0, "subscriber.heartbeat": long,
+                                         "subscriber.timeout": long,
+                                         "limits.hello_timeout": long})
+    client.send([P.SUBSCRIBE, client.rid(), 1, {"topic": TOPIC, "name": "s"}])
+    disk.sync()
+    client.send([P.PUBLISH, client.rid(), [[TOPIC, ["d"], [b"d"], {"delay": [20.0]}]]])
+    _publish(client, "a", "b")
+    disk.sync()
+    client.send([P.ACK, client.rid(), 1, GEN, [1, 2], -1])
+    disk.sync()
+    shard.advance(10.0)  # 1 and 2 acked and ttl old: they go, though 0 is at the cursor
+    disk.sync()
+    topic = shard.core.topics[TOPIC]
+    assert (topic.log.lowest, topic.log.oldest) == (0, 3)
+    shard.advance(40.0)  # due at 20 and ttl past it, but not acked: still kept
+    assert topic.log.lowest == 0
+    client.send([P.ACK, client.rid(), 1, GEN, [0], -1])
+    disk.sync()
+    shard.advance(46.0)  # the next cleanup pass
+    disk.sync()
+    assert topic.log.lowest == 3 and disk.writer().kinds()[-1] == J.RELEASE
+    _, rebuilt = _replayed(shard, disk.writer().records)
+    assert rebuilt.log.lowest == 3 and rebuilt.subs["s"].cursor == 3
+
+
+def test_a_kept_message_is_written_again_before_its_keep_record_may_be_dropped() -> None:
+    """Segments go from the head as their PUBLISH records do: a KEEP record about to go
+    with them is appended again at the tail first, and only the latest survives
+    compaction, so a message kept for long costs about its size on disk."""
+    shard, disk, client = _keep_one_pending(**{"message.dedup_window": 1.0})
+    journal = disk.journals[TOPIC]
+    first = journal.kept[0]
+    _publish(client, "c")  # after the KEEP record, so that the log does not empty
+    disk.sync()
+    shard.advance(20.0)     # c goes too; every PUBLISH record up to it may be dropped
+    disk.sync()
+    records = disk.writer().records
+    keeps = [r for r in records if r.type == J.KEEP]
+    assert [r.position for r in keeps] == [first, journal.kept[0]] and first < journal.kept[0]
+    assert journal.droppable > first
+    assert [journal.judge(r) for r in keeps] == [False, True]
+    disk.writer().durable = keeps[1].position  # the new one not fsynced: the old one stays
+    assert [journal.judge(r) for r in keeps] == [True, True]
+    disk.writer().durable = disk.writer().appended
+    release = Record(0, J.RELEASE, msgpack.packb([0]))
+    assert journal.judge(release) is False
+    # what is left once the log before ``droppable`` is dropped still holds it
+    snap = Record(0, *shard.core._snapshot(shard.core.topics[TOPIC]))
+    _, rebuilt = _replayed(shard, [snap, *(r for r in records if r.position >= journal.droppable)])
+    assert rebuilt.log.get(0) == ("d", b"pending", 0.0)
+
+
+def test_a_snapshot_lists_only_the_kept_messages_recorded_before_it() -> None:
+    shard, disk, _ = _keep_one_pending()
+    body = msgpack.unpackb(shard.core._snapshot(shard.core.topics[TOPIC])[1])
+    assert body[1:] == [3, [], [0]]
+    journal = disk.journals[TOPIC]
+    journal.trimmed_to, journal.kept = 1, {}  # as if the trim had not been recorded yet
+    body = msgpack.unpackb(shard.core._snapshot(shard.core.topics[TOPIC])[1])
+    assert body[1:] == [1, []]
+
+
+def test_a_fetch_below_a_kept_message_reads_nothing_not_durable_yet() -> None:
+    shard, disk, client = _keep_one_pending()
+    _publish(client, "e")  # offset 3, its record not durable yet
+    reader = shard.connect()  # (the publisher's next reply waits behind its PUBLISHED)
+    fetched = reader.fetch(offset=0)
+    assert fetched[2]["next"] == 3 and fetched[3] == [0] and fetched[4] == ["d"]
+    disk.sync()
+    fetched = reader.fetch(offset=0)
+    assert fetched[2]["next"] == 4 and fetched[3] == [0, 3] and fetched[4] == ["d", "e"]
+
+
+def test_kept_messages_go_in_keep_records_of_about_keep_bytes_each() -> None:
+    writer = FakeWriter(GEN)
+    journal = TopicJournal(TOPIC, writer, exposed=0)
+    big = b"x" * (J.KEEP_BYTES // 2 + 1)
+    journal.keep([[o, f"m{o}", 0.0, big, None, None, 9.0] for o in range(5)])
+    assert [len(msgpack.unpackb(r.body)) for r in writer.records] == [2, 2, 1]
+    assert list(journal.kept) == [0, 1, 2, 3, 4]
+    assert [journal.kept[o] for o in (0, 2, 4)] == [r.position for r in writer.records]

@@ -67,18 +67,7 @@ def test_the_next_undelayed_offset_passes_wholly_delayed_runs_at_once() -> None:
     assert [delayed.undelayed_from(o) for o in (0, 8, 9, 11, 12, 13)] == [0, 12, 12, 12, 12, 13]
 
 
-def test_hold_moves_forward_past_runs_wholly_due() -> None:
-    delayed = TopicDelays()
-    delayed.add("t", 0, [1.0, 50.0])
-    delayed.add("t", 2 + RUN_GAP, [2.0, None])
-    assert delayed.hold(0, 0.0) == 0
-    assert delayed.hold(0, 10.0) == 1
-    assert delayed.hold(0, 60.0) is None
-    delayed.add("t", 4 + 3 * RUN_GAP, [None, 70.0])
-    assert delayed.hold(0, 60.0) == 5 + 3 * RUN_GAP
-
-
-def test_pending_keep_and_hold_agree_with_a_plain_map() -> None:
+def test_pending_and_keep_agree_with_a_plain_map() -> None:
     rng = random.Random(17)
     for _ in range(200):
         delayed = TopicDelays()
@@ -91,7 +80,6 @@ def test_pending_keep_and_hold_agree_with_a_plain_map() -> None:
             delayed.add("t", offset, values)
             model.update((offset + i, v) for i, v in enumerate(values) if v is not None)
             offset += n
-        limit = 0.0
         for now in sorted(rng.uniform(0, 25) for _ in range(4)):
             cursor = rng.randint(0, offset)
             acked = {o for o in range(cursor, offset) if rng.random() < 0.3}
@@ -101,9 +89,6 @@ def test_pending_keep_and_hold_agree_with_a_plain_map() -> None:
             stop = rng.randint(start, offset)
             assert delayed.keep(start, stop, now) == sorted(
                 o for o, d in model.items() if start <= o < stop and d > now)
-            limit = max(limit, now - 5.0)
-            assert delayed.hold(0, limit) == min(
-                (o for o, d in model.items() if d > limit), default=None)
             for run in delayed.runs():
                 run.fire(now)
             assert sum(r.count - r.fired for r in delayed.runs()) == sum(

@@ -83,6 +83,33 @@ def test_a_record_that_does_not_hold_the_chunk_is_refused() -> None:
         raise AssertionError("a wrong record was read back")
 
 
+def test_a_trim_that_keeps_a_message_of_an_evicted_chunk_reads_it_back_and_counts_it() -> None:
+    store = Store()
+    log = _placed(store)
+    _extend(log, store, ["a", "b", "c"], [b"xx", b"yyy", b"z"])
+    store.durable_mark = 1
+    log.evict(0)
+    assert log.trim(3, 0.0, keep=lambda start, stop: [1]) == 3
+    assert store.reads == 1 and store.resident == {}  # read back, then the chunk went
+    assert (log.lowest, log.oldest) == (1, 3)
+    assert log.get(1) == ("b", b"yyy", 0.0)
+    assert log.held_bytes == 1 + 3  # the kept message alone, payload included
+
+
+def test_a_trim_whose_kept_message_cannot_be_read_back_stops_before_its_chunk() -> None:
+    store = Store()
+    log = _placed(store)
+    _extend(log, store, ["a"], [b"x"])
+    _extend(log, store, ["b", "c"], [b"yy", b"z"])
+    store.durable_mark = 2
+    log.evict(1)
+    del store.records[1]  # damage: the read fails
+    store.read = lambda position, end, first: (_ for _ in ()).throw(  # type: ignore[method-assign]
+        errors.StorageUnavailable("damaged"))
+    assert log.trim(3, 0.0, keep=lambda start, stop: [o for o in (2,) if start <= o < stop]) == 1
+    assert (log.lowest, log.oldest) == (1, 1)
+
+
 def test_a_chunk_without_a_position_is_never_evicted() -> None:
     store = Store()
     log = _placed(store)

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from flux import errors
 from flux.shard.dead_letters import DeadLetters
 from flux.shard.delayed import KeepDelayed
-from flux.shard.journal import TRIM
 from flux.shard.state import Topic
 
 # Messages trimmed plus ids forgotten per slice of a cleanup pass. Forgetting an id of
@@ -86,7 +85,7 @@ class Cleanup(DeadLetters):
                 # held (G5) only once they are (a full disk may keep them waiting long)
                 below = log.next_offset if topic.journal is None else topic.journal.exposed
                 keep: KeepDelayed | None = None
-                if topic.delayed and topic.journal is None:
+                if topic.delayed:
                     # held until ttl after it is due, out of line (G12): a pending one at a
                     # subscription's cursor holds back none of the others it acked (G5)
                     keep = self._delay_keep(topic, now)
@@ -98,15 +97,16 @@ class Cleanup(DeadLetters):
                     for sub in topic.subs.values():
                         if sub.cursor < below:
                             below = sub.cursor
-                    if topic.delayed:  # a disk topic's log trims a prefix: hold from the first
-                        hold = self._delay_hold(topic, now)
-                        if hold is not None and hold < below:
-                            below = hold
                 first = log.oldest
                 dropped = log.trim(below, now - ttl, budget, keep)
                 if dropped:
-                    if topic.journal is not None:  # trimmed messages stay gone after a restart
-                        topic.journal.append(TRIM, [log.oldest])
+                    journal = topic.journal
+                    if journal is not None:  # trimmed messages stay gone after a restart,
+                        # kept ones stay held (their KEEP records first: G12)
+                        kept = log.kept_from(first)
+                        if kept:
+                            journal.keep(self._keep_rows(topic, kept))
+                        journal.trim(log.oldest)
                     self._recount(topic)
                     for start, count in _runs(first, dropped, keep.kept if keep else ()):
                         self.counters["trimmed"] += count
@@ -117,7 +117,9 @@ class Cleanup(DeadLetters):
             if log.lowest < log.oldest:  # kept delayed messages whose time has come
                 self._release_kept(topic, now)
             if topic.journal is not None:  # whole log segments with nothing live may go
-                topic.journal.retain(log.oldest, self.epoch + now - dedup.window)
+                moved = topic.journal.retain(log.oldest, self.epoch + now - dedup.window)
+                if moved:  # kept messages whose KEEP record would go with them
+                    topic.journal.keep(self._keep_rows(topic, moved))
             if not topic.subs and not len(log) and not len(dedup) and topic.journal is None:
                 self._retire(topic)
             pending.pop()

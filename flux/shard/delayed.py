@@ -181,21 +181,25 @@ class Delays(ShardState):
         heapq.heapify(heap)
         sub.due_heap = heap
 
-    def _delay_hold(self, topic: Topic, now: float) -> int | None:
-        """The lowest offset cleanup must keep for delayed messages: the first held one
-        not due for ``ttl`` yet (G12: held until at least ``ttl`` after it is due); None
-        when no delayed message holds anything. Forgets trimmed ones on the way."""
-        self._forget_gone(topic)
-        return topic.delayed.hold(topic.log.lowest, now - topic.settings.ttl)
-
     def _delay_keep(self, topic: Topic, now: float) -> KeepDelayed:
-        """What cleanup of a memory topic must keep out of line if it trims past it: the
+        """What cleanup of a topic must keep out of line if it trims past it: the
         delayed messages not ``ttl`` past their due time (forgets trimmed ones)."""
         self._forget_gone(topic)
         return KeepDelayed(topic.delayed, now - topic.settings.ttl)
 
+    def _keep_rows(self, topic: Topic, offsets: list[int]) -> list[list[Any]]:
+        """The kept messages at ``offsets`` as a disk topic's KEEP record carries them:
+        ``[offset, id, wall time, payload, key, headers, wall due]`` each."""
+        epoch, log = self.epoch, topic.log
+        rows: list[list[Any]] = []
+        for o in offsets:
+            entry, (key, headers, due) = log.kept(o)
+            rows.append([o, entry.id, epoch + entry.stored_at, entry.payload, key, headers,
+                         None if due is None else epoch + due])
+        return rows
+
     def _past_kept(self, topic: Topic, sub: Subscription, limit: float, stop: int) -> int:
-        """Where cleanup of a memory topic may trim up to for ``sub`` (at most ``stop``):
+        """Where cleanup of a topic may trim up to for ``sub`` (at most ``stop``):
         its cursor moved over the offsets it acked and the delayed messages due after
         ``limit``, which the trim keeps out of line (G12: a pending message does not
         hold back the others). Held offsets only: those below the oldest are gone or
@@ -235,6 +239,8 @@ class Delays(ShardState):
 
         gone = log.release(done)
         delayed.release_at = soonest
+        if gone and topic.journal is not None:  # released messages stay gone after a restart
+            topic.journal.release(gone)
         for o in gone:
             self.counters["trimmed"] += 1
             self._emit("trimmed", topic.name, o, 1)

@@ -282,6 +282,8 @@ class ShardStorage:
         journal = self._journal(name, writer, topic.log.next_offset)
         journal.published.extend(replay.published)
         journal.droppable = table.start
+        journal.trimmed_to = topic.log.oldest
+        journal.kept = replay.kept_positions()
         topic.journal = journal
         self.journals[name], self.writers[name] = journal, writer
         info = {"recovered_bytes": report.bytes, "recovered_records": replay.records,
@@ -397,6 +399,7 @@ class ShardStorage:
                                      f" {exc.strerror or exc}") from None
         writer = self._writer(name, SegmentTable(path, start=0), self.new_generation())
         journal = self._journal(name, writer, start)
+        journal.trimmed_to = start
         self.journals[name], self.writers[name] = journal, writer
         if self._nursery is not None:
             self._nursery.start_soon(self._serve_log, journal, writer)

@@ -108,13 +108,12 @@ class DueRun:
 class TopicDelays:
     """A topic's :class:`DueRun` s in offset order: the delayed messages it holds."""
 
-    __slots__ = ("_firsts", "_head", "_hold_from", "_runs", "last", "release_at")
+    __slots__ = ("_firsts", "_head", "_runs", "last", "release_at")
 
     def __init__(self) -> None:
         self._runs: list[DueRun] = []
         self._firsts: list[int] = []  # each run's first offset (for bisect)
         self._head = 0  # runs before it are forgotten (compacted away now and then)
-        self._hold_from = 0  # no run below this offset holds cleanup back any more
         self.last = -1  # the highest delayed offset stored (-1: none)
         # cleanup need not look at the messages kept out of line (TopicLog) before the
         # time ``now - ttl`` reaches this
@@ -223,20 +222,6 @@ class TopicDelays:
                 if dues[i] > now and first + i in acked:
                     count -= 1
         return count
-
-    def hold(self, lowest: int, limit: float) -> int | None:
-        """The lowest offset at or above ``lowest`` of a delayed message due after
-        ``limit`` (None: none is). ``limit`` never decreases from call to call: runs
-        wholly due by it are passed over for good."""
-        for run in self.runs(max(lowest, self._hold_from)):
-            if run.last_due <= limit:
-                self._hold_from = run.end
-                continue
-            dues = run.dues
-            for i in range(max(0, lowest - run.first), len(dues)):
-                if dues[i] > limit:  # (NaN is not)
-                    return run.first + i
-        return None
 
     def keep(self, start: int, stop: int, limit: float) -> list[int]:
         """The delayed offsets in ``start`` .. ``stop - 1`` due after ``limit``."""

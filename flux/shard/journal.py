@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,6 +45,11 @@ IDS = 7            # [first offset, wall time, [id, ...]]: a PUBLISH record whos
                    # are all gone, kept by compaction for its ids (still in the dedup window)
 PUSHES = 8         # [name, pushes, [first offset, count, ...]]: these runs of offsets were
                    # pushed for the pushes-th time (G11: counts that survive a restart)
+KEEP = 9           # [[offset, id, wall time, payload, key, headers, wall due], ...]: delayed
+                   # messages a trim passed, held out of line whole (G12)
+RELEASE = 10       # [offset, ...]: kept messages cleaned up
+
+KEEP_BYTES = 1 << 20  # a KEEP record takes no more messages once its payloads reach this
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -55,6 +60,7 @@ class Appender(Protocol):
     generation: int
     durable: int
     appended: int
+    synced: int    # the end of the last record an fsync covered (durable: written, too)
     # the record each new segment starts with (the topic's whole state)
     snapshot: Callable[[], tuple[int, bytes]] | None
 
@@ -121,6 +127,11 @@ class TopicJournal:
     forgotten_before: float = float("-inf")
     compactions: int = 0                   # segments compaction rewrote, and bytes it saved
     compacted_bytes: int = 0
+    # the offset below which the last TRIM appended says messages were cleaned up
+    trimmed_to: int = 0
+    # each kept message (G12: a pending delayed message a trim passed) -> the position of
+    # its latest KEEP record, in the order of those positions
+    kept: dict[int, int] = field(default_factory=dict)
 
     @property
     def generation(self) -> int:
@@ -190,22 +201,64 @@ class TopicJournal:
             f"a record of topic {self.topic!r} is damaged on disk ({reason}); retry after"
             " its log is recovered")
 
+    def trim(self, oldest: int) -> None:
+        """Messages below ``oldest`` were cleaned up (the ones kept are in KEEP records,
+        appended first: a log that holds this TRIM holds them)."""
+        self.trimmed_to = oldest
+        self.append(TRIM, [oldest])
+
+    def keep(self, rows: Sequence[list[Any]]) -> None:
+        """Append KEEP records of these kept messages (a row each, offset first: see KEEP),
+        about ``KEEP_BYTES`` of payloads a record; each offset's latest record is there."""
+        kept = self.kept
+        start = 0
+        while start < len(rows):
+            end, size = start, 0
+            while end < len(rows) and (end == start or size < KEEP_BYTES):
+                size += len(rows[end][3])
+                end += 1
+            batch = rows[start:end]
+            self.append(KEEP, list(batch))
+            if self.last_position >= 0:
+                for row in batch:
+                    kept.pop(row[0], None)  # (moved to the end: positions stay in order)
+                    kept[row[0]] = self.last_position
+            start = end
+
+    def release(self, offsets: Sequence[int]) -> None:
+        """Append a RELEASE record: these kept messages were cleaned up."""
+        self.append(RELEASE, list(offsets))
+        for o in offsets:
+            self.kept.pop(o, None)
+
     def published_at(self, end: int, next_offset: int, wall: float) -> None:
         """A PUBLISH record ending at ``end`` holds the messages below ``next_offset``."""
         self.published.append((end, next_offset, wall))
 
-    def retain(self, oldest: int, forgotten_before: float) -> int:
+    def retain(self, oldest: int, forgotten_before: float) -> list[int]:
         """Move ``droppable`` past every PUBLISH record whose messages are all gone
         (below ``oldest``) and whose ids left the dedup window (stored before
-        ``forgotten_before``, wall time); returns it. Every log segment begins with a
-        SNAPSHOT of the topic, so segments wholly before it can be removed."""
+        ``forgotten_before``, wall time). Every log segment begins with a SNAPSHOT of
+        the topic, so segments wholly before it can be removed. Returns the kept
+        messages whose KEEP record is now before it: the caller appends them again at
+        once (:meth:`keep`), before the writer drops anything (it syncs first)."""
         self.held_from, self.forgotten_before = oldest, forgotten_before
         published = self.published
         while published and published[0][1] <= oldest and published[0][2] < forgotten_before:
             self.droppable = max(self.droppable, published.popleft()[0])
-        if not published:  # no message left in the log: everything written may go
-            self.droppable = max(self.droppable, self.writer.durable)
-        return self.droppable
+        kept = self.kept
+        if not published:  # no message left in the log: everything written may go, but
+            # kept messages stay where they are (written again only as PUBLISH records go)
+            end = self.writer.durable
+            if kept:
+                end = min(end, next(iter(kept.values())))
+            self.droppable = max(self.droppable, end)
+        moved: list[int] = []
+        for o, position in kept.items():
+            if position >= self.droppable:
+                break
+            moved.append(o)
+        return moved
 
     def first_live_end(self) -> int | None:
         """The end position of the first PUBLISH record that still holds a message (as
@@ -226,8 +279,14 @@ class TopicJournal:
         still held (:mod:`flux.storage.compaction`): a PUBLISH record becomes an IDS
         record while its ids are in the dedup window, and goes after; a SNAPSHOT stays
         (the log may start at its segment); subscription changes, cursors and trims go,
-        as the SNAPSHOT that starts the next segment (durable first) holds them all."""
+        as the SNAPSHOT that starts the next segment (durable first) holds them all. A
+        KEEP record stays while it is the latest of a message still kept, or the latest is
+        not fsynced yet; a RELEASE goes (the next SNAPSHOT lists the messages still kept)."""
         rtype = rec.type
+        if rtype == KEEP:  # (a later one not fsynced yet may be lost with the power)
+            kept, position, synced = self.kept, rec.position, self.writer.synced
+            return any((latest := kept.get(row[0], -1)) == position or latest >= synced
+                       for row in msgpack.unpackb(rec.body, raw=False))
         if rtype in (PUBLISH, IDS):
             unpacker = msgpack.Unpacker(raw=False)
             unpacker.feed(rec.body)
@@ -239,7 +298,7 @@ class TopicJournal:
             if wall < self.forgotten_before:
                 return False
             return True if rtype == IDS else (IDS, bytes(_pack([first, wall, ids])))
-        return rtype not in (SUBSCRIPTION, UNSUBSCRIBED, CURSOR, TRIM, PUSHES)
+        return rtype not in (SUBSCRIPTION, UNSUBSCRIBED, CURSOR, TRIM, PUSHES, RELEASE)
 
     def publish_body(self, first: int, wall: float, ids: Any, packed_payloads: bytes,
                      meta: dict[str, Any] | None = None) -> bytes:
@@ -313,6 +372,9 @@ def subscription_row(sub: Any, epoch: float) -> list[Any]:
     return row
 
 
-def snapshot_body(next_offset: int, oldest: int, subs: list[list[Any]]) -> bytes:
-    """A SNAPSHOT record's body."""
-    return bytes(_pack([next_offset, oldest, subs]))
+def snapshot_body(next_offset: int, oldest: int, subs: list[list[Any]],
+                  kept: Iterable[int] = ()) -> bytes:
+    """A SNAPSHOT record's body; a fourth field, when any message is kept (G12), lists
+    the kept offsets whose KEEP records came before it."""
+    return bytes(_pack([next_offset, oldest, subs, sorted(kept)] if kept
+                       else [next_offset, oldest, subs]))

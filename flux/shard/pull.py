@@ -77,7 +77,7 @@ class Pull(ShardState):
             if oldest < log.oldest and offset < log.oldest:
                 # delayed messages held out of line below the rest (G5 per message): a
                 # page with holes, its offsets one by one
-                page = self._page_with_holes(log, offset, max_messages, max_bytes)
+                page = self._page_with_holes(log, offset, next_offset, max_messages, max_bytes)
                 first_field = page
                 if page:
                     ids, payloads, times = log.columns(page, self.epoch)
@@ -98,11 +98,12 @@ class Pull(ShardState):
         session.out.append(reply)
 
     @staticmethod
-    def _page_with_holes(log: TopicLog, offset: int, max_messages: int,
+    def _page_with_holes(log: TopicLog, offset: int, end: int, max_messages: int,
                          max_bytes: int) -> list[int]:
         """The offsets a read from ``offset`` returns when some are held out of line
-        below the log's contiguous run: those first, then the run, within the limits (at
-        least one message when any is held at or after ``offset``)."""
+        below the log's contiguous run: those first, then the run up to ``end`` (the
+        exposed end: a disk topic's, G9), within the limits (at least one message when
+        any is held at or after ``offset``)."""
         page: list[int] = []
         size = 0
         for o in log.kept_from(offset):
@@ -113,7 +114,8 @@ class Pull(ShardState):
                 return page
             page.append(o)
         if len(page) < max_messages and size < max_bytes:
-            run = log.fit(log.oldest, max_messages - len(page), max_bytes - size)
+            run = log.fit(log.oldest, min(max_messages - len(page), end - log.oldest),
+                          max_bytes - size)
             if page and len(run) == 1:  # fit gives one message even over the budget
                 entry = log.get(run.start)
                 if entry is not None and size + len(entry.id) + len(entry.payload) > max_bytes:

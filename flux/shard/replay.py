@@ -30,7 +30,7 @@ from flux.shard.publish_record import read_publish
 from flux.shard.sharing import Group
 from flux.shard.state import Topic
 from flux.shard.subscription import Subscription
-from flux.shard.topic import TopicLog
+from flux.shard.topic import Entry, TopicLog
 from flux.storage import Record
 
 
@@ -65,6 +65,9 @@ class TopicReplay:
         self.published: list[tuple[int, int, float]] = []  # (end, next offset, wall) each
         self.delayed = TopicDelays()  # the runs of delayed messages
         self.pushes: dict[str, dict[int, int]] = {}  # name -> offset -> pushes used (G11)
+        # kept messages (G12: delayed ones a trim passed), by offset: their KEEP row and
+        # the position of their latest KEEP record
+        self.kept: dict[int, tuple[list[Any], int]] = {}
 
     def feed(self, rec: Record) -> None:
         """Apply one record (in log order)."""
@@ -95,6 +98,12 @@ class TopicReplay:
             self.pushes.pop(body[0], None)
         elif rtype == J.TRIM:
             self.oldest = max(self.oldest, body[0])
+        elif rtype == J.KEEP:
+            for row in body:
+                self.kept[row[0]] = (row, rec.position)
+        elif rtype == J.RELEASE:
+            for o in body:
+                self.kept.pop(o, None)
         elif rtype == J.PUSHES:  # push counts that survive (G11): the highest count wins
             name, pushes, runs = body
             counts = self.pushes.setdefault(name, {})
@@ -103,7 +112,11 @@ class TopicReplay:
                     if counts.get(o, 0) < pushes:
                         counts[o] = pushes
         elif rtype == J.SNAPSHOT:
-            next_offset, oldest, rows = body
+            next_offset, oldest, rows = body[:3]
+            # the messages kept then (a fourth field; none without it): a KEEP record
+            # before it of any other was released, its RELEASE perhaps compacted away
+            still = set(body[3]) if len(body) > 3 else set()
+            self.kept = {o: kept for o, kept in self.kept.items() if o in still}
             self.next_offset = max(self.next_offset, next_offset)
             self.oldest = max(self.oldest, oldest)
             self.subs = {row[0]: [row[1], row[2], row[3], row[4], set(row[5])] for row in rows}
@@ -145,6 +158,34 @@ class TopicReplay:
             self.dedup.remember_all(tuple(ids), first, stored_at)
         self.next_offset = max(self.next_offset, first + len(ids))
 
+    def _hold_kept(self, log: TopicLog) -> TopicDelays:
+        """Hold the kept messages below the log's oldest out of line (those at or above it
+        are in line: a TRIM after their KEEP record was lost); the topic's index of
+        delayed messages, theirs included."""
+        kept = sorted((o, row) for o, (row, _) in self.kept.items() if o < log.oldest)
+        self.kept = {o: v for o, v in self.kept.items() if o < log.oldest}
+        if not kept:
+            self.delayed.forget_below(log.oldest)
+            return self.delayed
+        epoch = self.epoch
+        dues: dict[int, float | None] = {}
+        for o, (_, message_id, wall, payload, key, headers, due) in kept:
+            due = None if due is None else due - epoch
+            log.hold_kept(o, Entry(message_id, payload, wall - epoch), key, headers, due)
+            dues[o] = due
+        # the index takes offsets in increasing order: the kept ones, then those in line
+        dues.update((o, due) for o, due in self.delayed.items() if o >= log.oldest)
+        delayed = TopicDelays()
+        for o in sorted(dues):
+            delayed.add(self.name, o, [dues[o]])
+        return delayed
+
+    def kept_positions(self) -> dict[int, int]:
+        """Each kept message's offset -> the position of its latest KEEP record, in the
+        order of those positions (for the topic's journal; after :meth:`build`)."""
+        return dict(sorted(((o, position) for o, (_, position) in self.kept.items()),
+                           key=lambda item: item[1]))
+
     def build(self, generation: int, now: float, *, reset: bool = False) -> Topic:
         """The recovered topic at ``now`` (monotonic), of ``generation``. ``reset``: a new
         generation (G9: after a power loss or damage) in which the old one's acks mean
@@ -155,9 +196,9 @@ class TopicReplay:
         if self.oldest > log.oldest:
             log.trim(self.oldest, math.inf)
         self.dedup.expire(now)
-        self.delayed.forget_below(log.oldest)
+        delayed = self._hold_kept(log)
         topic = Topic(self.name, log, self.dedup, self.settings, generation=generation,
-                      delayed=self.delayed)
+                      delayed=delayed)
         for name, (mode, start, created, cursor, acked) in self.subs.items():
             if reset:
                 cursor, start, acked = log.oldest, log.oldest, set()

@@ -637,6 +637,11 @@ class ShardServer:
         decoder = protocol.FrameDecoder(self.config.max_frame_bytes)
         last_heard = [self.host.now()]
         link = _RouterLink(control_proof.new_nonce(self.host))
+        sending = trio.Lock()  # the pinger, READY and REGISTER share the stream
+
+        async def send(frame: list[Any]) -> None:
+            async with sending:
+                await stream.send_all(protocol.encode(frame))
 
         async def pinger(scope: trio.CancelScope) -> None:
             rid = 1
@@ -648,7 +653,7 @@ class ShardServer:
                     return
                 if link.proven:
                     rid += 1
-                    await stream.send_all(protocol.encode([protocol.PING, rid]))
+                    await send([protocol.PING, rid])
 
         async def switch(scope: trio.CancelScope) -> None:
             await self._control_switch.wait()
@@ -659,7 +664,7 @@ class ShardServer:
             await self._recovered.wait()
             await link.registered.wait()
             if link.recovering:
-                await stream.send_all(protocol.encode([protocol.READY, 0]))
+                await send([protocol.READY, 0])
 
         try:
             async with trio.open_nursery() as nursery:
@@ -673,7 +678,7 @@ class ShardServer:
                     last_heard[0] = self.host.now()
                     for frame in decoder.feed(data):
                         if frame[0] == protocol.CHALLENGE and link.challenge is None:
-                            await stream.send_all(protocol.encode(self._register(link, frame)))
+                            await send(self._register(link, frame))
                         elif not self._control_frame(frame, link):
                             nursery.cancel_scope.cancel()
                             return

@@ -318,7 +318,13 @@ class ShardState:
         """A disk topic's whole state as the record each log segment starts with."""
         epoch = self.epoch
         subs = [subscription_row(sub, epoch) for sub in topic.subs.values() if not sub.ephemeral]
-        return SNAPSHOT, snapshot_body(topic.log.next_offset, topic.log.oldest, subs)
+        journal = topic.journal
+        if journal is None:
+            return SNAPSHOT, snapshot_body(topic.log.next_offset, topic.log.oldest, subs)
+        # what the log records so far: a trim whose TRIM (and KEEP records) are not
+        # appended yet is not in it
+        return SNAPSHOT, snapshot_body(topic.log.next_offset, journal.trimmed_to, subs,
+                                       journal.kept)
 
     def _journal_cursor(self, topic: Topic, sub: Subscription) -> TopicJournal | None:
         """Record a named subscription's cursor and acks in its disk topic's log; the

@@ -161,6 +161,19 @@ class TopicLog:
         """The kept offsets at or above ``offset`` (all below ``oldest``), increasing."""
         return [o for o in self._kept if o >= offset] if self._kept else []
 
+    def kept(self, offset: int) -> tuple[Entry, tuple[Any, Any, Any]]:
+        """The kept message at ``offset``: its entry and (key, headers, due)."""
+        return self._kept[offset]
+
+    def hold_kept(self, offset: int, entry: Entry, key: str | None,
+                  headers: dict[str, str] | None, due: float | None) -> None:
+        """Hold a message out of line below ``oldest`` (recovery: one a KEEP record carries),
+        in increasing offset order; its bytes count as held."""
+        self._kept[offset] = (entry, (key, headers, due))
+        self.held_bytes += len(entry.id) + len(entry.payload) + meta_size(key, headers)
+        if key is not None or headers is not None:
+            self.metas += 1  # (reads look for keys and headers only once some message has)
+
     def release(self, done: Any) -> list[int]:
         """Drop the kept messages whose offset ``done(offset)`` is true; returns them."""
         gone = [o for o in self._kept if done(o)]
@@ -564,8 +577,9 @@ class TopicLog:
         """Drop held messages with offset < ``below`` stored at or before
         ``stored_before`` (at most ``most`` of them); stops at the first that must
         stay (store times are walked in order). The offsets ``keep(start, stop)`` names
-        among each range it drops (a log whose payloads are all in memory) leave the
-        chunks but stay held, out of line. Returns the count dropped, kept ones included."""
+        among each range it drops leave the chunks but stay held, out of line, payloads in
+        memory (a placed log reads evicted ones back). Returns the count dropped, kept ones
+        included."""
         firsts, ats, ids, packed, lengths, metas = (self._first, self._at, self._ids,
                                                     self._packed, self._lens, self._meta)
         store = self.store
@@ -578,9 +592,12 @@ class TopicLog:
             b = min(len(chunk_ids), below - first, a + budget)
             if b <= a:
                 break
-            resident = packed[k] is not None
             if keep is not None:
-                self._keep(k, a, b, keep)
+                try:
+                    self._keep(k, a, b, keep)  # (reads evicted payloads back)
+                except errors.StorageUnavailable:
+                    break  # damage read back: the shard stops, and recovery sets it aside
+            resident = packed[k] is not None
             if a == 0 and b == len(chunk_ids):
                 self.held_bytes -= len("".join(chunk_ids)) + (sum(lens) if resident else 0)
             else:

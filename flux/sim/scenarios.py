@@ -409,6 +409,20 @@ def delays(rng: random.Random) -> Workload:
     return replace(w, scenario="delays", producers=producers)
 
 
+def delays_disk(rng: random.Random) -> Workload:
+    """Delayed delivery on disk topics only (G12 with G9): every producer delays half its
+    publishes, some by up to 12 s, so a pending message sits at a subscription's cursor
+    through many cleanup passes, log segments and restarts (crashes, power losses,
+    flipped bits) while every later message is acked and must still be cleaned up."""
+    w = disk(rng)
+    config = dict(w.config)
+    config["storage"] = {**w.config["storage"], "kind": "disk"}  # type: ignore[dict-item]
+    config.pop("topics", None)
+    producers = tuple(replace(p, delay=rng.choice((4.0, 12.0)), keyed=True)
+                      for p in w.producers)
+    return replace(w, scenario="delays-disk", config=config, producers=producers)
+
+
 def _group(rng: random.Random, first: int, topic: str, name: str,
            key_ordered: bool) -> list[SubscriberSpec]:
     """1-5 members of the shared subscription ``name`` on ``topic``, each on its own
@@ -482,6 +496,6 @@ SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
-    "disk-errors": disk_errors, "auth": auth, "delays": delays, "shared": shared,
+    "disk-errors": disk_errors, "auth": auth, "delays": delays, "delays-disk": delays_disk, "shared": shared,
     "deadletters": dead_letters,
 }

@@ -194,8 +194,12 @@ async def recover(disk: Disk, directory: str, *, owner: str,
         # a process crash leaves written records in the page cache, unsynced: they were
         # read back above, and the writer counts everything recovered as synced (with
         # fsync always, durable). Make it so before anyone hears of them (a duplicate's
-        # ack, a FETCH); every segment but the last was synced when the next began
+        # ack, a FETCH); every segment but the last was synced when the next began. So
+        # must its directory entry be: a crash in a roll, after the new segment's header
+        # was synced and before its directory was, leaves a segment that a power loss
+        # would take away with everything written to it after this recovery
         await table.last.file.sync()
+        await disk.sync_dir(directory)
     report.segments = len(table.segments)
     report.start = table.start
     report.end = table.end

@@ -9,14 +9,15 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import trio
 
 from flux.client.trio import connect
-from flux.errors import RetryDeadlineExceeded, StorageUnavailable
+from flux.errors import FluxError, RetryDeadlineExceeded, StorageUnavailable
 from flux.router.launcher import pid_alive
 
 from .wire import owned_topic
@@ -25,11 +26,22 @@ if TYPE_CHECKING:
     from tests.conftest import BrokerFactory
 
 pytestmark = pytest.mark.integration
+T = TypeVar("T")
 
 
 async def _cursor(client: object, shard: int, topic: str, name: str) -> int:
     stats = await client.stats()  # type: ignore[attr-defined]
     return int(stats[shard]["topics"][topic]["subscriptions"][name]["cursor"])
+
+
+async def _ack(sub: object, count: int) -> None:
+    """Ack the next ``count`` messages of ``sub``."""
+    n = 0
+    async for msg in sub:  # type: ignore[attr-defined]
+        await msg.ack()
+        n += 1
+        if n == count:
+            return
 
 
 async def test_a_kill_9_mid_stream_loses_nothing_acked_on_a_disk_topic(
@@ -48,12 +60,7 @@ async def test_a_kill_9_mid_stream_loses_nothing_acked_on_a_disk_topic(
                 acked[f"m{i}"] = (ack.generation, ack.offset, f"p{i}".encode())
             generation = acked["m0"][0]
             async with client.subscribe(topic, name="billing", read_old=True) as sub:
-                n = 0
-                async for msg in sub:
-                    await msg.ack()
-                    n += 1
-                    if n == 50:
-                        break
+                await _ack(sub, 50)
                 with trio.fail_after(10):
                     while await _cursor(client, victim, topic, "billing") < 50:
                         await trio.sleep(0.02)
@@ -367,3 +374,68 @@ async def test_a_topic_directory_holding_a_foreign_file_is_refused_and_left_unto
     assert sorted(p.name for p in planted.parent.iterdir()) == [planted.name]
     text = broker.router.log_text()
     assert text.count("is refused and its directory left untouched") == 1, text
+
+async def _topic_stats(client: object, shard: int, topic: str) -> dict[str, object]:
+    stats = await client.stats()  # type: ignore[attr-defined]
+    return dict(stats[shard]["topics"][topic])
+
+
+async def _once_back(ask: Callable[[], Awaitable[T]]) -> T:
+    """``ask()``'s answer once the restarted shard gives one (busy or reconnecting
+    meanwhile)."""
+    with trio.fail_after(30):
+        while True:
+            try:
+                return await ask()
+            except (FluxError, OSError):
+                await trio.sleep(0.2)
+
+
+async def test_a_pending_delayed_message_holds_back_no_cleanup_and_survives_a_kill_9(
+        broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    """G12 on a disk topic: a subscription acks everything after a pending delayed
+    message; cleanup deletes those and the log's old segments go, the pending one kept
+    whole in a KEEP record; after a SIGKILL it is still held and delivered when due,
+    and once it is acked and ttl old it goes for good (it is not back after another)."""
+    broker = broker_factory(f"storage.dir={tmp_path / 'data'}", "storage.kind=disk",
+                            "message.ttl=0.5", "message.cleanup_time=0.2",
+                            "message.dedup_window=1", "storage.segment_bytes=4096")
+    victim = 0
+    topic = owned_topic(victim, prefix="keep")
+    with trio.fail_after(90):
+        async with connect(broker.url, retry_deadline=30) as client:
+            async with client.subscribe(topic, name="billing") as sub:
+                pending = await client.publish(topic, b"later", id="pending", delay=12)
+                payloads = [b"x" * 200] * 20
+                for i in range(10):  # about 50 KB: the log rolls many segments
+                    await client.publish_many(topic, payloads,
+                                              ids=[f"m{i}-{j}" for j in range(20)])
+                await _ack(sub, 200)
+                # everything after the pending message goes, and so do old segments
+                with trio.fail_after(20):
+                    while True:
+                        stats = await _topic_stats(client, victim, topic)
+                        log_bytes = stats["storage"]["log_bytes"]  # type: ignore[index]
+                        if stats["held"] == 1 and log_bytes < 20_000:
+                            break
+                        await trio.sleep(0.1)
+                assert stats["oldest"] == 201
+            old_pid = broker.shards[victim].pid
+            os.kill(old_pid, signal.SIGKILL)
+            page = await _once_back(lambda: client.fetch(topic, 0))
+            broker.note_pids()
+            assert [(m.offset, m.id, m.payload) for m in page.messages] == [
+                (pending.offset, "pending", b"later")]
+            assert page.messages[0].due == pending.due
+            async with client.subscribe(topic, name="billing") as sub:
+                msg = await sub.__anext__()  # when it is due
+                assert (msg.offset, msg.payload) == (pending.offset, b"later")
+                await msg.ack()
+                with trio.fail_after(20):
+                    while (await _topic_stats(client, victim, topic))["held"] != 0:
+                        await trio.sleep(0.1)
+            old_pid = {s["index"]: s for s in broker.stats()["shards"]}[victim]["pid"]
+            os.kill(old_pid, signal.SIGKILL)
+            stats = await _once_back(lambda: _topic_stats(client, victim, topic))
+            broker.note_pids()
+            assert stats["held"] == 0 and stats["next_offset"] == 201

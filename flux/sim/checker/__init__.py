@@ -103,6 +103,8 @@ RULES: dict[str, str] = {
     # durable.py: G9 (disk topics; the per-generation rules above span their restarts)
     "G9/generation-kept": "a disk topic keeps its generation across shard crashes unless"
                           " a power loss or damage explains a new one",
+    "G9/trim-undone": "a disk topic's message cleanup deleted (a trim, or a kept delayed"
+                      " message released) stays deleted across restarts of its shard",
     "G9/payload-changed": "every message delivered or fetched carries the payload its id"
                           " was published with",
     "G9/storage-failed-unexplained": "a shard's log fails (and the shard exits) only after"
@@ -113,9 +115,9 @@ RULES: dict[str, str] = {
                         " first attempt to publish it",
     "G12/due-order": "a session's first pushes of a topic that carries delayed messages"
                      " come in (due time, offset) order",
-    "G12/cleanup-held-back": "on a memory topic, a message acked by every subscription is"
-                             " deleted within two cleanup periods of ttl after it was"
-                             " published and due, whatever delayed message is pending",
+    "G12/cleanup-held-back": "a message acked by every subscription is deleted within two"
+                             " cleanup periods of ttl after it was published and due,"
+                             " whatever delayed message is pending (memory and disk topics)",
     "G2/meta-changed": "every message delivered or fetched carries the key and headers its"
                        " id was published with",
     # shared.py: G10 (shared subscriptions)

@@ -117,8 +117,8 @@ def _check_meta(index: Index, report: Report) -> None:
 
 def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
     """G12 (with G5 per message): a pending delayed message does not hold back the
-    cleanup of the others. On a memory topic that carries delayed messages, a message
-    is *free* once ``ttl`` passed after its publish was acked and after it was due, and
+    cleanup of the others. On a topic that carries delayed messages, a message is
+    *free* once ``ttl`` passed after its publish was acked and after it was due, and
     every holder confirmed its ack (or was deleted); cleanup trims a prefix, so it must
     be deleted (the oracle's word) within two cleanup periods of the time it is free
     and nothing below it blocks it any more. Below it, an undelayed message blocks
@@ -130,17 +130,22 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
     (a publish is stored before its ack arrives, an ack counted before its ACKED
     arrives); the holders are every incarnation of its generation starting at or below
     it; a message any holder settled otherwise (a term, a dead letter), never
-    confirmed, or with an offset below it no publish ack shows, is not judged; and the
-    shard must be up, with no fault on its host, from the moment it is free until the
-    deadline."""
+    confirmed, or with an offset below it no publish ack shows, is not judged; and one
+    shard incarnation serving the generation must be up, with no fault on its host,
+    from the moment it is free until the deadline. A disk topic's generation outlives
+    its shard's incarnations (G9): it is judged within each incarnation a subscription
+    of that generation was made or resumed in, and a subscription's deletion lets go of
+    nothing if its shard stopped after it (the deletion may not have been durable)."""
     epoch = float(index.history.meta.get("epoch", 0.0))
     stored: dict[tuple[str, int], dict[int, tuple[float, float | None]]] = {}
     trimmed: dict[tuple[str, int], dict[int, float]] = {}
     committed: dict[tuple[str, str], list[h.Committed]] = {}
     shard_of: dict[int, int] = {}
+    began: dict[int, float] = {}  # shard generation -> when a client first heard it
+    # (topic, generation) -> the shard generations that served it (a memory topic's: itself)
+    served: dict[tuple[str, int], set[int]] = {}
     for e in index.history:
-        if isinstance(e, h.PublishAcked) and e.topic in topics and "~" not in e.topic \
-                and e.generation in index.shard_generations:
+        if isinstance(e, h.PublishAcked) and e.topic in topics and "~" not in e.topic:
             due = None if e.due is None else e.due - epoch
             stored.setdefault((e.topic, e.generation), {}).setdefault(e.offset, (e.t, due))
         elif isinstance(e, h.Trimmed):
@@ -151,6 +156,11 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
             committed.setdefault((e.topic, e.name), []).append(e)
         elif isinstance(e, (h.ShardHello, h.ShardStopped)):
             shard_of.setdefault(e.generation, e.shard)
+            if isinstance(e, h.ShardHello):
+                began.setdefault(e.generation, e.t)
+        elif isinstance(e, h.Subscribed) and e.shard_generation is not None \
+                and e.generation not in index.shard_generations:
+            served.setdefault((e.topic, e.generation), set()).add(e.shard_generation)
     holders: dict[tuple[str, int], list[tuple[int, _LetGo]]] = {}
     for inc in index.incarnations:
         if (inc.topic, inc.generation) in stored:
@@ -161,8 +171,11 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
         p = index.params_for(topic)
         slack = 2 * p.message_cleanup + 2 * p.latency
         gone = trimmed.get((topic, generation), {})
-        host = (f"shard-{shard_of.get(generation, -1)}",)
-        up_to = min(index.stopped.get(generation, index.end_at), index.end_at)
+        disk = generation not in index.shard_generations
+        # the spans of the shard incarnations that served this generation
+        spans = [(began.get(g, inf) if disk else -inf,
+                  min(index.stopped.get(g, index.end_at), index.end_at), shard_of.get(g, -1))
+                 for g in (served.get((topic, generation), ()) if disk else (generation,))]
         mine = holders.get((topic, generation), [])
         undelayed_block = -inf                 # the latest an undelayed one below blocks
         delayed_blocks: list[tuple[float, float]] = []  # (from, until) of delayed ones
@@ -174,7 +187,7 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
                 free = max(acked, acked if due is None else due) + p.ttl
                 for start, let_go in mine:
                     if start <= offset:
-                        t = let_go.get(offset)
+                        t = let_go.get(offset, disk)
                         free = max(free, inf if t is None else t)
             release = min(free, gone.get(offset, inf))
             t = max(free, undelayed_block)
@@ -184,9 +197,10 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
                 for since, until in delayed_blocks:
                     if since <= t + slack and until > t:
                         t, moved = until, True
-            if t < inf and t + slack < up_to and index.quiet(host, free, t + slack):
+            deadline = t + slack
+            span = next((s for s in spans if s[0] <= free and deadline < s[1]), None)
+            if t < inf and span is not None and index.quiet((f"shard-{span[2]}",), free, deadline):
                 report.examine("G12", "cleanup-held-back")
-                deadline = t + slack
                 deleted = gone.get(offset)
                 if deleted is None or deleted > deadline:
                     report.add("G12", "cleanup-held-back", deadline,
@@ -203,19 +217,23 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
 
 class _LetGo:
     """When the shard surely stopped holding each offset for one incarnation; with a
-    deletion, every offset by ``until`` at the latest."""
+    deletion, every offset by ``until`` at the latest (``durable_until``: the deletion of
+    a disk topic's subscription whose shard did not stop after it)."""
 
-    __slots__ = ("known", "until")
+    __slots__ = ("durable_until", "known", "until")
 
-    def __init__(self, known: dict[int, float], until: float | None) -> None:
+    def __init__(self, known: dict[int, float], until: float | None,
+                 durable_until: float | None) -> None:
         self.known = known
         self.until = until
+        self.durable_until = durable_until
 
-    def get(self, offset: int) -> float | None:
+    def get(self, offset: int, disk: bool = False) -> float | None:
         t = self.known.get(offset)
-        if self.until is None:
+        until = self.durable_until if disk else self.until
+        if until is None:
             return t
-        return self.until if t is None else min(t, self.until)
+        return until if t is None else min(t, until)
 
 
 def _let_go(index: Index, inc: Incarnation,
@@ -239,4 +257,9 @@ def _let_go(index: Index, inc: Incarnation,
                     out.setdefault(o, c.t)
     for o in index.settled(inc):
         out.pop(o, None)
-    return _LetGo(out, inc.deleted_at)
+    until = inc.deleted_at
+    durable = until
+    if until is not None and (inc.died_with_shard or not inc.sessions or index.stopped_between(
+            inc.sessions[0].sub.shard, until, math.inf)):
+        durable = None
+    return _LetGo(out, until, durable)

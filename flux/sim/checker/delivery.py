@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flux.shard.server import DRAIN_GRACE
 from flux.sim import history as h
 from flux.sim.checker import Report
 from flux.sim.checker.delayed import delayed_topics
@@ -350,8 +351,10 @@ def _check_dropped(index: Index, session: Session, report: Report) -> None:
     p = index.params
     incarnation = session.sub.shard_generation or session.sub.generation
     stopped = index.stopped.get(incarnation)
-    if stopped is not None and stopped <= end.t + p.latency:
-        return  # its shard died or drained (G7)
+    if stopped is not None and stopped <= end.t + DRAIN_GRACE + p.latency:
+        # its shard died, or drained: a draining shard closes its connections first and
+        # stops once they are closed, DRAIN_GRACE at the latest (G7)
+        return
     report.examine("G6", "dropped-without-cause")
     since = end.t - 2 * p.heartbeat - 2 * p.latency
     if index.quiet((session.sub.client, session.host), since, end.t):

@@ -34,10 +34,52 @@ LATENT = "rot"
 FAILING = ("eio", "power")
 
 
+# seconds within which a record appended by a shard is durable in every fsync mode with
+# no fault on its machine (written at once; fsynced within a slow simulated fsync)
+DURABLE_WITHIN = 2.5
+
+
 def check(index: Index, report: Report) -> None:
     _check_generation_kept(index, report)
     _check_payloads(index, report)
     _check_storage_failures(index, report)
+    _check_trims_kept(index, report)
+
+
+def _check_trims_kept(index: Index, report: Report) -> None:
+    """A disk topic's message cleanup deleted (the oracle's word: a trim, or a kept
+    delayed message released, G12) stays deleted across restarts: it is not deleted
+    again by a later incarnation of its shard in the same generation. Judged when the
+    shard stopped ``DURABLE_WITHIN`` or more after the deletion and no fault touched its
+    machine from as long before it to as long after it, so its TRIM or RELEASE record
+    was durable (a power loss with fsync interval or never starts a new generation)."""
+    first: dict[tuple[str, int, int], tuple[float, int]] = {}  # -> (when, shard)
+    judged: dict[tuple[float, int], bool] = {}  # (when, shard) of a first deletion -> judged?
+
+    def judge(t: float, shard: int) -> bool:
+        verdict = judged.get((t, shard))
+        if verdict is None:
+            verdict = judged[(t, shard)] = index.stopped_between(
+                shard, t + DURABLE_WITHIN, math.inf) and index.quiet(
+                (f"shard-{shard}",), t - DURABLE_WITHIN, t + DURABLE_WITHIN)
+        return verdict
+
+    for e in index.history.of(h.Trimmed):
+        if e.generation in index.shard_generations:
+            continue  # a memory topic's: it dies with its shard
+        for o in range(e.first, e.first + e.count):
+            key = (e.topic, e.generation, o)
+            earlier = first.get(key)
+            if earlier is None:
+                first[key] = (e.t, e.shard)
+                continue
+            t, shard = earlier
+            if judge(t, shard) and index.stopped_between(shard, t + DURABLE_WITHIN, e.t):
+                report.add("G9", "trim-undone", e.t,
+                           f"{e.topic}@{o} (generation {e.generation:#x}) was deleted at"
+                           f" {t:.3f} and again at {e.t:.3f}, after its shard restarted: the"
+                           " deletion did not survive the restart")
+    report.examine("G9", "trim-undone", sum(1 for t, shard in first.values() if judge(t, shard)))
 
 
 def _check_storage_failures(index: Index, report: Report) -> None:
