@@ -337,3 +337,14 @@ def test_a_kept_message_acked_above_another_pending_one_goes_ttl_after_it_is_due
     assert client.ack_frame(1, [1])[4] == []
     shard.advance(75.0)                           # 1 is ttl past due and acked: gone
     assert shard.topic_stats()["held"] == 1
+
+
+def test_a_duplicate_of_a_delayed_message_of_its_own_group_carries_its_due_time() -> None:
+    """Found by the stateful model: a duplicate of a delayed message stored by the same
+    PUBLISH group was acked without the due time (the group indexes its delays last)."""
+    shard = Shard()
+    client = shard.connect()
+    result = _publish(client, ["a", "a"], {"delay": [4.0, None]})
+    due = shard.core.epoch + 4.0
+    assert result[:2] == [[0, 0], [1]] and result[4] == [due, due]
+    assert _publish(client, ["a"])[4] == [due]  # as a later frame's duplicate is

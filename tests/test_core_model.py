@@ -1,10 +1,13 @@
-"""The model ShardCore is checked against (G1-G6), driven by tests/test_core_stateful.py.
+"""The model ShardCore is checked against (G1-G6, G11, G12), driven by
+tests/test_core_stateful.py.
 
-:class:`ShardState` holds the plain model (messages, dedup window, subscriptions,
-attachments, connections) next to a real ShardCore, feeds it frames at explicit
-times, and checks every frame the core sends as it arrives: which offset each
-first delivery must be, the exact G4 push schedule, exhaustion, takeover, session
-closes, cleanup passes and subscription deletion. No tests live here.
+:class:`ShardState` holds the plain model (messages and their due times, dedup
+window, subscriptions, attachments, connections, dead letters) next to a real
+ShardCore, feeds it frames at explicit times, and checks every frame the core
+sends as it arrives: which offset each first delivery must be ((due, offset)
+order), the exact G4 push schedule and nak re-push times, exhaustion (a dead
+letter with the policy), takeover, session closes, cleanup passes (delayed
+messages held out of line) and subscription deletion. No tests live here.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from test_core_support import deliver_messages, make_config
 
 from flux import errors
 from flux import protocol as P
+from flux.hashing import dead_letter_topic
+from flux.message_meta import read_columns
 from flux.shard.core import ShardCore
 
 GEN = 77
@@ -62,6 +67,8 @@ class MSub:
     ephemeral: bool
     start: int
     acked: set[int] = field(default_factory=set)
+    # pushes used by each unacked offset, kept across attachments (a dead-letter policy)
+    counts: dict[int, int] = field(default_factory=dict)
     att: Att | None = None
     inactive_since: float | None = None
     deleted: bool = False
@@ -92,9 +99,10 @@ class Att:
     mif: int
     pushes: dict[int, tuple[int, float]] = field(default_factory=dict)  # unacked: attempt, at
     delivered: set[int] = field(default_factory=set)
-    last_first: int = -1
+    naked: dict[int, tuple[int, float]] = field(default_factory=dict)  # pushes, due again
     live: bool = True
     takeover_expected: bool = False
+    nak_exhausted: bool = False  # a nak on a last push ends it (no dead-letter policy)
 
 
 class ShardState:
@@ -104,8 +112,9 @@ class ShardState:
         super().__init__()
         self.core: ShardCore | None = None
 
-    def start(self, preset: int) -> None:
-        cfg = make_config(PRESETS[preset])
+    def start(self, preset: int, dead_letter: bool = False) -> None:
+        cfg = make_config({**PRESETS[preset], "dead_letter.enabled": dead_letter})
+        self.dead_letter = dead_letter
         self.cfg = cfg
         self.T = cfg.subscriber.timeout
         self.R = cfg.subscriber.retry_interval
@@ -117,9 +126,12 @@ class ShardState:
         self.atts: dict[tuple[int, int], Att] = {}  # live attachments
         self.subs: dict[str, MSub] = {}           # existing (not deleted) subscriptions
         self.messages: list[tuple[str, bytes, float]] = []
+        self.dues: dict[int, float] = {}          # delayed offsets -> due time (G12)
         self.dedup: dict[str, tuple[int, float]] = {}
         self.ids: list[str] = []
-        self.oldest = 0
+        self.oldest = 0                           # the log's contiguous run starts here
+        self.kept: set[int] = set()               # delayed ones held out of line below it
+        self.letters: list[tuple[str, int, int, str]] = []  # sub, offset, pushes, reason
         self.open_connection()
         self.open_connection()
 
@@ -162,42 +174,90 @@ class ShardState:
                     assert f[0] == P.ERROR and f[1] == 0 and close, (c, f)
             if close:
                 self._on_closed(c)
+        for att in self.atts.values():  # (those the core dead-lettered with no push after)
+            self._settle_carried(att)
         return replies
 
     # -- what the core sends ------------------------------------------------------------
 
+    def due(self, offset: int) -> float:
+        """When ``offset`` is due: its delay's end, or when it was stored (G12)."""
+        return self.dues.get(offset, self.messages[offset][2])
+
+    def held(self, offset: int) -> bool:
+        return self.oldest <= offset < len(self.messages) or offset in self.kept
+
     def _candidates(self, att: Att) -> list[int]:
-        """Offsets this attachment may still get as a first delivery, in order."""
+        """Offsets this attachment may still get as a first delivery, in (due, offset)
+        order: held, due, not acked, not pushed to it yet."""
         sub = att.sub
-        return [o for o in range(max(sub.cursor(), att.last_first + 1), len(self.messages))
-                if o not in sub.acked and o not in att.delivered]
+        return sorted((o for o in range(sub.cursor(), len(self.messages))
+                       if o not in sub.acked and o not in att.delivered and self.held(o)
+                       and self.due(o) <= self.now), key=lambda o: (self.due(o), o))
+
+    def _dead_letter(self, sub: MSub, offset: int, pushes: int, reason: str) -> None:
+        """G11: the message goes to the dead-letter topic and counts as acked."""
+        event(f"dead letter: {reason.split(':')[0]}")
+        sub.acked.add(offset)
+        sub.counts.pop(offset, None)
+        self.letters.append((sub.key, offset, pushes, reason))
+
+    def _settle_carried(self, att: Att) -> None:
+        """A first push whose count, kept from an earlier attachment, is used up goes to
+        the dead-letter topic instead when its turn comes (room and credit for it)."""
+        while att.credit > 0 and len(att.pushes) < att.mif:
+            candidates = self._candidates(att)
+            if not candidates or att.sub.counts.get(candidates[0], 0) < self.max_pushes:
+                return
+            att.delivered.add(candidates[0])  # counted as sent to it (acked in it)
+            self._dead_letter(att.sub, candidates[0], self.max_pushes, "exhausted")
 
     def _on_deliver(self, conn: int, frame: list[Any]) -> None:
-        _, sid, generation, attempt, _, _, _, _ = frame
+        _, sid, generation, attempt, *_ = frame
         assert generation == GEN
         messages = deliver_messages(frame)
         offsets = [m[0] for m in messages]
+        dues = read_columns(frame[8], len(offsets))[2] if len(frame) > 8 else []
+        if any(d is not None for d in dues) or any(o in self.dues for o in offsets):
+            assert dues == [self.dues.get(o) for o in offsets], "G12: DELIVER's due times"
         att = self.atts.get((conn, sid))
         assert att is not None and att.live, f"DELIVER to a detached sid {sid} on {conn}"
-        if attempt > 1:
+        if all(o in att.pushes or o in att.naked for o in offsets):
             assert offsets == sorted(offsets), "G1: redeliveries due together in offset order"
         for offset, mid, payload, ts in messages:
             assert offset >= att.sub.start, "G2: delivered before the subscription's start"
             assert offset not in att.sub.acked and offset >= att.sub.cursor(), \
                 "G1: delivered an offset the subscription acked"
             assert (mid, payload, ts) == self.messages[offset]
-            if attempt == 1:
-                assert offset == self._candidates(att)[0], "G1/G2: first deliveries in order"
-                assert att.credit > 0 and len(att.pushes) < att.mif
-                att.credit -= 1
-                att.pushes[offset] = (1, self.now)
-                att.delivered.add(offset)
-                att.last_first = offset
-            else:
+            assert self.due(offset) <= self.now, "G12: pushed before it is due"
+            if offset in att.naked:
+                prev, at = att.naked.pop(offset)
+                assert attempt == prev + 1, "G11: a nak's re-push counts"
+                assert self.now == at, "G11: re-pushed at t_nak + delay"
+            elif offset in att.pushes:
                 prev, at = att.pushes[offset]
                 assert attempt == prev + 1 <= self.max_pushes, "G4: attempt numbers"
                 assert self.now == at + self.T + self.R, "G4: re-push off schedule"
-                att.pushes[offset] = (attempt, self.now)
+            else:
+                self._settle_carried(att)
+                # those with a count kept from an earlier attachment go as re-pushes, a
+                # frame per attempt number; the others in (due, offset) order
+                candidates = self._candidates(att)
+                if attempt > 1:
+                    assert offset in candidates, "G11: a carried push of a held message"
+                else:
+                    assert offset == next((o for o in candidates if o not in att.sub.counts),
+                                          None), \
+                        "G1/G2/G12: first deliveries in order"
+                assert att.credit > 0 and len(att.pushes) < att.mif
+                # a count kept from an earlier attachment goes on (G11); else it starts at 1
+                assert attempt == att.sub.counts.get(offset, 0) + 1, "G11: push counts survive"
+                if attempt == 1:
+                    att.credit -= 1
+                att.delivered.add(offset)
+            att.pushes[offset] = (attempt, self.now)
+            if self.dead_letter:
+                att.sub.counts[offset] = attempt
 
     def _end(self, att: Att) -> None:
         att.live = False
@@ -220,8 +280,10 @@ class ShardState:
             assert att.takeover_expected
         else:
             assert code == errors.SubscriptionInactive.code
+            assert not self.dead_letter, "G11: with the policy exhausted ones are dead letters"
             due = [at + self.T for a, at in att.pushes.values() if a == self.max_pushes]
-            assert self.now in due, "G4: inactive only when the last push times out"
+            assert self.now in due or att.nak_exhausted, \
+                "G4/G11: inactive only when the last push times out or is nak'd"
         self._end(att)
 
     def _on_closed(self, conn: int) -> None:
@@ -260,14 +322,27 @@ class ShardState:
             if at > target:
                 break
             self.now = at
+            self._dead_letter_exhausted()
             self.core.tick(at)
             self._drain(None, handle_first=None)
             self._after_tick()
         if target > self.now:  # a tick between deadlines does nothing observable
             self.now = target
+            self._dead_letter_exhausted()
             self.core.tick(target)
             assert self._drain(None, handle_first=None) == []
             self._after_tick()
+
+    def _dead_letter_exhausted(self) -> None:
+        """With a dead-letter policy, a last push whose ack timed out by now is a dead
+        letter (G11); applied before the tick, whose pushes may fill the room it frees."""
+        if not self.dead_letter:
+            return
+        for att in self.atts.values():
+            for offset, (attempt, at) in list(att.pushes.items()):
+                if attempt >= self.max_pushes and at + self.T <= self.now:
+                    del att.pushes[offset]
+                    self._dead_letter(att.sub, offset, attempt, "exhausted")
 
     # -- what must have happened by a tick ----------------------------------------------
 
@@ -283,25 +358,31 @@ class ShardState:
             for offset, (attempt, at) in att.pushes.items():
                 due = at + self.T + (self.R if attempt < self.max_pushes else 0)
                 assert due > self.now, f"G4: offset {offset} attempt {attempt} overdue"
+            for offset, (_, at) in att.naked.items():
+                assert at > self.now, f"G11: nak'd offset {offset} not pushed again at {at}"
         topic = self.core.topics.get(TOPIC)
         # a retired topic (forgotten while empty) continues at its next offset
         log_oldest = topic.log.oldest if topic is not None else self.core.retired.get(TOPIC, 0)
+        log_kept = set(topic.log.kept_from(0)) if topic is not None else set()
+        before = self.kept | set(range(self.oldest, len(self.messages)))
         if self._is_pass(self.cfg.message.cleanup_time):
-            # G5: the pass trims exactly the expired messages below every existing cursor
-            below = min([s.cursor() for s in self.subs.values()] + [len(self.messages)])
-            cutoff = self.now - self.cfg.message.ttl
-            expected = self.oldest
-            while expected < below and self.messages[expected][2] <= cutoff:
-                expected += 1
-            assert log_oldest == expected, ("G5 cleanup", log_oldest, expected)
-        assert log_oldest == self.oldest or self._is_pass(self.cfg.message.cleanup_time)
-        if log_oldest > self.oldest:
+            expected, kept = self._cleanup_pass()
+            assert (log_oldest, log_kept) == (expected, kept), \
+                ("G5/G12 cleanup", log_oldest, log_kept, expected, kept)
+        assert (log_oldest, log_kept) == (self.oldest, self.kept) or \
+            self._is_pass(self.cfg.message.cleanup_time)
+        if log_kept:
+            event("delayed messages kept out of line")
+        gone = before - log_kept - set(range(log_oldest, len(self.messages)))
+        if gone:
             event("messages trimmed")
-        for offset in range(self.oldest, log_oldest):
-            assert self.messages[offset][2] + self.cfg.message.ttl <= self.now, "G2: ttl"
+        limit = self.now - self.cfg.message.ttl
+        for offset in gone:
+            assert self.messages[offset][2] <= limit, "G2: ttl"
+            assert self.dues.get(offset, -math.inf) <= limit, "G12: held ttl after due"
             for sub in self.subs.values():
                 assert not sub.holds(offset), "G5: trimmed a message a subscription needs"
-        self.oldest = log_oldest
+        self.oldest, self.kept = log_oldest, log_kept
         if self._is_pass(self.cfg.subscriber.cleanup_time):
             idle = 2 * self.cfg.subscriber.heartbeat
             for sub in self.subs.values():
@@ -315,6 +396,26 @@ class ShardState:
                     event("subscription deleted by cleanup")
                     sub.deleted = True
                     del self.subs[sub.key]
+
+    def _cleanup_pass(self) -> tuple[int, set[int]]:
+        """Where a pass leaves the log: its run from the first expired message some
+        subscription still needs (G5); a delayed message not ``ttl`` past its due time
+        that the run leaves behind stays, held out of line (G12); one held so is
+        released once it is ``ttl`` past due and no subscription needs it."""
+        limit = self.now - self.cfg.message.ttl
+        subs = list(self.subs.values())
+
+        def pending(o: int) -> bool:
+            return self.dues.get(o, -math.inf) > limit
+
+        oldest, kept = self.oldest, set(self.kept)
+        while oldest < len(self.messages) and self.messages[oldest][2] <= limit:
+            if pending(oldest):
+                kept.add(oldest)
+            elif any(sub.holds(oldest) for sub in subs):
+                break
+            oldest += 1
+        return oldest, {o for o in kept if pending(o) or any(s.holds(o) for s in subs)}
 
     # -- invariants ---------------------------------------------------------------------
 
@@ -341,12 +442,31 @@ class ShardState:
                 assert real.session == (sub.att.conn, sub.att.sid)
                 assert sorted(real.in_flight) == sorted(sub.att.pushes)
                 assert {o: a for o, (a, _) in sub.att.pushes.items()} == real.in_flight
+                assert real.nak_waiting == {o: a for o, (a, _) in sub.att.naked.items()}
 
     def check_every_deliverable_message_is_pushed(self) -> None:
         """G2: an attachment with room and credit has no message waiting for it."""
         for att in self.atts.values():
+            self._settle_carried(att)
             if att.credit > 0 and len(att.pushes) < att.mif:
-                assert self._candidates(att) == [], "G2: a message was not pushed"
+                assert self._candidates(att) == [], "G2/G12: a due message was not pushed"
+
+    def check_dead_letters(self) -> None:
+        """G11: each subscription's dead-letter topic holds exactly its dead letters."""
+        if self.core is None:
+            return
+        found: list[tuple[str, int, int, str]] = []
+        for name, topic in self.core.topics.items():
+            if name == TOPIC:
+                continue
+            log = topic.log
+            for offset in range(log.oldest, log.next_offset):
+                _, headers, _ = log.meta_of(offset)
+                assert headers is not None and headers["flux-topic"] == TOPIC, headers
+                assert name == dead_letter_topic(TOPIC, headers["flux-subscription"])
+                found.append((headers["flux-subscription"], int(headers["flux-offset"]),
+                              int(headers["flux-pushes"]), headers["flux-reason"]))
+        assert sorted(found) == sorted(self.letters), ("G11: dead letters", found)
 
     def check_sessions(self) -> None:
         if self.core is not None:

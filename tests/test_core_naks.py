@@ -339,3 +339,80 @@ def test_on_disk_a_term_is_confirmed_once_its_dead_letter_is_durable_and_replay_
     w = core.topics[TOPIC].subs["w"]
     assert (w.cursor, w.acked) == (1, set())
     assert dlq.log.meta_of(0)[1]["flux-offset"] == "0"  # (its payload stays in the log)
+
+
+def test_in_progress_at_the_instant_of_the_push_or_twice_at_once_re_pushes_once() -> None:
+    """Found by the stateful model: in_progress whose deadline equals one in force (made
+    at the push's own instant, or twice at one instant) left two timer entries for one
+    push, and the message was re-pushed twice in one DELIVER."""
+    for items in ([0], [1, 1]):
+        shard = _shard()  # timeout 7, retry_interval 3
+        c = shard.connect()
+        c.subscribe(1, name="w")
+        c.publish("a", "b")
+        c.deliveries()
+        _settle(c, 1, progress=items)
+        shard.advance(10.0)
+        assert c.timed_deliveries() == [(10.0, 0, 2), (10.0, 1, 2)], items
+
+
+def test_a_message_dead_lettered_on_reattaching_leaves_its_room_to_the_next() -> None:
+    """Found by the stateful model: a message out of pushes from an earlier attachment
+    is dead-lettered when its turn comes, and the room it took in that push went unused:
+    the next message waited for an unrelated frame or timer."""
+    for delays in ([None, None], [1.0, None]):  # offset order, and due order (G12)
+        shard = _shard(True, **{"subscriber.retry_count": 1})
+        c = shard.connect()
+        c.subscribe(1, name="w", max_in_flight=1)
+        c.publish_frame([[TOPIC, ["a", "b"], [b"a", b"b"], {"delay": delays}]])
+        shard.advance(1.0)
+        [(first, _)] = c.deliveries()
+        _settle(c, 1, nak=[[first, 0.0]])
+        shard.after(0.0)
+        assert c.deliveries() == [(first, 2)]
+        c.unsubscribe(1)
+        c.subscribe(2, name="w", max_in_flight=1)  # first is out of pushes: a dead letter
+        assert c.deliveries() == [(1 - first, 1)], delays
+        assert [o for o, _, _ in _letters(c)] == [0]
+
+
+def test_a_carried_re_push_uses_no_credit_so_the_next_message_follows() -> None:
+    """Found by the stateful model: a first push of an attachment that carries a count
+    (a re-push: no credit used) took the whole room the credit allowed, and the next
+    message waited though credit and window had room for it."""
+    shard = _shard(True)
+    c = shard.connect()
+    c.subscribe(1, name="w")
+    c.publish("a", "b")
+    assert c.deliveries() == [(0, 1), (1, 1)]
+    c.unsubscribe(1)
+    c.subscribe(2, name="w", credit=1)
+    assert c.deliveries() == [(0, 2), (1, 2)]
+
+
+def test_in_progress_in_the_retry_interval_puts_the_re_push_off() -> None:
+    """Found by the stateful model: an in_progress after the ack timeout, while the
+    re-push waited for retry_interval, was confirmed but the re-push came anyway."""
+    shard = _shard()  # timeout 7, retry_interval 3
+    c = shard.connect()
+    c.subscribe(1, name="w")
+    c.publish("a")
+    c.deliveries()
+    shard.advance(8.0)  # timed out at 7; re-push due at 10
+    assert _settle(c, 1, progress=[0]) == (0, [])
+    shard.advance(17.9)
+    assert c.deliveries() == []
+    shard.advance(18.0)  # 8 + 7 + 3
+    assert c.timed_deliveries() == [(18.0, 0, 2)]
+
+
+def test_an_acked_messages_in_progress_deadline_is_forgotten() -> None:
+    shard = _shard()
+    c = shard.connect()
+    c.subscribe(1, name="w")
+    c.publish("a", "b")
+    c.deliveries()
+    _settle(c, 1, progress=[0, 1])
+    c.ack(1, 0, 1)
+    shard.advance(20.0)
+    assert shard.core.topics[TOPIC].subs["w"].extended == {}

@@ -469,3 +469,55 @@ def test_a_run_of_new_messages_all_go_out_when_windows_differ(wide_first: bool) 
     a.publish(*[f"m{i}" for i in range(7)])
     got = [o for o, _ in a.deliveries(1) + b.deliveries(1)]
     assert sorted(got) == list(range(min(got), min(got) + 7))
+
+
+def test_a_handed_off_message_out_of_pushes_pins_its_key_to_no_member() -> None:
+    """Found by the stateful model: a hand-off that used all its pushes went to the
+    dead-letter topic after a member was chosen for it, and its key stayed pinned to
+    that member, which held none of it: the key's next message waited for that member
+    though another had room."""
+    shard = Shard({"subscriber.retry_count": 1, "dead_letter.enabled": True})
+    a, b, c = shard.connect(), shard.connect(), shard.connect()
+    _join(a, 1, key_ordered=True, max_in_flight=3)
+    _publish_keyed(a, ["k"])
+    shard.advance(10.0)  # offset 0 times out and is pushed again: its last push
+    _publish_keyed(a, [None, "k"])
+    assert a.deliveries() == [(0, 1), (0, 2), (1, 1), (2, 1)]
+    _join(b, 1, key_ordered=True, max_in_flight=1, credit=0)
+    a.unsubscribe(1)  # 0 is a dead letter, 1 goes to b, 2 waits for room
+    assert b.deliveries() == [(1, 2)]
+    _join(c, 1, key_ordered=True, max_in_flight=1, credit=0)
+    assert c.deliveries() == [(2, 2)]  # "k" is on no member: c may take it
+    assert shard.topic_stats()["dead_letter_held"] == 1
+
+
+def test_a_message_a_nak_exhausted_is_held_no_more_by_the_frames_later_items() -> None:
+    """Found by the stateful model: a member's nak on a message's last push left it in
+    the member's window until the frame ended, so a term (counted as an ack) or another
+    nak of it in the same frame was accepted; a plain subscription refuses them."""
+    shard = Shard({"subscriber.retry_count": 0})
+    a = shard.connect()
+    _join(a, 1)
+    a.publish("x")
+    assert a.deliveries() == [(0, 1)]
+    reply = a.request([P.ACK, a.rid(), 1, shard.generation, [], -1,
+                       {"nak": [[0, 0.0], [0, 0.0]], "term": [[0, "r"]]}])
+    assert [r[:2] for r in reply[4]] == [[0, errors.NotDelivered.code]] * 2
+    assert reply[3] == 0  # not acked: it used its pushes, and the pool ends
+    assert a.sub_ended() == [(1, errors.SubscriptionInactive.code)]
+
+
+def test_a_members_in_progress_in_the_retry_interval_puts_the_re_push_off() -> None:
+    """As for a plain subscription (test_core_naks): found by the shared model."""
+    shard = Shard()  # timeout 7, retry_interval 3
+    a = shard.connect()
+    _join(a, 1)
+    a.publish("x")
+    assert a.deliveries() == [(0, 1)]
+    shard.advance(8.0)
+    reply = a.request([P.ACK, a.rid(), 1, shard.generation, [], -1, {"progress": [0]}])
+    assert reply[0] == P.ACKED and reply[4] == []
+    shard.advance(17.9)
+    assert a.deliveries() == []
+    shard.advance(18.0)
+    assert a.timed_deliveries() == [(18.0, 0, 2)]

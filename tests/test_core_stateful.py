@@ -1,20 +1,21 @@
-"""Hypothesis stateful test of ShardCore against the model of G1-G6 in test_core_model.
+"""Hypothesis stateful test of ShardCore against the model of G1-G6, G11 and G12 in
+test_core_model.
 
-Rules publish (new and retried ids), subscribe (named, ephemeral, read_old or not,
-strict or windowed), resubscribe (reactivation, takeover), ack (some, cumulative,
-undelivered offsets, another generation), grant credit, unsubscribe, disconnect,
-ping, pull (subscribe, FETCH, COMMIT) and let time pass (with or without
-heartbeats). The model checks each frame as it arrives; invariants compare the
-core's subscriptions with the model after every step. Seeded random walks through
-the same rules reach the long runs Hypothesis rarely builds.
+Rules publish (new and retried ids, some delayed by ``delay`` or ``deliver_at``),
+subscribe (named, ephemeral, read_old or not, strict or windowed), resubscribe
+(reactivation, takeover), ack (some, cumulative, undelivered offsets, another
+generation), settle (nak with or without a delay, term, in_progress, and offsets
+not held), grant credit, unsubscribe, disconnect, ping, pull (subscribe, FETCH,
+COMMIT) and let time pass (with or without heartbeats); half the runs have a
+dead-letter policy. The model checks each frame as it arrives; invariants compare
+the core's subscriptions and dead letters with the model after every step.
+test_core_walks takes seeded random walks through the same rules.
 """
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -24,13 +25,17 @@ from test_core_support import fetched_messages
 from flux import errors
 from flux import protocol as P
 
+# how a publish item is delayed: ("delay", seconds) or ("at", deliver_at - now)
+DELAYS: list[tuple[str, float] | None] = [None, None, ("delay", 0.5), ("delay", 2.0),
+                                          ("delay", 7.0), ("at", 1.5), ("at", -3.0)]
+
 
 class ShardModel(ShardState, RuleBasedStateMachine):
     """ShardCore vs the model; every rule checks its own replies, invariants the rest."""
 
-    @initialize(preset=st.sampled_from(range(len(PRESETS))))
-    def setup(self, preset: int) -> None:
-        self.start(preset)
+    @initialize(preset=st.sampled_from(range(len(PRESETS))), dead_letter=st.booleans())
+    def setup(self, preset: int, dead_letter: bool) -> None:
+        self.start(preset, dead_letter)
 
     # -- rules --------------------------------------------------------------------------
 
@@ -40,18 +45,26 @@ class ShardModel(ShardState, RuleBasedStateMachine):
 
     @rule(i=st.integers(0, 9), batch=st.lists(st.tuples(st.booleans(), st.integers(0, 50),
                                                         st.integers(0, 3)), min_size=1, max_size=4),
-          cuts=st.sets(st.integers(1, 3), max_size=2))
-    def publish(self, i: int, batch: list[tuple[bool, int, int]], cuts: set[int]
-                ) -> None:
+          cuts=st.sets(st.integers(1, 3), max_size=2),
+          delays=st.lists(st.sampled_from(DELAYS), max_size=4))
+    def publish(self, i: int, batch: list[tuple[bool, int, int]], cuts: set[int],
+                delays: list[tuple[str, float] | None] | None = None) -> None:
         """One PUBLISH frame of new ids and retried ones (possibly the same id twice), the
-        items split into groups of the one topic before the indexes in ``cuts``."""
+        items split into groups of the one topic before the indexes in ``cuts``; item k
+        delayed as ``delays[k]`` says (``deliver_at`` relative to now; past means now)."""
         conn = self._pick_conn(i)
+        delays = delays or []
         groups: list[list[Any]] = []
         expected: list[list[Any]] = []
         for k, (new, reuse, size) in enumerate(batch):
             if k == 0 or k in cuts:
-                groups.append([TOPIC, [], []])
-                expected.append([[], [], []])
+                groups.append([TOPIC, [], [], {"delay": [], "deliver_at": []}])
+                expected.append([[], [], [], None, []])
+            how = delays[k] if k < len(delays) else None
+            groups[-1][3]["delay"].append(how[1] if how and how[0] == "delay" else None)
+            groups[-1][3]["deliver_at"].append(
+                max(0.0, self.now + how[1]) if how and how[0] == "at" else None)
+            due = self.now + how[1] if how and how[1] > 0 else None
             if new or not self.ids:
                 mid = f"id{len(self.ids)}"
                 self.ids.append(mid)
@@ -61,24 +74,39 @@ class ShardModel(ShardState, RuleBasedStateMachine):
             index = len(groups[-1][1])
             groups[-1][1].append(mid)
             groups[-1][2].append(payload)
-            offsets, duplicates, _ = expected[-1]
+            offsets, duplicates, _, _, dues = expected[-1]
             known = self.dedup.get(mid)
             if known is not None and self.now < known[1] + self.cfg.message.dedup_window:
                 offsets.append(known[0])
                 duplicates.append(index)
+                # the ack carries the original's due time while it is held (G12); once
+                # cleaned up, it may or may not (-due: either)
+                original = known[0]
+                due = self.dues.get(original)
+                dues.append(None if due is None else due if self.held(original) else -due)
                 event("publish: duplicate")
             else:
                 # stored: in the model before the DELIVERs of the same batch are checked
                 offsets.append(len(self.messages))
                 self.dedup[mid] = (len(self.messages), self.now)
+                if due is not None:
+                    self.dues[len(self.messages)] = due
+                    event("publish: delayed")
                 self.messages.append((mid, payload, self.now))
+                dues.append(due)
         if len(groups) > 1:
             event("publish: several groups of one topic")
-        for result in expected:  # every item stored new: the first offset stands for all
-            if result[0] and not result[1]:
-                result[0] = result[0][0]
         rid = self._next_rid()
         [reply] = self._send(conn, [P.PUBLISH, rid, groups])
+        for result, got in zip(expected, reply[3], strict=False):
+            if result[0] and not result[1]:  # every item stored new: the first offset
+                result[0] = result[0][0]     # stands for all
+            got_dues = got[4] if len(got) > 4 else [None] * len(result[4])
+            result[4] = [-d if d is not None and d < 0 and got_dues[k] == -d else
+                         None if d is not None and d < 0 else d
+                         for k, d in enumerate(result[4])]
+            if not any(d is not None for d in result[4]):
+                del result[3:]  # (no due column unless an item is delayed)
         assert reply == [P.PUBLISHED, rid, GEN, expected], ("G1/G3", reply, expected)
 
     # the interesting values first: Hypothesis draws early elements more often
@@ -110,6 +138,8 @@ class ShardModel(ShardState, RuleBasedStateMachine):
         att = Att(conn, sid, sub, credit=min(mif, cap) if credit is None else credit,
                   mif=min(mif, cap))
 
+        cursor = sub.cursor()
+
         def attach(_outputs: Any) -> None:
             # the reply is in this batch: attach in the model before its DELIVERs are checked
             self.subs[key] = sub
@@ -127,7 +157,7 @@ class ShardModel(ShardState, RuleBasedStateMachine):
         self.core.receive(conn, frame, self.now)
         [reply] = self._drain(conn, handle_first=attach)
         assert reply == [P.SUBSCRIBED, rid, sid, {
-            "created": created, "start_offset": sub.start, "cursor": sub.cursor(),
+            "created": created, "start_offset": sub.start, "cursor": cursor,
             "generation": GEN, "clamped": False, "reset": False,
             "next_offset": len(self.messages), "max_in_flight": att.mif}], reply
 
@@ -180,11 +210,11 @@ class ShardModel(ShardState, RuleBasedStateMachine):
         if name is not None:
             self._touch_pull(name)
         [reply] = self._send(conn, frame)
-        first = max(offset, self.oldest)
-        expected = [[o, *self.messages[o]] for o in range(first, min(first + n, len(self.messages)))]
-        assert reply[:3] == [P.FETCHED, rid, {"generation": GEN, "oldest": self.oldest,
-                                              "next": len(self.messages)}]
-        assert fetched_messages(reply) == expected
+        held = sorted(self.kept) + list(range(self.oldest, len(self.messages)))
+        expected = [[o, *self.messages[o]] for o in held if o >= offset][:n]
+        assert reply[:3] == [P.FETCHED, rid, {"generation": GEN, "oldest": min(held or [
+            self.oldest]), "next": len(self.messages)}]
+        assert fetched_messages(reply) == expected  # whatever is due (G12)
 
     @rule(i=st.integers(0, 9), name=st.sampled_from(["p1", "p2"]), back=st.integers(-2, 4))
     def commit(self, i: int, name: str, back: int) -> None:
@@ -234,16 +264,77 @@ class ShardModel(ShardState, RuleBasedStateMachine):
         for o in offsets:
             if o in att.delivered:
                 att.pushes.pop(o, None)
+                att.naked.pop(o, None)  # acked while waiting for its re-push: not pushed
                 att.sub.acked.add(o)
-        if upto >= 0:
-            for o in [o for o in att.pushes if o <= upto]:
+                att.sub.counts.pop(o, None)
+        if upto >= 0:  # never over a nak'd one waiting, nor a delayed one (PROTOCOL §6.7)
+            for o in [o for o in att.pushes if o <= upto and o not in self.dues]:
                 del att.pushes[o]
                 att.sub.acked.add(o)
+                att.sub.counts.pop(o, None)
         [reply] = self._send(att.conn, [P.ACK, rid, att.sid, generation, offsets, upto])
         assert att.live, "an ack's reply cannot end the attachment"
         assert reply[:4] == [P.ACKED, rid, att.sid, att.sub.cursor()], (reply, att.sub.cursor())
         assert [(r[0], r[1]) for r in reply[4]] == \
             [(o, errors.NotDelivered.code) for o in refused], "acks: refusals"
+
+    @rule(i=st.integers(0, 9), items=st.lists(st.tuples(
+        st.sampled_from(["nak", "term", "progress"]), st.integers(0, 20)), min_size=1,
+        max_size=4), delay=st.sampled_from([0.0, 0.5, 2.0, 5.0]))
+    def settle(self, i: int, items: list[tuple[str, int]], delay: float) -> None:
+        """nak (re-pushed at now + delay, counted), term (an ack or a dead letter) and
+        in_progress (the ack deadline now + timeout) of held offsets, now and then of one
+        not held (G11)."""
+        att = self._pick_att(i)
+        if att is None:
+            return
+        sub = att.sub
+        pool = sorted(att.pushes) + sorted(att.naked)
+        body: dict[str, list[Any]] = {"nak": [], "term": [], "progress": []}
+        for kind, pick in items:
+            o = pool[pick % len(pool)] if pool and pick < 18 else len(self.messages) + pick
+            body[kind].append(o if kind == "progress" else
+                              [o, delay] if kind == "nak" else [o, f"why{pick}"])
+        refused: list[int] = []
+        # the core applies naks, then terms, then progress; each settles its offset alone
+        for o, _ in body["nak"]:
+            if o not in att.pushes:
+                refused.append(o)
+                continue
+            pushes, _ = att.pushes.pop(o)
+            if pushes < self.max_pushes:
+                att.naked[o] = (pushes, self.now + delay)
+            elif self.dead_letter:
+                self._dead_letter(sub, o, pushes, "exhausted")
+            else:
+                att.nak_exhausted = True  # its last push: the attachment ends
+                event("nak: exhausted")
+        for o, reason in body["term"]:
+            if o in att.pushes or o in att.naked:
+                pushes = (att.pushes.pop(o, None) or att.naked.pop(o))[0]
+                if self.dead_letter:
+                    self._dead_letter(sub, o, pushes, f"term: {reason}")
+                else:  # counts as an ack
+                    sub.acked.add(o)
+            else:
+                refused.append(o)
+        for o in body["progress"]:
+            if o not in att.pushes:
+                refused.append(o)
+            else:  # as if pushed now, uncounted (after its ack timeout too)
+                if att.pushes[o][1] + self.T <= self.now:
+                    event("in_progress: in the retry interval")
+                att.pushes[o] = (att.pushes[o][0], self.now)
+        rid = self._next_rid()
+        [reply] = self._send(att.conn, [P.ACK, rid, att.sid, GEN, [], -1, body])
+        assert self.core is not None
+        if self.core.next_deadline() <= self.now:  # a nak with no delay: the tick now re-pushes
+            self.core.tick(self.now)
+            self._drain(None, handle_first=None)
+        assert reply[:4] == [P.ACKED, rid, att.sid, sub.cursor()], (reply, sub.cursor())
+        assert [(r[0], r[1]) for r in reply[4]] == \
+            [(o, errors.NotDelivered.code) for o in refused], ("G11: refusals", reply)
+        assert att.live != att.nak_exhausted, "G11: a nak on the last push exhausts it"
 
     @rule(i=st.integers(0, 9), sid=st.integers(1, 3))
     def ack_detached_sid(self, i: int, sid: int) -> None:
@@ -323,73 +414,12 @@ class ShardModel(ShardState, RuleBasedStateMachine):
     def core_sessions_match(self) -> None:
         self.check_sessions()
 
+    @invariant()
+    def dead_letters_match(self) -> None:
+        self.check_dead_letters()
+
 
 ShardModel.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=100, deadline=None,
+    max_examples=300, stateful_step_count=100, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestShardCoreAgainstModel = ShardModel.TestCase
-
-
-# -- seeded random walks ------------------------------------------------------------------
-# Hypothesis favours short, simple runs; these long walks through the same model reach
-# states it rarely builds (e.g. a reattach whose window is smaller than an acked gap).
-
-_WALK_RULES = ["connect", "publish", "subscribe", "resubscribe", "ack", "ack_newest",
-               "ack_detached_sid", "credit", "unsubscribe", "disconnect", "ping",
-               "advance_to_next_deadline", "advance", "pull_subscribe", "fetch", "commit"]
-
-
-def _walk(seed: int, steps: int) -> None:
-    r = random.Random(seed)
-    m = ShardModel()
-    m.setup(preset=seed % len(PRESETS))
-    for _ in range(steps):
-        rule_name = r.choice(_WALK_RULES)
-        i = r.randrange(10)
-        if rule_name == "connect":
-            m.connect()
-        elif rule_name == "publish":
-            m.publish(i, [(r.random() < 0.5, r.randrange(50), r.randrange(4))
-                          for _ in range(r.randint(1, 4))], {r.randint(1, 3), r.randint(1, 6)})
-        elif rule_name == "subscribe":
-            m.subscribe(i, r.randint(1, 3), r.choice(["s1", "s2", None]), r.random() < 0.5,
-                        r.choice([1, 2, 5]), r.choice([None, 0, 1, 3, 100]))
-        elif rule_name == "resubscribe":
-            m.resubscribe(i, r.randrange(10), r.randint(1, 3), r.choice([1, 2, 5]),
-                          r.choice([None, 1, 100]))
-        elif rule_name == "ack":
-            m.ack(i, [r.randrange(20) for _ in range(r.randint(1, 4))],
-                  r.choice([None, None, None, -1, 0, 2, 40]), r.random() < 0.25, r.randrange(10))
-        elif rule_name == "ack_newest":
-            m.ack_newest(i)
-        elif rule_name == "ack_detached_sid":
-            m.ack_detached_sid(i, r.randint(1, 3))
-        elif rule_name == "credit":
-            m.credit(i, r.randrange(4))
-        elif rule_name == "unsubscribe":
-            m.unsubscribe(i, r.randint(1, 3))
-        elif rule_name == "disconnect":
-            m.disconnect(i)
-        elif rule_name == "ping":
-            m.ping(i)
-        elif rule_name == "advance_to_next_deadline":
-            m.advance_to_next_deadline(r.random() < 0.5)
-        elif rule_name == "pull_subscribe":
-            m.pull_subscribe(i, r.choice(["p1", "p2"]), r.random() < 0.5)
-        elif rule_name == "fetch":
-            m.fetch(i, r.choice(["p1", "p2", None]), r.randrange(40), r.randint(1, 5))
-        elif rule_name == "commit":
-            m.commit(i, r.choice(["p1", "p2"]), r.randint(-2, 4))
-        else:
-            m.advance(r.choice([0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.5, 10.0, 17.0, 25.0]),
-                      r.random() < 0.5)
-        m.subscriptions_match_the_model()
-        m.every_deliverable_message_is_pushed()
-        m.core_sessions_match()
-
-
-@pytest.mark.parametrize("seed", range(24))
-def test_random_walk_agrees_with_the_model(seed: int) -> None:
-    """G1-G6 along a long seeded walk (a failure names its seed; replay it with _walk)."""
-    _walk(seed, 300)
-

@@ -306,11 +306,12 @@ def item_rows(groups: list[list[Any]], reply: list[Any]) -> list[list[Any]]:
 
 
 def fetched_messages(frame: list[Any]) -> list[list[Any]]:
-    """A FETCHED frame's messages as ``[offset, id, payload, timestamp]``; checks its shape."""
+    """A FETCHED frame's messages as ``[offset, id, payload, timestamp]`` (its offsets a
+    run, or an array with holes; its meta column, if any, left out); checks its shape."""
     assert frame[0] == P.FETCHED, frame
     count = P.check_fetched(frame)
-    first, ids, payloads, times = frame[3:]
-    return [list(m) for m in zip(range(first, first + count), ids, payloads,
+    offsets, ids, payloads, times = frame[3:7]
+    return [list(m) for m in zip(P.offsets_of(offsets, count), ids, payloads,
                                  P.times_of(times), strict=True)]
 
 

@@ -184,8 +184,11 @@ class Delivery(Settling):
                 sub.deadlines.popleft()
                 at, offsets, pushes, epoch = d
                 for offset in offsets:  # only the unacked ones of the batch time out
-                    if not sub.is_current(offset, pushes, epoch) or (
-                            sub.extended and self._deferred(sub, offset, at)):
+                    if not sub.is_current(offset, pushes, epoch):
+                        if sub.extended and offset not in sub.in_flight:
+                            sub.extended.pop(offset, None)  # settled: its in_progress too
+                        continue
+                    if sub.extended and self._deferred(sub, offset, at):
                         continue
                     if pushes >= max_pushes:
                         if self._exhausted(sub, offset, max_pushes, now):
@@ -198,7 +201,8 @@ class Delivery(Settling):
             elif r is not None and r[0] <= now:
                 sub.repushes.popleft()
                 at, offset, pushes, epoch = r
-                if sub.is_current(offset, pushes, epoch):
+                if sub.is_current(offset, pushes, epoch) and not (
+                        sub.extended and self._overtaken(sub, offset, at, retry_interval)):
                     repush.append((at, offset, pushes))
             else:
                 break
@@ -238,8 +242,13 @@ class Delivery(Settling):
         by_attempt: dict[int, list[int]] = {}
         # deadlines are added in time order: the queue must stay ordered
         for at, offset, pushes in sorted(due, key=lambda e: (e[0], e[1])):
-            if not log.holds(offset):
+            # an in_progress whose deadline equals one in force (at the push's own instant,
+            # or twice at one instant) doubles the timer entries of one push: the first
+            # re-push makes the other stale (else one DELIVER carries the offset twice)
+            if not log.holds(offset) or sub.in_flight.get(offset) != pushes:
                 continue
+            if sub.extended:  # an in_progress of the push before is done with
+                sub.extended.pop(offset, None)
             sub.in_flight[offset] = pushes + 1
             self._await_ack(session, sub, at + timeout, [offset], pushes + 1)
             by_attempt.setdefault(pushes + 1, []).append(offset)

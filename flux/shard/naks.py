@@ -118,16 +118,19 @@ class Settling(DeadLetters):
         sub.add_deadlines(at, [offset], pushes)
         self._schedule(sub)
 
-    def _deferred(self, sub: Subscription, offset: int, at: float) -> bool:
-        """Whether an ack deadline at ``at`` of ``offset`` was put off by in_progress
-        (the later deadline has an entry of its own)."""
+    def _deferred(self, sub: Any, offset: int, at: float) -> bool:
+        """Whether an ack deadline at ``at`` of ``offset`` (of a subscription or a
+        member) was put off by in_progress (the later deadline has an entry of its
+        own). The later one is kept until the message is pushed again or settled."""
         later = sub.extended.get(offset)
-        if later is None:
-            return False
-        if at < later:
-            return True
-        del sub.extended[offset]
-        return False
+        return later is not None and at < later
+
+    def _overtaken(self, sub: Any, offset: int, at: float, retry_interval: float) -> bool:
+        """Whether a re-push at ``at`` of ``offset`` follows an ack deadline that an
+        in_progress made after it (in the retry interval) put off: G11's deadline
+        becomes now + timeout even once the old one has passed, so it is stale."""
+        later = sub.extended.get(offset)
+        return later is not None and at < later + retry_interval
 
     def _due_naks(self, sub: Subscription, now: float) -> list[tuple[float, int, int]]:
         """The nak'd messages due for their re-push by ``now``, as ``_redeliver`` takes

@@ -291,7 +291,13 @@ class Publishing(Delays):
             if original is not None:  # G3: before the TopicFull check
                 offsets.append(original)
                 duplicates.append(i)
-                original_due = self._due_of(topic, original)
+                if original >= topic.log.next_offset:
+                    # stored by this group: not indexed as delayed until the group is, so
+                    # its due time comes from here (G12: the ack carries it either way)
+                    fresh_due = new_dues[original - topic.log.next_offset] if new_dues else None
+                    original_due = None if fresh_due is None else self.epoch + fresh_due
+                else:
+                    original_due = self._due_of(topic, original)
                 if original_due is not None:
                     if dues is None:
                         dues = [None] * len(ids)

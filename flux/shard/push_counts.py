@@ -88,6 +88,7 @@ class PushCounts(Delays):
                 continue
             plan.append((o, used + 1))
         if not plan:
+            self._dirty[id(sub)] = sub  # (as below: nothing took the room)
             return True
         log = topic.log
         by_attempt: dict[int, list[int]] = {}
@@ -117,6 +118,10 @@ class PushCounts(Delays):
                 sub.redelivered += len(group)
             self._deliver(session, sub.session[1], topic.generation, pushes, group,
                           *columns[pushes], log.meta_columns(group, self.epoch))
+        if len(by_attempt.get(1, ())) < len(offsets):
+            # the batch was sized by credit, and a re-push or a dead letter used none: the
+            # next messages may fit now (the pump runs again, G2)
+            self._dirty[id(sub)] = sub
         return True
 
     if TYPE_CHECKING:  # what Delivery and DeadLetters provide (ShardCore combines them)

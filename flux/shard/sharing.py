@@ -224,16 +224,21 @@ class Sharing(Delivery):
     # -- pushing -----------------------------------------------------------------------
 
     def _pump(self, now: float) -> None:
-        """Send first deliveries to every subscription that may have room for them."""
-        if not self._dirty:
-            return
-        dirty = self._dirty
-        self._dirty = {}
-        for sub in dirty.values():
-            if sub.session is not None:
-                self._push_new(sub, now)
-            elif sub.group is not None and sub.group.members:
-                self._push_shared(sub, now)
+        """Send first deliveries to every subscription that may have room for them.
+
+        Until none is marked again: a push of counts kept from an earlier attachment
+        (G11) may leave room it was given unused (a re-push uses no credit; a message
+        out of pushes is dead-lettered instead, which marks the dead-letter topic's
+        readers too) and marks the subscription anew; each round pushes or settles a
+        message, so this ends."""
+        while self._dirty:
+            dirty = self._dirty
+            self._dirty = {}
+            for sub in dirty.values():
+                if sub.session is not None:
+                    self._push_new(sub, now)
+                elif sub.group is not None and sub.group.members:
+                    self._push_shared(sub, now)
 
     def _push_shared(self, sub: Subscription, now: float) -> None:
         """Hand-offs, then keys' queued messages, then new messages, to the members with
@@ -309,6 +314,11 @@ class Sharing(Delivery):
                 if not log.holds(offset) or offset < sub.cursor or offset in sub.acked \
                         or offset in sub.dead_pending:
                     group.pushes.pop(offset, None)
+                    continue
+                if dead_letter and counts.get(offset, 0) >= max_pushes:
+                    # out of pushes: a dead letter, with no member chosen for it (one
+                    # chosen would keep its key pinned while holding none of it, G10)
+                    dead.append((offset, counts[offset]))
                     continue
                 key = key_of(offset)
                 target = group.pins.get(key) if key is not None else None
@@ -569,7 +579,7 @@ class Sharing(Delivery):
                 for i, offset in enumerate(offsets):
                     count = counts if type(counts) is int else counts[i]
                     if not m.is_current(offset, count, epoch) or (
-                            m.extended and self._deferred(m, offset, at)):  # type: ignore[arg-type]
+                            m.extended and self._deferred(m, offset, at)):
                         continue
                     if count >= max_pushes:
                         if self.topics[sub.topic].settings.dead_letter:
@@ -586,7 +596,8 @@ class Sharing(Delivery):
             elif r is not None and r[0] <= now:
                 m.repushes.popleft()
                 at, offset, count, epoch = r
-                if m.is_current(offset, count, epoch):
+                if m.is_current(offset, count, epoch) and not (
+                        m.extended and self._overtaken(m, offset, at, retry_interval)):
                     repush.append((at, offset, count))
             else:
                 break
@@ -602,8 +613,9 @@ class Sharing(Delivery):
         session = self.sessions.get(m.conn)
         by_count: dict[int, list[int]] = {}
         for at, offset, count in sorted(due, key=lambda e: (e[0], e[1])):
-            if not log.holds(offset):
-                continue
+            if not log.holds(offset) or m.in_flight.get(offset) != count:
+                continue  # a doubled timer entry, re-pushed already (as in _redeliver)
+            m.extended.pop(offset, None)  # (an in_progress of the push before)
             m.in_flight[offset] = count + 1  # (not late: the member has seen it before)
             self._await_ack(session, m, at + timeout, [offset], count + 1)
             self._count_pushes(topic, sub, [offset], count + 1)
@@ -751,8 +763,8 @@ class Sharing(Delivery):
         group = sub.group
         assert group is not None
         if count >= 1 + topic.settings.retry_count:
+            self._let_go(sub, m, offset)  # exhausted: the frame's later items refuse it
             if topic.settings.dead_letter:
-                self._let_go(sub, m, offset)
                 self._dead_letter(topic, sub, offset, count, "exhausted", now)
             else:
                 exhausted.append((offset, count))

@@ -304,6 +304,9 @@ class Subscription(PushTimers):
         q, cursor = self.deadlines, self.cursor
         while q and (not q[0][1] or q[0][1][-1] < cursor):
             q.popleft()
+        if self.extended:  # and in_progress deadlines of acked messages (else kept)
+            for offset in [o for o in self.extended if o < cursor]:
+                del self.extended[offset]
 
     def is_current(self, offset: int, pushes: int, epoch: int) -> bool:
         """Whether a timer entry still refers to an unacked push of this attachment."""
