@@ -11,10 +11,22 @@ Compacted segments (:mod:`~flux.storage.compaction`) read like any other: their
 JUMP records carry positions past what was left out; a compaction a crash cut
 short left a ``.compact`` file, which is removed (the segment it was rewriting
 is still whole).
+
+A failed fsync (:mod:`~flux.storage.writer`) leaves a marker naming the synced
+mark: the kernel may have marked the pages it could not write clean, so they read
+back (from the page cache) though a power loss will lose them, and a later fsync
+"succeeds" without writing them. Recovery never counts them: the log ends at the
+synced mark; what lies past it is copied or renamed aside (kept for a person,
+never wiped) and cut, durably, and only then is the marker removed. Set aside as
+``<name>.unsynced`` when nothing past the mark was exposed (fsync always: nothing
+there was acked), else as ``<name>.damaged``: acked records were cut, and like
+other damage that calls for a new generation, also at a recovery after a crash
+that came before the new generation was on disk.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import posixpath
 import re
@@ -30,8 +42,11 @@ from flux.storage.segment import (
     COMPACTING,
     DAMAGED,
     MAX_HEADER,
+    UNSYNCED,
     Foreign,
+    SegmentHeader,
     decode_header,
+    parse_fsync_failed,
     parse_name,
 )
 from flux.storage.table import OpenSegment, SegmentTable
@@ -90,6 +105,13 @@ class RecoveryReport:
     damaged_generations: set[int] = dataclasses.field(default_factory=set)
     removed: list[str] = dataclasses.field(default_factory=list)   # empty, half-made segments
     ignored: list[str] = dataclasses.field(default_factory=list)   # files that are not segments
+    # markers of failed fsyncs found (and removed), the lowest synced mark they name
+    # (where the log was cut), and whether anything past it was exposed (durable with
+    # fsync interval or never: acked, so the cut lost acked records)
+    fsync_failed: list[str] = dataclasses.field(default_factory=list)
+    synced_mark: int | None = None
+    exposed_past_mark: bool = False
+    unsynced_bytes: int = 0         # bytes past the synced mark, set aside
 
 
 async def recover(disk: Disk, directory: str, *, owner: str,
@@ -121,14 +143,23 @@ async def recover(disk: Disk, directory: str, *, owner: str,
             generation = _generation_of(disk, posixpath.join(directory, name))
             if generation is not None:
                 report.damaged_generations.add(generation)
-        else:
+        elif (marks := parse_fsync_failed(name)) is not None:
+            report.fsync_failed.append(name)
+            report.synced_mark = min(marks[0], report.synced_mark if report.synced_mark
+                                     is not None else marks[0])
+            report.exposed_past_mark = report.exposed_past_mark or marks[1] > marks[0]
+        elif UNSYNCED not in name:
             report.ignored.append(name)
     names.sort()
+    mark = report.synced_mark
     table = SegmentTable(directory, start=names[0][0] if names else 0)
     if names:
         disk.read_ahead(table.path_for(names[0][1]))
     for i, (first, name) in enumerate(names):
         path = table.path_for(name)
+        if mark is not None and first >= mark:   # its header may be lost too
+            await _set_unsynced(disk, table, names[i:], report)
+            break
         last = i == len(names) - 1
         if not last:   # the disk reads the next segment while this one is checked
             disk.read_ahead(table.path_for(names[i + 1][1]))
@@ -172,7 +203,11 @@ async def recover(disk: Disk, directory: str, *, owner: str,
             break
         segment = OpenSegment(path, file, header, header_size, first)
         table.add(segment)
-        bad = await _scan(segment, size, on_record, report)
+        bad = await _scan(segment, size, on_record, report, mark)
+        if mark is not None and (segment.end > mark or (bad is not None and bad[0] >= mark)):
+            # past the synced mark, whatever it holds (records or a bad spot): cut
+            await _cut_unsynced(disk, table, segment, mark, names[i + 1:], report)
+            break
         if bad is not None:
             position, reason = bad
             cut = size - segment.offset_of(position)
@@ -191,6 +226,10 @@ async def recover(disk: Disk, directory: str, *, owner: str,
         # fsync always, durable). Make it so before anyone hears of them (a duplicate's
         # ack, a FETCH); every segment but the last was synced when the next began
         await table.last.file.sync()
+    if report.fsync_failed:   # the cut is durable: the markers have done their work
+        for name in report.fsync_failed:
+            disk.remove(posixpath.join(directory, name))
+        await disk.sync_dir(directory)
     report.segments = len(table.segments)
     report.start = table.start
     report.end = table.end
@@ -217,8 +256,9 @@ def _generation_of(disk: Disk, path: str) -> int | None:
 
 
 async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] | None,
-                report: RecoveryReport) -> tuple[int, str] | None:
+                report: RecoveryReport, mark: int | None = None) -> tuple[int, str] | None:
     """Read every record of ``segment``; returns (position, reason) of the first bad one.
+    Records from ``mark`` on (a failed fsync's synced mark) are read, not passed on.
     Yields to the event loop after each chunk, so a long recovery does not stop the
     caller's other tasks (a shard's heartbeats to the router, its Busy answers)."""
     file = segment.file
@@ -240,6 +280,8 @@ async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], N
             for target, after in jumps:
                 segment.add_jump(target, offset + after)
             jumps.clear()
+        if records and mark is not None and records[-1].position >= mark:
+            del records[bisect.bisect_left(records, mark, key=lambda r: r.position):]
         if records:
             report.records += len(records)
             if on_record is not None:
@@ -307,11 +349,11 @@ def _record_follows(tail: bytes) -> bool:
     return False
 
 
-def _aside_name(disk: Disk, path: str) -> str:
-    name = path + DAMAGED
+def _aside_name(disk: Disk, path: str, suffix: str = DAMAGED) -> str:
+    name = path + suffix
     n = 1
     while disk.exists(name):
-        name = f"{path}{DAMAGED}.{n}"
+        name = f"{path}{suffix}.{n}"
         n += 1
     return name
 
@@ -319,7 +361,24 @@ def _aside_name(disk: Disk, path: str) -> str:
 async def _cut_corrupt(disk: Disk, table: SegmentTable, segment: OpenSegment, position: int,
                        later: list[tuple[int, str]], report: RecoveryReport, damage: Damage) -> None:
     """Copy the damaged segment aside, cut it at ``position``, set later segments aside."""
-    copy_path = _aside_name(disk, segment.path)
+    copy_path = await _copy_aside_and_cut(disk, table, segment, position, DAMAGED)
+    await _set_aside(disk, table, later, report, damage, (copy_path,))
+
+
+async def _cut_unsynced(disk: Disk, table: SegmentTable, segment: OpenSegment, mark: int,
+                        later: list[tuple[int, str]], report: RecoveryReport) -> None:
+    """Copy ``segment`` aside, cut it at the synced mark, set later segments aside."""
+    report.unsynced_bytes += segment.file.size() - segment.offset_of(mark)
+    await _copy_aside_and_cut(disk, table, segment, mark,
+                              _unsynced_suffix(report, segment.header))
+    await _set_unsynced(disk, table, later, report)
+
+
+async def _copy_aside_and_cut(disk: Disk, table: SegmentTable, segment: OpenSegment,
+                              position: int, suffix: str) -> str:
+    """Copy ``segment`` whole to ``<name><suffix>`` (synced), then cut it at ``position``,
+    durably; returns the copy's path."""
+    copy_path = _aside_name(disk, segment.path, suffix)
     copy = disk.open(copy_path, create=True)
     try:
         await _copy(segment.file, copy)
@@ -329,7 +388,35 @@ async def _cut_corrupt(disk: Disk, table: SegmentTable, segment: OpenSegment, po
     segment.file.truncate(segment.offset_of(position))
     await segment.file.sync()
     segment.end = position
-    await _set_aside(disk, table, later, report, damage, (copy_path,))
+    return copy_path
+
+
+async def _set_unsynced(disk: Disk, table: SegmentTable, names: list[tuple[int, str]],
+                        report: RecoveryReport) -> None:
+    """Rename the segments ``names`` (wholly past the synced mark) aside."""
+    for _, name in names:
+        path = table.path_for(name)
+        file = disk.open(path)
+        try:
+            report.unsynced_bytes += file.size()
+            header: SegmentHeader | None = decode_header(file.read_at(0, MAX_HEADER))[0]
+        except (record.Torn, record.Bad):
+            header = None
+        finally:
+            file.close()
+        disk.rename(path, _aside_name(disk, path, _unsynced_suffix(report, header)))
+    if names:
+        await disk.sync_dir(table.directory)
+
+
+def _unsynced_suffix(report: RecoveryReport, header: SegmentHeader | None) -> str:
+    """``.damaged`` if records past the mark were exposed (then the generation of what is
+    set aside calls for a new one, as damage's does), else ``.unsynced``."""
+    if not report.exposed_past_mark:
+        return UNSYNCED
+    if header is not None:
+        report.damaged_generations.add(header.generation)
+    return DAMAGED
 
 
 async def _copy(src: DiskFile, dst: DiskFile) -> None:
