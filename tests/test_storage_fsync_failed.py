@@ -154,3 +154,31 @@ async def test_a_crash_in_recovery_before_the_cut_is_made_finds_the_marker_again
     writer.table.close()
     assert [r.body for r in records] == [b"kept"] and writer.table.end == mark
     assert report.fsync_failed and report.unsynced_bytes > 0
+
+
+async def test_after_recovery_s_own_fsync_fails_the_next_copies_the_last_segment_to_fresh_pages(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _disk()
+    table, _ = await recover(disk, DIR, owner="orders")
+    writer = LogWriter(disk, table, owner="orders", generation=7, boot_id=disk.boot_id(),
+                       fsync=FsyncMode.NEVER)
+    async with trio.open_nursery() as nursery:   # records written, never synced
+        await nursery.start(writer.run)
+        await writer.sync()
+        for _ in range(3):
+            await writer.wait_durable(writer.append(1, b"written").end)
+        nursery.cancel_scope.cancel()
+    writer.table.close()
+    disk.crash()
+    disk.fail_next_syncs(1)   # recovery's fsync of what the crash left unsynced
+    with pytest.raises(OSError):
+        await _recover(disk)
+    disk.crash()
+    records, writer, report = await _recover(disk)
+    writer.table.close()
+    assert report.rewritten and [r.body for r in records].count(b"written") == 3
+    assert not any(n.startswith("fsync-failed") for n in disk.listdir(DIR))
+    disk.power_loss()   # what the rewrite synced is on disk: nothing is lost
+    records, writer, report = await _recover(disk)
+    writer.table.close()
+    assert [r.body for r in records].count(b"written") == 3 and not report.rewritten

@@ -22,6 +22,12 @@ never wiped) and cut, durably, and only then is the marker removed. Set aside as
 there was acked), else as ``<name>.damaged``: acked records were cut, and like
 other damage that calls for a new generation, also at a recovery after a crash
 that came before the new generation was on disk.
+
+Recovery fsyncs too (the last segment, which a crash may have left unsynced; a
+cut). When one of its own steps fails it leaves the marker ``fsync-failed.recovery``:
+the next recovery copies the last segment into a fresh file, fsyncs it and renames
+it over the old one, instead of trusting an fsync of pages a failed one may have
+marked clean.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from flux.storage.segment import (
     COMPACTING,
     DAMAGED,
     MAX_HEADER,
+    REWRITE,
     UNSYNCED,
     Foreign,
     SegmentHeader,
@@ -112,6 +119,7 @@ class RecoveryReport:
     synced_mark: int | None = None
     exposed_past_mark: bool = False
     unsynced_bytes: int = 0         # bytes past the synced mark, set aside
+    rewritten: bool = False         # the last segment was copied to fresh pages (REWRITE)
 
 
 async def recover(disk: Disk, directory: str, *, owner: str,
@@ -126,8 +134,27 @@ async def recover(disk: Disk, directory: str, *, owner: str,
     cache), so any bad spot in it is corruption, never cut silently as a torn tail.
 
     Raises ForeignLog if the directory holds another owner's log or an unreadable
-    format, and OSError if the disk fails while recovering.
+    format, and OSError if the disk fails while recovering (then, best effort, it
+    leaves the marker that makes the next recovery rewrite the last segment).
     """
+    try:
+        return await _recover(disk, directory, owner, on_record, now, boot_id)
+    except OSError:
+        try:
+            file = disk.open(posixpath.join(directory, REWRITE), create=True)
+            try:
+                await file.sync()
+            finally:
+                file.close()
+            await disk.sync_dir(directory)
+        except OSError:
+            pass   # a restart in this boot may then trust the page cache (README)
+        raise
+
+
+async def _recover(disk: Disk, directory: str, owner: str,
+                   on_record: Callable[[Record], None] | None, now: Callable[[], float],
+                   boot_id: str | None) -> tuple[SegmentTable, RecoveryReport]:
     started = now()
     disk.makedirs(directory)
     report = RecoveryReport(directory)
@@ -143,6 +170,9 @@ async def recover(disk: Disk, directory: str, *, owner: str,
             generation = _generation_of(disk, posixpath.join(directory, name))
             if generation is not None:
                 report.damaged_generations.add(generation)
+        elif name == REWRITE:
+            report.fsync_failed.append(name)
+            report.rewritten = True
         elif (marks := parse_fsync_failed(name)) is not None:
             report.fsync_failed.append(name)
             report.synced_mark = min(marks[0], report.synced_mark if report.synced_mark
@@ -225,7 +255,10 @@ async def recover(disk: Disk, directory: str, *, owner: str,
         # read back above, and the writer counts everything recovered as synced (with
         # fsync always, durable). Make it so before anyone hears of them (a duplicate's
         # ack, a FETCH); every segment but the last was synced when the next began
-        await table.last.file.sync()
+        if report.rewritten:
+            await _rewrite_last(disk, table)
+        else:
+            await table.last.file.sync()
     if report.fsync_failed:   # the cut is durable: the markers have done their work
         for name in report.fsync_failed:
             disk.remove(posixpath.join(directory, name))
@@ -417,6 +450,24 @@ def _unsynced_suffix(report: RecoveryReport, header: SegmentHeader | None) -> st
     if header is not None:
         report.damaged_generations.add(header.generation)
     return DAMAGED
+
+
+async def _rewrite_last(disk: Disk, table: SegmentTable) -> None:
+    """Copy the last segment into a fresh file, synced, renamed over it: an fsync of its
+    own pages proves nothing after one failed, a copy's pages are new."""
+    old = table.last
+    assert old is not None
+    temp = old.path + COMPACTING   # removed by the next recovery if a crash cuts this short
+    file = disk.open(temp, create=True)
+    try:
+        await _copy(old.file, file)
+        disk.rename(temp, old.path)
+        await disk.sync_dir(table.directory)
+    except BaseException:
+        file.close()
+        raise
+    table.replace(old, dataclasses.replace(old, file=file))
+    old.file.close()
 
 
 async def _copy(src: DiskFile, dst: DiskFile) -> None:

@@ -25,6 +25,7 @@ DAMAGED = ".damaged"       # a segment set aside by recovery, kept for a person 
 COMPACTING = ".compact"    # a segment being rewritten by compaction (recovery removes it)
 UNSYNCED = ".unsynced"     # what recovery set aside past a failed fsync's synced mark
 FSYNC_FAILED = "fsync-failed."   # marker: fsync-failed.<synced mark>.<durable mark>
+REWRITE = FSYNC_FAILED + "recovery"   # marker: a recovery's fsync failed (rewrite the last)
 NAME_DIGITS = 20
 
 _FIXED = struct.Struct("<8sHHQQd")     # magic, version, header length, generation, first position, created
