@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from flux.sim.disk import DiskFaults, SimDisk
+from flux.sim.disk import DiskFaults, SimDisk, SimDiskFile
 
 D = "/d"
 
@@ -129,6 +129,53 @@ async def test_a_failing_fsync_raises_eio_and_leaves_the_data_unsynced(
     assert info.value.errno == errno.EIO
     disk.power_loss()
     assert disk.contents(D + "/a") == b""
+
+
+async def _lose_a_write(disk: SimDisk) -> SimDiskFile:
+    """A file holding b"kept" synced, then b"LOST" whose fsync failed."""
+    f = disk.open(D + "/a", create=True)
+    await disk.sync_dir(D)
+    f.append(b"kept")
+    await f.sync()
+    f.append(b"LOST")
+    disk.fail_next_syncs(1)
+    with pytest.raises(OSError):
+        await f.sync()
+    return f
+
+
+async def test_a_failed_fsync_marks_its_pages_clean_they_read_back_until_a_power_loss(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # Linux (PostgreSQL's "fsyncgate"): the error is reported once, the pages it could
+    # not write are marked clean, so a later fsync succeeds without writing them
+    disk = _disk(torn_tail_chance=1.0)
+    f = await _lose_a_write(disk)
+    assert f.read_at(0, 8) == b"keptLOST"      # the page cache still has them
+    await f.sync()                              # succeeds: nothing is dirty
+    disk.power_loss()   # that fsync made the size durable, never the bytes: a hole
+    assert disk.contents(D + "/a") == b"kept\0\0\0\0"
+
+
+async def test_bytes_synced_after_a_failed_fsync_leave_a_hole_where_its_pages_were(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _disk()
+    f = await _lose_a_write(disk)
+    f.append(b"next")
+    await f.sync()
+    assert disk.contents(D + "/a") == b"keptLOSTnext"
+    disk.power_loss()
+    assert disk.contents(D + "/a") == b"kept\0\0\0\0next"
+
+
+async def test_cutting_a_file_below_what_a_failed_fsync_lost_makes_it_whole_again(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _disk()
+    f = await _lose_a_write(disk)
+    f.truncate(4)
+    f.append(b"more")
+    await f.sync()
+    disk.power_loss()
+    assert disk.contents(D + "/a") == b"keptmore"
 
 
 async def test_a_full_disk_writes_what_fits_then_raises_enospc(

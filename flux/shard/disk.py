@@ -269,6 +269,9 @@ class ShardStorage:
             # no meaning in this one (and no client heard of it: that snapshot is synced
             # before the shard serves)
             why = "a new generation began and the shard stopped before its first snapshot"
+        elif report.exposed_past_mark:
+            why = (f"an fsync of its log failed, and records acked past the last synced"
+                   f" position ({report.synced_mark}) may not be on disk: cut there")
         elif generation in report.damaged_generations:
             why = "an earlier recovery set damage aside and stopped before a new generation"
         elif self._boot_changed(report):
@@ -289,6 +292,8 @@ class ShardStorage:
         info = {"recovered_bytes": report.bytes, "recovered_records": replay.records,
                 "recovery_seconds": report.seconds, "new_generation": why,
                 "damage_read_back": found,
+                "fsync_failed": None if report.synced_mark is None else {
+                    "cut_at": report.synced_mark, "unsynced_bytes": report.unsynced_bytes},
                 "damage": None if report.damage is None else {
                     "kind": report.damage.kind, "path": report.damage.path,
                     "position": report.damage.position, "reason": report.damage.reason,
@@ -307,6 +312,9 @@ class ShardStorage:
                                         generation, why))
         damage = f"; {report.damage.kind} at position {report.damage.position}: " \
                  f"{report.damage.reason}" if report.damage is not None else ""
+        if report.synced_mark is not None:
+            damage += (f"; an fsync had failed: cut at the synced position"
+                       f" {report.synced_mark}, {report.unsynced_bytes} bytes past it set aside")
         log.info("shard %d: recovered topic %r in %.3fs: read %d bytes, %d records, %d messages,"
                  " %d subscriptions; offsets %d..%d; generation %#x%s%s", core.index, name,
                  report.seconds, report.bytes, replay.records, replay.messages, len(topic.subs),
@@ -506,6 +514,12 @@ class ShardStorage:
             nursery.start_soon(self._retain, journal, writer)
             exc = await writer.wait_failed()
             log.error("shard %d: the log of topic %r failed: %s", core.index, journal.topic, exc)
+            if writer.unmarked:
+                log.critical("shard %d: an fsync of topic %r's log failed and no marker could"
+                             " be left in %s: a restart in this boot would read back records"
+                             " that may not be on disk; check the disk, and cut the log at"
+                             " position %d or reboot the machine before restarting",
+                             core.index, journal.topic, writer.table.directory, writer.synced)
             core.storage_stopped(journal, str(exc), self.host.now())
             self._dispatch()
             if self.failure is None:

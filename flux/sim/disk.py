@@ -6,7 +6,10 @@ Faults: :meth:`SimDisk.crash` (a process dies: everything written survives),
 :meth:`SimDisk.power_loss` (unsynced bytes and entries are lost; a file's unsynced
 tail may survive cut at a random byte, with zeros after the cut), :meth:`SimDisk.flip_bit`
 (in a synced block), a capacity (``ENOSPC``), slow fsyncs and failing fsyncs
-(``EIO``). Every delay is a trio sleep, so the simulator's clock drives it; there
+(``EIO``). A failed fsync behaves as Linux's: the pages it could not write are marked
+clean anyway (a later fsync succeeds and writes nothing of them) yet still read back
+from the page cache, until a power loss drops them (they never reached the medium).
+Every delay is a trio sleep, so the simulator's clock drives it; there
 are no threads. Directories themselves are durable as soon as they are made.
 """
 
@@ -33,16 +36,24 @@ class DiskFaults:
     zero_fill_chance: float = 0.5      # ... and a random stretch after the cut reads as zeros
 
 
+_NOTHING_LOST = 1 << 62
+
+
 class _Inode:
-    __slots__ = ("data", "dirty_from", "durable")
+    __slots__ = ("data", "dirty_from", "durable", "lost_from")
 
     def __init__(self) -> None:
         self.data = bytearray()      # what reads see (the page cache)
         self.durable = bytearray()   # what the medium holds since the last fsync
-        self.dirty_from = 0          # data[:dirty_from] equals durable[:dirty_from]
+        self.dirty_from = 0          # data[:dirty_from] equals durable[:dirty_from] ...
+        # ... except from here on: pages a failed fsync marked clean without writing them
+        self.lost_from = _NOTHING_LOST
 
     def touched(self, offset: int) -> None:
+        """Bytes from ``offset`` on were written or cut off."""
         self.dirty_from = min(self.dirty_from, offset)
+        if offset <= self.lost_from:   # what was lost is cut off (appends never rewrite it)
+            self.lost_from = _NOTHING_LOST
 
 
 def _ebadf(path: str) -> OSError:
@@ -171,6 +182,8 @@ class SimDisk:
     def _settle(self, path: str, inode: _Inode) -> None:
         base = inode.durable[:inode.dirty_from]
         tail = inode.data[inode.dirty_from:]
+        if tail:   # pages a failed fsync lost before it read as a hole (zeros)
+            base += bytes(inode.dirty_from - len(base))
         content = inode.durable
         if tail and self.random.random() < self.faults.torn_tail_chance:
             cut = self.random.randint(0, len(tail))
@@ -181,6 +194,7 @@ class SimDisk:
         inode.data = bytearray(content)
         inode.durable = bytearray(content)
         inode.dirty_from = len(content)
+        inode.lost_from = _NOTHING_LOST
 
     def synced_files(self, suffix: str = "") -> list[str]:
         """The files ending in ``suffix`` that hold synced bytes, sorted."""
@@ -217,7 +231,7 @@ class SimDisk:
 
     @staticmethod
     def _synced_len(inode: _Inode) -> int:
-        return min(inode.dirty_from, len(inode.durable), len(inode.data))
+        return min(inode.dirty_from, inode.lost_from, len(inode.durable), len(inode.data))
 
     def fail_next_syncs(self, count: int = 1) -> None:
         """Make the next ``count`` file fsyncs fail with EIO."""
@@ -299,10 +313,14 @@ class SimDiskFile:
             inode.touched(start)
             raise _ebadf(self.path)
         if fail:
-            inode.touched(start)   # what it held is in doubt: a power loss may lose it
+            # Linux marks the pages it could not write clean: they stay readable, a later
+            # fsync does not write them, and a power loss loses them
+            if tail:
+                inode.lost_from = min(inode.lost_from, start)
             disk.events.append(f"{self.path}: fsync failed (EIO)")
             raise OSError(errno.EIO, "input/output error", self.path)
         del inode.durable[start:]
+        inode.durable += bytes(start - len(inode.durable))   # a hole where pages were lost
         inode.durable += tail
 
     def truncate(self, length: int) -> None:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 #   rot       a bit of a synced block flips while the shard runs: a read back (a delivery
 #             or FETCH of an evicted payload, compaction) or a later recovery finds it
 #   eio       the next fsync on a shard machine's disk fails (EIO): the log stops, the
-#             shard exits and the router restarts it (G9)
+#             shard exits and the router restarts it (G9); as on Linux, what it did not
+#             write still reads back, until a power loss
 #   full      a shard machine's disk is full for `duration`: every write fails (ENOSPC)
 #   slowdisk  a shard machine's fsyncs take 0.2-2 s each for `duration`
 KINDS = ("crash", "pause", "router", "partition", "stall", "reset", "slow", "power", "flip",
@@ -104,6 +105,11 @@ class FaultMix:
     stall: tuple[float, float] = (0.05, 0.8)
     slow: tuple[float, float] = (1.0, 6.0)
     producers_only: bool = False  # link faults pick producers, not subscribers
+    # chance that an eio is followed, this many seconds later, by a power loss of its
+    # machine (what a failed fsync lost is then gone); drawn after the other faults,
+    # so a seed's other faults stay what they were
+    power_after_eio: float = 0.0
+    power_delay: tuple[float, float] = (2.0, 10.0)
     links: tuple[tuple[str, float], ...] = (
         ("client<->shard", 1.0), ("client<->router", 1.0), ("router<->shard", 1.0))
 
@@ -137,6 +143,11 @@ def draw_plan(rng: random.Random, mix: FaultMix, *, shards: int, clients: Sequen
             else:
                 span = mix.partition if kind == "partition" else mix.stall
                 faults.append(Fault(at, kind, link, _dur(rng, span)))
+    if mix.power_after_eio:
+        for fault in [f for f in faults if f.kind == "eio"]:
+            if rng.random() < mix.power_after_eio:
+                at = round(fault.at + rng.uniform(*mix.power_delay), 3)
+                faults.append(Fault(min(at, end), "power", fault.target))
     return FaultPlan(tuple(sorted(faults)))
 
 

@@ -13,10 +13,28 @@ Compacted segments (:mod:`~flux.storage.compaction`) read like any other: their
 JUMP records carry positions past what was left out; a compaction a crash cut
 short left a ``.compact`` file, which is removed (the segment it was rewriting
 is still whole).
+
+A failed fsync (:mod:`~flux.storage.writer`) leaves a marker naming the synced
+mark: the kernel may have marked the pages it could not write clean, so they read
+back (from the page cache) though a power loss will lose them, and a later fsync
+"succeeds" without writing them. Recovery never counts them: the log ends at the
+synced mark; what lies past it is copied or renamed aside (kept for a person,
+never wiped) and cut, durably, and only then is the marker removed. Set aside as
+``<name>.unsynced`` when nothing past the mark was exposed (fsync always: nothing
+there was acked), else as ``<name>.damaged``: acked records were cut, and like
+other damage that calls for a new generation, also at a recovery after a crash
+that came before the new generation was on disk.
+
+Recovery fsyncs too (the last segment, which a crash may have left unsynced; a
+cut). When one of its own steps fails it leaves the marker ``fsync-failed.recovery``:
+the next recovery copies the last segment into a fresh file, fsyncs it and renames
+it over the old one, instead of trusting an fsync of pages a failed one may have
+marked clean.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import posixpath
 import re
@@ -32,9 +50,13 @@ from flux.storage.segment import (
     COMPACTING,
     DAMAGED,
     MAX_HEADER,
+    REWRITE,
+    UNSYNCED,
     Foreign,
+    SegmentHeader,
     decode_header,
     generation_field,
+    parse_fsync_failed,
     parse_name,
 )
 from flux.storage.table import OpenSegment, SegmentTable
@@ -95,6 +117,14 @@ class RecoveryReport:
     damaged_generations: set[int] = dataclasses.field(default_factory=set)
     removed: list[str] = dataclasses.field(default_factory=list)   # empty, half-made segments
     ignored: list[str] = dataclasses.field(default_factory=list)   # files that are not segments
+    # markers of failed fsyncs found (and removed), the lowest synced mark they name
+    # (where the log was cut), and whether anything past it was exposed (durable with
+    # fsync interval or never: acked, so the cut lost acked records)
+    fsync_failed: list[str] = dataclasses.field(default_factory=list)
+    synced_mark: int | None = None
+    exposed_past_mark: bool = False
+    unsynced_bytes: int = 0         # bytes past the synced mark, set aside
+    rewritten: bool = False         # the last segment was copied to fresh pages (REWRITE)
 
 
 async def recover(disk: Disk, directory: str, *, owner: str,
@@ -109,8 +139,27 @@ async def recover(disk: Disk, directory: str, *, owner: str,
     cache), so any bad spot in it is corruption, never cut silently as a torn tail.
 
     Raises ForeignLog if the directory holds another owner's log or an unreadable
-    format, and OSError if the disk fails while recovering.
+    format, and OSError if the disk fails while recovering (then, best effort, it
+    leaves the marker that makes the next recovery rewrite the last segment).
     """
+    try:
+        return await _recover(disk, directory, owner, on_record, now, boot_id)
+    except OSError:
+        try:
+            file = disk.open(posixpath.join(directory, REWRITE), create=True)
+            try:
+                await file.sync()
+            finally:
+                file.close()
+            await disk.sync_dir(directory)
+        except OSError:
+            pass   # a restart in this boot may then trust the page cache (README)
+        raise
+
+
+async def _recover(disk: Disk, directory: str, owner: str,
+                   on_record: Callable[[Record], None] | None, now: Callable[[], float],
+                   boot_id: str | None) -> tuple[SegmentTable, RecoveryReport]:
     started = now()
     disk.makedirs(directory)
     report = RecoveryReport(directory)
@@ -126,14 +175,26 @@ async def recover(disk: Disk, directory: str, *, owner: str,
             generation = _generation_of(disk, posixpath.join(directory, name))
             if generation is not None:
                 report.damaged_generations.add(generation)
-        else:
+        elif name == REWRITE:
+            report.fsync_failed.append(name)
+            report.rewritten = True
+        elif (marks := parse_fsync_failed(name)) is not None:
+            report.fsync_failed.append(name)
+            report.synced_mark = min(marks[0], report.synced_mark if report.synced_mark
+                                     is not None else marks[0])
+            report.exposed_past_mark = report.exposed_past_mark or marks[1] > marks[0]
+        elif UNSYNCED not in name:
             report.ignored.append(name)
     names.sort()
+    mark = report.synced_mark
     table = SegmentTable(directory, start=names[0][0] if names else 0)
     if names:
         disk.read_ahead(table.path_for(names[0][1]))
     for i, (first, name) in enumerate(names):
         path = table.path_for(name)
+        if mark is not None and first >= mark:   # its header may be lost too
+            await _set_unsynced(disk, table, names[i:], report)
+            break
         last = i == len(names) - 1
         if not last:   # the disk reads the next segment while this one is checked
             disk.read_ahead(table.path_for(names[i + 1][1]))
@@ -177,7 +238,11 @@ async def recover(disk: Disk, directory: str, *, owner: str,
             break
         segment = OpenSegment(path, file, header, header_size, first)
         table.add(segment)
-        bad = await _scan(segment, size, on_record, report)
+        bad = await _scan(segment, size, on_record, report, mark)
+        if mark is not None and (segment.end > mark or (bad is not None and bad[0] >= mark)):
+            # past the synced mark, whatever it holds (records or a bad spot): cut
+            await _cut_unsynced(disk, table, segment, mark, names[i + 1:], report)
+            break
         if bad is not None:
             position, reason = bad
             cut = size - segment.offset_of(position)
@@ -198,7 +263,14 @@ async def recover(disk: Disk, directory: str, *, owner: str,
         # must its directory entry be: a crash in a roll, after the new segment's header
         # was synced and before its directory was, leaves a segment that a power loss
         # would take away with everything written to it after this recovery
-        await table.last.file.sync()
+        if report.rewritten:
+            await _rewrite_last(disk, table)
+        else:
+            await table.last.file.sync()
+        await disk.sync_dir(directory)
+    if report.fsync_failed:   # the cut is durable: the markers have done their work
+        for name in report.fsync_failed:
+            disk.remove(posixpath.join(directory, name))
         await disk.sync_dir(directory)
     report.segments = len(table.segments)
     report.start = table.start
@@ -231,8 +303,9 @@ def _generation_of(disk: Disk, path: str) -> int | None:
 
 
 async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] | None,
-                report: RecoveryReport) -> tuple[int, str] | None:
+                report: RecoveryReport, mark: int | None = None) -> tuple[int, str] | None:
     """Read every record of ``segment``; returns (position, reason) of the first bad one.
+    Records from ``mark`` on (a failed fsync's synced mark) are read, not passed on.
     Yields to the event loop after each chunk, so a long recovery does not stop the
     caller's other tasks (a shard's heartbeats to the router, its Busy answers)."""
     file = segment.file
@@ -254,6 +327,8 @@ async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], N
             for target, after in jumps:
                 segment.add_jump(target, offset + after)
             jumps.clear()
+        if records and mark is not None and records[-1].position >= mark:
+            del records[bisect.bisect_left(records, mark, key=lambda r: r.position):]
         if records:
             report.records += len(records)
             if on_record is not None:
@@ -321,11 +396,11 @@ def _record_follows(tail: bytes) -> bool:
     return False
 
 
-def _aside_name(disk: Disk, path: str) -> str:
-    name = path + DAMAGED
+def _aside_name(disk: Disk, path: str, suffix: str = DAMAGED) -> str:
+    name = path + suffix
     n = 1
     while disk.exists(name):
-        name = f"{path}{DAMAGED}.{n}"
+        name = f"{path}{suffix}.{n}"
         n += 1
     return name
 
@@ -333,7 +408,24 @@ def _aside_name(disk: Disk, path: str) -> str:
 async def _cut_corrupt(disk: Disk, table: SegmentTable, segment: OpenSegment, position: int,
                        later: list[tuple[int, str]], report: RecoveryReport, damage: Damage) -> None:
     """Copy the damaged segment aside, cut it at ``position``, set later segments aside."""
-    copy_path = _aside_name(disk, segment.path)
+    copy_path = await _copy_aside_and_cut(disk, table, segment, position, DAMAGED)
+    await _set_aside(disk, table, later, report, damage, (copy_path,))
+
+
+async def _cut_unsynced(disk: Disk, table: SegmentTable, segment: OpenSegment, mark: int,
+                        later: list[tuple[int, str]], report: RecoveryReport) -> None:
+    """Copy ``segment`` aside, cut it at the synced mark, set later segments aside."""
+    report.unsynced_bytes += segment.file.size() - segment.offset_of(mark)
+    await _copy_aside_and_cut(disk, table, segment, mark,
+                              _unsynced_suffix(report, segment.header))
+    await _set_unsynced(disk, table, later, report)
+
+
+async def _copy_aside_and_cut(disk: Disk, table: SegmentTable, segment: OpenSegment,
+                              position: int, suffix: str) -> str:
+    """Copy ``segment`` whole to ``<name><suffix>`` (synced), then cut it at ``position``,
+    durably; returns the copy's path."""
+    copy_path = _aside_name(disk, segment.path, suffix)
     copy = disk.open(copy_path, create=True)
     try:
         await _copy(segment.file, copy)
@@ -343,7 +435,53 @@ async def _cut_corrupt(disk: Disk, table: SegmentTable, segment: OpenSegment, po
     segment.file.truncate(segment.offset_of(position))
     await segment.file.sync()
     segment.end = position
-    await _set_aside(disk, table, later, report, damage, (copy_path,))
+    return copy_path
+
+
+async def _set_unsynced(disk: Disk, table: SegmentTable, names: list[tuple[int, str]],
+                        report: RecoveryReport) -> None:
+    """Rename the segments ``names`` (wholly past the synced mark) aside."""
+    for _, name in names:
+        path = table.path_for(name)
+        file = disk.open(path)
+        try:
+            report.unsynced_bytes += file.size()
+            header: SegmentHeader | None = decode_header(file.read_at(0, MAX_HEADER))[0]
+        except (record.Torn, record.Bad):
+            header = None
+        finally:
+            file.close()
+        disk.rename(path, _aside_name(disk, path, _unsynced_suffix(report, header)))
+    if names:
+        await disk.sync_dir(table.directory)
+
+
+def _unsynced_suffix(report: RecoveryReport, header: SegmentHeader | None) -> str:
+    """``.damaged`` if records past the mark were exposed (then the generation of what is
+    set aside calls for a new one, as damage's does), else ``.unsynced``."""
+    if not report.exposed_past_mark:
+        return UNSYNCED
+    if header is not None:
+        report.damaged_generations.add(header.generation)
+    return DAMAGED
+
+
+async def _rewrite_last(disk: Disk, table: SegmentTable) -> None:
+    """Copy the last segment into a fresh file, synced, renamed over it: an fsync of its
+    own pages proves nothing after one failed, a copy's pages are new."""
+    old = table.last
+    assert old is not None
+    temp = old.path + COMPACTING   # removed by the next recovery if a crash cuts this short
+    file = disk.open(temp, create=True)
+    try:
+        await _copy(old.file, file)
+        disk.rename(temp, old.path)
+        await disk.sync_dir(table.directory)
+    except BaseException:
+        file.close()
+        raise
+    table.replace(old, dataclasses.replace(old, file=file))
+    old.file.close()
 
 
 async def _copy(src: DiskFile, dst: DiskFile) -> None:

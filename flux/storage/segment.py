@@ -25,6 +25,9 @@ VERSION = 1
 SUFFIX = ".log"
 DAMAGED = ".damaged"       # a segment set aside by recovery, kept for a person to look at
 COMPACTING = ".compact"    # a segment being rewritten by compaction (recovery removes it)
+UNSYNCED = ".unsynced"     # what recovery set aside past a failed fsync's synced mark
+FSYNC_FAILED = "fsync-failed."   # marker: fsync-failed.<synced mark>.<durable mark>
+REWRITE = FSYNC_FAILED + "recovery"   # marker: a recovery's fsync failed (rewrite the last)
 NAME_DIGITS = 20
 
 _FIXED = struct.Struct("<8sHHQQd")     # magic, version, header length, generation, first position, created
@@ -58,6 +61,22 @@ def parse_name(name: str) -> int | None:
     if len(stem) != NAME_DIGITS or not stem.isdigit():
         return None
     return int(stem)
+
+
+def fsync_failed_name(synced: int, durable: int) -> str:
+    """The name of the (empty) marker a log leaves when an fsync fails: everything past
+    ``synced`` is in doubt, and what was past ``durable`` was never exposed."""
+    return f"{FSYNC_FAILED}{synced:0{NAME_DIGITS}d}.{durable:0{NAME_DIGITS}d}"
+
+
+def parse_fsync_failed(name: str) -> tuple[int, int] | None:
+    """The (synced, durable) marks a marker's name states, or None if it is not one."""
+    if not name.startswith(FSYNC_FAILED):
+        return None
+    synced, _, durable = name[len(FSYNC_FAILED):].partition(".")
+    if not (synced.isdigit() and durable.isdigit()):
+        return None
+    return int(synced), int(durable)
 
 
 def encode_header(header: SegmentHeader) -> bytes:

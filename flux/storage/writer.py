@@ -14,6 +14,10 @@ A write that finds the disk full (``ENOSPC``, ``EDQUOT``) is cut back to the las
 whole record and tried again later (every ``full_retry`` seconds): what was
 queued stays queued, in order, and waits; ``full`` says so meanwhile. Any other
 write error, and any fsync error, stops the log for good (:class:`LogFailed`).
+A failed fsync first leaves a marker in the log's directory naming the synced and
+durable marks (:func:`~flux.storage.segment.fsync_failed_name`): the kernel may have
+dropped the pages it could not write while reads still return them, so recovery
+must not trust what lies past the synced mark (:mod:`~flux.storage.recovery`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import collections
 import enum
 import errno
 import math
+import posixpath
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -31,7 +36,7 @@ from flux.histogram import LatencyHistogram
 from flux.host import Disk
 from flux.storage import record
 from flux.storage.errors import LogFailed
-from flux.storage.segment import SegmentHeader, encode_header, segment_name
+from flux.storage.segment import SegmentHeader, encode_header, fsync_failed_name, segment_name
 from flux.storage.table import OpenSegment, SegmentTable
 
 # ``interval`` and ``never``: a record up to this size, appended when everything before it
@@ -113,6 +118,7 @@ class LogWriter:
         self.synced = table.end     # after the last record an fsync covered
         self.durable = table.end    # the durable mark (G9)
         self.failed: LogFailed | None = None
+        self.unmarked = False   # an fsync failed and no marker could be left for recovery
         self.full: str | None = None   # why the last write found the disk full (retried)
         self.full_retry = 0.25         # seconds between tries while the disk is full
         self.on_full: Callable[[str | None], None] = lambda reason: None  # told of changes
@@ -286,7 +292,7 @@ class LogWriter:
             self.on_progress()
 
     def _fail(self, reason: str, cause: BaseException | None, retryable: bool = False) -> None:
-        if self.failed is None:
+        if not self._failed.is_set():   # (failed may be set: a marker was being made)
             self.failed = LogFailed(reason, cause=cause, retryable=retryable, written=self.written)
             self._queue.clear()
             self._rolls.clear()
@@ -364,7 +370,7 @@ class LogWriter:
         except OSError as e:
             # Never retried: after a failed fsync the kernel may have dropped the
             # pages it could not write, so a second fsync could "succeed" over a hole.
-            self._fail(f"fsync of {segment.path} failed: {e}", e)
+            self._fail(f"fsync of {segment.path} failed: {e}{await self._mark_fsync_failed()}", e)
             return False
         took = self._now() - started
         self.stats.syncs += 1
@@ -413,10 +419,32 @@ class LogWriter:
             await self.disk.sync_dir(self.table.directory)
         except OSError as e:
             file.close()
-            self._fail(f"starting segment {path} failed: {e}", e)
+            self._fail(f"starting segment {path} failed: {e}{await self._mark_fsync_failed()}", e)
             return False
         segment = OpenSegment(path, file, SegmentHeader(self.owner, self.generation, position,
                                                         self.boot_id), len(header), position)
         self.table.add(segment)
         self.stats.rolls += 1
         return True
+
+    async def _mark_fsync_failed(self) -> str:
+        """An fsync failed: leave the marker recovery looks for (an empty file, then its
+        directory entry synced, best effort: a process restart in this boot reads it from
+        the page cache anyway). Returns what to add to the failure's reason."""
+        path = posixpath.join(self.table.directory, fsync_failed_name(self.synced, self.durable))
+        # meanwhile appends are refused (none is written, and the durable mark stays)
+        self.failed = LogFailed("an fsync failed", written=self.written)
+        try:
+            file = self.disk.open(path, create=True)
+        except OSError as e:
+            self.unmarked = True
+            return (f"; leaving the marker {path} failed too ({e}): a restart in this boot"
+                    f" would count records past position {self.synced} as durable")
+        try:
+            await file.sync()
+            await self.disk.sync_dir(self.table.directory)
+        except OSError as e:
+            return f"; the marker {path} is made but may not be durable ({e})"
+        finally:
+            file.close()
+        return f"; recovery cuts the log at {self.synced} ({path})"

@@ -112,6 +112,13 @@ FOUND = [
     # was pushed twice at once, as attempt 2 and attempt 1 (G4/early-redelivery)
     ("shared", 437, None),
     ("disk-errors", 0, "eio:shard-0@30.128"),
+    # "fsyncgate": a failed fsync's pages read back from the page cache at the restart,
+    # recovery's own fsync "succeeded" without writing them, and it counted them as
+    # durable (a retry acked as their duplicate); a power loss then lost them, and found
+    # a hole (fsync always: G9/generation-kept). Now the writer leaves a marker and
+    # recovery cuts the log at the synced mark
+    ("disk-errors", 67, "eio:shard-0@2.7,power:shard-0@6.02"),
+    ("disk-errors", 1, None),
     # pushes queued behind a reply held for durability (a full disk, then a slow fsync)
     # started their ack timeout when made: the client got the re-push with the first
     ("disk-errors", 20, "full:shard-1@21.772+2.569"),

@@ -18,13 +18,18 @@ from flux.sim import history as h
 from flux.sim.checker import Report
 from flux.sim.checker.index import Index
 
-# faults after which a disk topic may rightly start a new generation (G9): a power
-# loss (with fsync interval or never, the unsynced tail may be gone) and damage found
-# by recovery (a flipped bit in a synced block)
+# faults after which a disk topic may rightly start a new generation (G9): damage
+# found by recovery (a flipped bit in a synced block) and, with fsync interval or
+# never, a power loss (the unsynced tail may be gone). With always, a power loss
+# loses nothing acked or exposed: offsets continue
 RESETTING = ("power", "flip")
+RESETTING_ALWAYS = ("flip",)
 # a bit flipped while the shard runs lies in wait: a read back or a later recovery
-# finds it, so it may end any generation that began before it happened
-LATENT = "rot"
+# finds it, so it may end any generation that began before it happened. So does an
+# fsync error with fsync interval or never: it fails the next fsync, and recovery
+# cuts the log at the last synced position, acked records past it included
+LATENT = ("rot", "eio")
+LATENT_ALWAYS = ("rot",)
 
 
 # storage faults that may make a shard's log fail (it exits; the router restarts it):
@@ -113,11 +118,20 @@ def _check_generation_kept(index: Index, report: Report) -> None:
 
     Sound under any delay: an acked publish means its record was written (and with
     fsync always, synced); recovery reads the generation from that record's segment
-    header, and only a reboot with unsynced data (power) or damage (flip) may make it
-    draw another. A bit flipped while the shard runs (``rot``) explains the change if
-    it happened after the old generation began (its predecessor's last evidence): the
-    recovery or creation that began it read, or wrote, every record it kept."""
-    shards = int(index.history.meta.get("config", {}).get("shards", 1) or 1)
+    header, and only damage (flip) or, with fsync interval or never, a reboot with
+    unsynced data (power) may make it draw another. With fsync always a power loss
+    loses nothing acked: a new generation after one means recovery had counted as
+    durable what was not (a failed fsync's pages, read back from the page cache). A
+    bit flipped while the shard runs (``rot``), and with fsync interval or never an
+    fsync error (``eio``: recovery cuts the acked records past the last synced
+    position), explain the change if it happened after the old generation began
+    (its predecessor's last evidence): the recovery or creation that began it read,
+    or wrote, every record it kept."""
+    config = index.history.meta.get("config", {})
+    shards = int(config.get("shards", 1) or 1)
+    fsync = (config.get("storage") or {}).get("fsync", "always")
+    resetting, latent = (RESETTING_ALWAYS, LATENT_ALWAYS) if fsync == "always" \
+        else (RESETTING, LATENT)
     lat = index.params.latency
     # topic -> (generation, last evidence, last evidence of the generation before it)
     seen: dict[str, tuple[int, float, float]] = {}
@@ -132,14 +146,15 @@ def _check_generation_kept(index: Index, report: Report) -> None:
         report.examine("G9", "generation-kept")
         host = f"shard-{shard_for(e.topic, shards)}"
         explained = any(host in d.hosts and d.begin <= e.t and (
-                            (d.fault in RESETTING and previous[1] - lat <= d.begin)
-                            or (d.fault == LATENT and previous[2] - lat <= d.begin))
+                            (d.fault in resetting and previous[1] - lat <= d.begin)
+                            or (d.fault in latent and previous[2] - lat <= d.begin))
                         for d in index.disturbances)
         if not explained:
             report.add("G9", "generation-kept", e.t,
                        f"disk topic {e.topic} went from generation {previous[0]:#x} (acked"
-                       f" at {previous[1]:.3f}) to {e.generation:#x} with no power loss or"
-                       f" damage on {host}")
+                       f" at {previous[1]:.3f}) to {e.generation:#x} with no"
+                       f" {'damage' if fsync == 'always' else 'power loss, fsync error or damage'}"
+                       f" on {host}{' (fsync always)' if fsync == 'always' else ''}")
 
 
 def _check_payloads(index: Index, report: Report) -> None:
