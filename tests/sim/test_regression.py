@@ -119,6 +119,15 @@ FOUND = [
     # recovery cuts the log at the synced mark
     ("disk-errors", 67, "eio:shard-0@2.7,power:shard-0@6.02"),
     ("disk-errors", 1, None),
+    # checker: a bit rotted in a disk topic's log, the shard read it back and recovered
+    # the topic alone in a new generation; G12/cleanup-held-back still waited for the old
+    # generation's acked messages to be deleted (its spans now end at the first rot)
+    ("storage-faults", 122, "rot:shard-0@5.578"),
+    # checker: a recovery that began a new generation (a flipped bit) carried a pull
+    # subscription into it from the oldest message; no client resumed it there, so the
+    # rule did not count it as a holder until the shard deleted it
+    ("storage-faults", 151, "flip:shard-2@1.771,crash:shard-2@4.836"),
+    ("storage-faults", 197, None),
     # pushes queued behind a reply held for durability (a full disk, then a slow fsync)
     # started their ack timeout when made: the client got the re-push with the first
     ("disk-errors", 20, "full:shard-1@21.772+2.569"),

@@ -134,8 +134,14 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
     shard incarnation serving the generation must be up, with no fault on its host,
     from the moment it is free until the deadline. A disk topic's generation outlives
     its shard's incarnations (G9): it is judged within each incarnation a subscription
-    of that generation was made or resumed in, and a subscription's deletion lets go of
-    nothing if its shard stopped after it (the deletion may not have been durable)."""
+    of that generation was made or resumed in, up to the first bit that rots in its
+    shard's log meanwhile (the shard may read it back and recover the topic alone, in a
+    new generation, at any moment after), and a subscription's deletion lets go of
+    nothing if its shard stopped after it (the deletion may not have been durable). A
+    subscription of another generation of the topic that never shows up in this one may
+    have been carried into it by a recovery (G9: a new generation keeps the named
+    subscriptions, from the oldest message): it holds everything until the oracle sees
+    it deleted in this generation."""
     epoch = float(index.history.meta.get("epoch", 0.0))
     stored: dict[tuple[str, int], dict[int, tuple[float, float | None]]] = {}
     trimmed: dict[tuple[str, int], dict[int, float]] = {}
@@ -144,7 +150,16 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
     began: dict[int, float] = {}  # shard generation -> when a client first heard it
     # (topic, generation) -> the shard generations that served it (a memory topic's: itself)
     served: dict[tuple[str, int], set[int]] = {}
+    # a disk topic's named subscriptions per generation, and when the oracle saw one go: a
+    # recovery that starts a new generation carries every subscription of the old one
+    # into it, from the oldest message, whether or not a client ever resumes it there
+    named: dict[str, dict[str, tuple[float, int]]] = {}  # first seen: when, generation
+    gen_seen: dict[tuple[str, int], float] = {}  # when a client first heard of a generation
+    deleted_at: dict[tuple[str, int, str], float] = {}
+    resumed_at: dict[tuple[str, int, str], float] = {}
     for e in index.history:
+        if isinstance(e, (h.PublishAcked, h.Subscribed)):
+            gen_seen.setdefault((e.topic, e.generation), e.t)
         if isinstance(e, h.PublishAcked) and e.topic in topics and "~" not in e.topic:
             due = None if e.due is None else e.due - epoch
             stored.setdefault((e.topic, e.generation), {}).setdefault(e.offset, (e.t, due))
@@ -161,12 +176,29 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
         elif isinstance(e, h.Subscribed) and e.shard_generation is not None \
                 and e.generation not in index.shard_generations:
             served.setdefault((e.topic, e.generation), set()).add(e.shard_generation)
+            if e.name is not None:
+                named.setdefault(e.topic, {}).setdefault(e.name, (e.t, e.generation))
+                resumed_at.setdefault((e.topic, e.generation, e.name), e.t)
+        elif isinstance(e, h.SubscriptionGone):
+            deleted_at.setdefault((e.topic, e.generation, e.name), e.t)
     holders: dict[tuple[str, int], list[tuple[int, _LetGo]]] = {}
     for inc in index.incarnations:
         if (inc.topic, inc.generation) in stored:
             holders.setdefault((inc.topic, inc.generation), []).append(
                 (inc.start, _let_go(index, inc, committed)))
     inf = math.inf
+    # a bit that rots in a disk topic's log while its shard runs ends that topic's
+    # generation whenever the shard reads it back (it recovers the topic alone): no
+    # incarnation is known to serve a disk generation past the first rot on its host
+    rots: dict[str, list[float]] = {}
+    for d in index.disturbances:
+        if d.fault == "rot":
+            for host in d.hosts:
+                rots.setdefault(host, []).append(d.begin)
+
+    def until_rot(begin: float, end: float, shard: int) -> float:
+        """``end``, or the first rot on ``shard``'s host within ``begin`` .. ``end``."""
+        return min([end] + [t for t in rots.get(f"shard-{shard}", ()) if t >= begin])
     for (topic, generation), messages in stored.items():
         p = index.params_for(topic)
         slack = 2 * p.message_cleanup + 2 * p.latency
@@ -176,7 +208,20 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
         spans = [(began.get(g, inf) if disk else -inf,
                   min(index.stopped.get(g, index.end_at), index.end_at), shard_of.get(g, -1))
                  for g in (served.get((topic, generation), ()) if disk else (generation,))]
+        if disk:
+            spans = [(b, until_rot(b, e, n), n) for b, e, n in spans]
         mine = holders.get((topic, generation), [])
+        # until when a subscription carried in (first seen in another generation, before
+        # this one) may hold all of it unseen: until the oracle saw it deleted in this
+        # generation, or a client attached to it here (from then on it is one of ``mine``)
+        carried_hold = -inf
+        if disk:
+            began_at = gen_seen.get((topic, generation), inf)
+            for name, (seen, g) in named.get(topic, {}).items():
+                if g != generation and seen < began_at:
+                    key = (topic, generation, name)
+                    carried_hold = max(carried_hold,
+                                       min(deleted_at.get(key, inf), resumed_at.get(key, inf)))
         undelayed_block = -inf                 # the latest an undelayed one below blocks
         delayed_blocks: list[tuple[float, float]] = []  # (from, until) of delayed ones
         for offset in range(max(messages, default=-1) + 1):
@@ -184,7 +229,7 @@ def _check_held_back(index: Index, report: Report, topics: set[str]) -> None:
             free = inf
             if known is not None:
                 acked, due = known
-                free = max(acked, acked if due is None else due) + p.ttl
+                free = max(max(acked, acked if due is None else due) + p.ttl, carried_hold)
                 for start, let_go in mine:
                     if start <= offset:
                         t = let_go.get(offset, disk)
