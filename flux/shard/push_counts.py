@@ -12,7 +12,9 @@ one already out of pushes goes to the dead-letter topic instead.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from itertools import takewhile
 from typing import TYPE_CHECKING, Any
 
 from flux import errors
@@ -32,9 +34,7 @@ class PushCounts(Delays):
         dead-letter policy), and journal it for a named subscription of a disk topic."""
         if not (topic.settings.dead_letter or sub.group is not None) or not offsets:
             return  # (a shared subscription's counts survive too, G10)
-        counts = sub.push_counts
-        for o in offsets:
-            counts[o] = pushes
+        sub.push_counts.update(dict.fromkeys(offsets, pushes))
         journal = topic.journal
         if journal is not None and not sub.ephemeral and journal.failed is None:
             journal.append(PUSHES, [sub.name, pushes, _runs(offsets)])
@@ -44,11 +44,11 @@ class PushCounts(Delays):
         full sweep only when the map holds many more entries than what is unacked)."""
         counts = sub.push_counts
         cursor = sub.cursor
-        while counts:
-            first = next(iter(counts))
-            if first >= cursor:
-                break
-            del counts[first]
+        # the oldest entries first (counts are made in push order, mostly rising): those
+        # below the cursor go, at C speed
+        below = list(takewhile(cursor.__gt__, counts))
+        if below:
+            deque(map(counts.__delitem__, below), 0)
         live = len(sub.in_flight) + len(sub.nak_waiting) + len(sub.dead_pending)
         group = sub.group
         if group is not None:  # a shared one's messages are out with its members

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import islice, repeat
+from operator import lt
+from typing import Any, cast
 
 from flux import errors
 from flux.hashing import dead_letter_topic
@@ -250,6 +252,11 @@ class Sharing(Delivery):
             return
         topic = self.topics[sub.topic]
         log = topic.log
+        if not group.waiting and not group.queued and self._nothing_new(sub, topic):
+            # (a member's ack marks the group: usually nothing is left to push then)
+            group.turn += 1
+            self._schedule_members(free)
+            return
         max_pushes = 1 + topic.settings.retry_count
         # room in each member's window, and its credit (first pushes only use credit)
         rooms = {id(m): m.max_in_flight - len(m.in_flight) for m in free}
@@ -369,20 +376,9 @@ class Sharing(Delivery):
                          and o not in nak_at and o not in parked]
             if not keyed:
                 if type(picks) is range and not picks.start < group.counted_below:
-                    # the usual case: a run of first pushes, an even slice of it to each
-                    # member with room, the fullest first: what one cannot take goes to
-                    # the next, which can take more, so the last takes what is left
-                    start, left = picks.start, len(picks)
-                    takers = sorted((m for m in order if min(rooms[id(m)], credits[id(m)]) > 0),
-                                    key=lambda m: min(rooms[id(m)], credits[id(m)]))
-                    for i, m in enumerate(takers):
-                        n = min(rooms[id(m)], credits[id(m)], -(-left // (len(takers) - i)))
-                        if n > 0:
-                            firsts[id(m)] = range(start, start + n)
-                            rooms[id(m)] -= n
-                            credits[id(m)] -= n
-                            start += n
-                            left -= n
+                    # the usual case: a run of first pushes, a slice to each member
+                    for m, part in _slices(picks, order, rooms, credits):
+                        firsts[id(m)] = part
                     break
                 for offset in picks:
                     target = pick(offset)
@@ -390,21 +386,37 @@ class Sharing(Delivery):
                     assign(target, offset)
             else:
                 pins = group.pins
-                for offset, key in zip(picks, log.keys_of(picks), strict=True):
+                keys = log.keys_of(picks)
+                if type(picks) is range and not picks.start < group.counted_below \
+                        and not group.queued and None not in keys \
+                        and pins.keys().isdisjoint(keys) and len(set(keys)) == len(keys):
+                    # the usual case: each key new and once: a slice of the run to each
+                    # member, as for unkeyed messages, which pins the slice's keys to it
+                    new_keys = cast(list[str], keys)
+                    for m, part in _slices(picks, order, rooms, credits):
+                        taken = new_keys[part.start - picks.start:part.stop - picks.start]
+                        pins.update(dict.fromkeys(taken, m))
+                        m.keys.update(dict.fromkeys(taken, 0))
+                        key_at.update(zip(part, taken, strict=True))
+                        plan.setdefault(id(m), []).extend(part)
+                    break
+                # otherwise offset by offset; a new key (or none) goes to the member of
+                # the current block: a member takes an even share of the picks in a row,
+                # so its first pushes are mostly runs (one span of the log each)
+                block = _Block(-(-len(picks) // len(order)))
+                queued = group.queued
+                for offset, key in zip(picks, keys, strict=True):
                     if key is None:
-                        target = pick(offset)
-                        assert target is not None
-                        assign(target, offset)
+                        assign(block.member(offset, fits, pick), offset)
                         continue
-                    waiting = group.queued.get(key)
+                    waiting = queued.get(key)
                     if waiting is not None:
                         waiting.append(offset)
                         group.queued_count += 1
                         continue
                     target = pins.get(key)
-                    if target is None:
-                        target = pick(offset)
-                        assert target is not None  # (no more picks than fit: one always does)
+                    if target is None:  # a new key: to the block's member (it fits)
+                        target = block.member(offset, fits, pick)
                         pin(key, target)
                     mid = id(target)
                     if rooms.get(mid, 0) > 0 and (credits[mid] > 0 or offset in counts):
@@ -416,7 +428,7 @@ class Sharing(Delivery):
                             credits[mid] -= 1
                             plan.setdefault(mid, []).append(offset)
                     else:
-                        group.queued[key] = deque([offset])
+                        queued[key] = deque([offset])
                         group.queued_count += 1
                         target.waiting_keys.add(key)
             total = sum(min(rooms[id(m)], credits[id(m)]) for m in free)
@@ -435,6 +447,14 @@ class Sharing(Delivery):
             if run is not None or offsets:
                 self._send_to_member(sub, m, topic, run, offsets or [], key_at, now)
         self._schedule_members(free)
+
+    @staticmethod
+    def _nothing_new(sub: Subscription, topic: Any) -> bool:
+        """Whether :meth:`_next_firsts` has nothing for the group, whatever its room."""
+        start = max(sub.next_push, sub.cursor, topic.log.oldest)
+        delayed = topic.delayed
+        return start >= topic.exposed and not (delayed and (sub.due_heap
+                                                            or delayed.last >= start))
 
     def _next_firsts(self, sub: Subscription, topic: Any, room: int) -> Sequence[int]:
         """At most ``room`` offsets the group has still to first-push this round, in push
@@ -485,22 +505,34 @@ class Sharing(Delivery):
         session = self.sessions.get(m.conn)
         log = topic.log
         holder, pushes, in_flight, late = group.holder, group.pushes, m.in_flight, m.late
-        by_count: dict[int, list[int]] = {}
+        by_count: dict[int, Sequence[int]] = {}
         if offsets and (not pushes or pushes.keys().isdisjoint(offsets)):
-            by_count[1] = offsets  # first pushes all (the usual case)
+            # first pushes all (the usual case), often a run (a block of new keys)
+            first, last, n = offsets[0], offsets[-1], len(offsets)
+            by_count[1] = (range(first, last + 1) if last - first == n - 1
+                           and all(map(lt, offsets, islice(offsets, 1, None))) else offsets)
             in_flight.update(dict.fromkeys(offsets, 1))
         else:
+            counted: dict[int, list[int]] = {}
             for offset in offsets:
                 count = pushes.pop(offset, 0) + 1
                 in_flight[offset] = count
-                by_count.setdefault(count, []).append(offset)
+                counted.setdefault(count, []).append(offset)
+            by_count.update(counted)
         if key_at:
             key_of, keys = m.key_of, m.keys
-            for offset in offsets:
-                key = key_at.get(offset)
-                if key is not None and offset not in key_of:
-                    key_of[offset] = key
-                    keys[key] = keys.get(key, 0) + 1
+            held = list(map(key_at.get, offsets))
+            new_keys = cast(list[str], held)
+            if None not in held and key_of.keys().isdisjoint(offsets) \
+                    and len(set(held)) == len(held) and not any(map(keys.get, new_keys)):
+                # the usual case: each a key new here (pinned, none held), once
+                key_of.update(zip(offsets, new_keys, strict=True))
+                keys.update(dict.fromkeys(new_keys, 1))
+            else:
+                for offset, key in zip(offsets, held, strict=True):
+                    if key is not None and offset not in key_of:
+                        key_of[offset] = key
+                        keys[key] = keys.get(key, 0) + 1
         holder.update(dict.fromkeys(offsets, m))
         # one frame per push count, in the order they were picked (hand-offs by offset,
         # then keys' queued ones, then first pushes in push order: G12's due order)
@@ -650,11 +682,11 @@ class Sharing(Delivery):
         """Apply one ACK of member ``m``; returns how many it acked (refusals appended)."""
         acked = 0
         in_flight = m.in_flight
-        if offsets and not m.key_of and not m.late and not m.extended \
+        if offsets and not m.late and not m.extended \
                 and set(map(type, offsets)) == {int} and all(map(in_flight.__contains__, offsets)) \
                 and len(set(offsets)) == len(offsets):
-            # the usual case, at C speed: every offset held by m, none with a key to
-            # release or a deadline of its own (what _member_acked does, in bulk)
+            # the usual case, at C speed: every offset held by m, none with a deadline of
+            # its own (what _member_acked does, in bulk)
             self._let_go_all(sub, m, offsets)
             sub.mark_acked_all(offsets)
             acked, offsets = len(offsets), []
@@ -675,7 +707,7 @@ class Sharing(Delivery):
                            if o <= through and o not in late and o not in delayed]
             else:  # (the usual case: nothing to leave out)
                 covered = [o for o in in_flight if o <= through]
-            if covered and not m.key_of and not m.extended:
+            if covered and not m.extended:
                 self._let_go_all(sub, m, covered)
                 sub.mark_acked_all(covered)
             else:
@@ -685,14 +717,23 @@ class Sharing(Delivery):
         return acked
 
     def _let_go_all(self, sub: Subscription, m: Member, offsets: Sequence[int]) -> None:
-        """:meth:`_let_go` of each of ``offsets``, distinct and held by ``m``, none keyed
-        or extended (what is left to do for them then), at C speed."""
+        """:meth:`_let_go` of each of ``offsets``, distinct and held by ``m``, none
+        extended (what is left to do for them then), in bulk."""
         group = sub.group
         assert group is not None
         deque(map(m.in_flight.__delitem__, offsets), 0)
         deque(map(group.holder.__delitem__, offsets), 0)
         if m.late:
             m.late.difference_update(offsets)
+        if m.key_of:
+            keys = m.keys
+            for key in map(m.key_of.pop, offsets, repeat(None)):
+                if key is not None:
+                    left = keys[key] - 1
+                    if left:
+                        keys[key] = left
+                    else:
+                        self._release_key(sub, m, key)
 
     def _member_acked(self, sub: Subscription, m: Member, offset: int) -> None:
         self._let_go(sub, m, offset)
@@ -712,15 +753,20 @@ class Sharing(Delivery):
             left = m.keys[key] - 1
             if left:
                 m.keys[key] = left
-                return
-            # none of the key unacked here: released; its waiting messages (if any) go to
-            # whichever member has room first
-            del m.keys[key]
-            del group.pins[key]
-            if key in m.waiting_keys:
-                m.waiting_keys.discard(key)
-                group.unpinned.add(key)
-                self._dirty[id(sub)] = sub
+            else:
+                self._release_key(sub, m, key)
+
+    def _release_key(self, sub: Subscription, m: Member, key: str) -> None:
+        """``m`` holds none of ``key`` unacked: the key is released; its waiting messages
+        (if any) go to whichever member has room first."""
+        group = sub.group
+        assert group is not None
+        del m.keys[key]
+        del group.pins[key]
+        if key in m.waiting_keys:
+            m.waiting_keys.discard(key)
+            group.unpinned.add(key)
+            self._dirty[id(sub)] = sub
 
     # -- nak, term and in_progress (G11) -----------------------------------------------
 
@@ -832,3 +878,46 @@ class Sharing(Delivery):
                 self._let_go(sub, m, offset)
             group.pushes[offset] = pushes
         super()._park(topic, sub, offset, pushes, reason, exc)
+
+
+class _Block:
+    """Whom a round's new keys go to, in blocks: a member takes ``share`` of them in a
+    row (while it has room), then the next one in turn."""
+
+    __slots__ = ("current", "share", "taken")
+
+    def __init__(self, share: int) -> None:
+        self.share = share
+        self.current: Member | None = None
+        self.taken = 0
+
+    def member(self, offset: int, fits: Callable[[Member, int], bool],
+               pick: Callable[[int], Member | None]) -> Member:
+        """The member ``offset`` (a first push of a new key, or of none) goes to."""
+        current = self.current
+        if current is None or self.taken >= self.share or not fits(current, offset):
+            current = self.current = pick(offset)
+            assert current is not None  # (no more picks than fit: one always does)
+            self.taken = 0
+        self.taken += 1
+        return current
+
+
+def _slices(picks: range, order: list[Member], rooms: dict[int, int],
+            credits: dict[int, int]) -> list[tuple[Member, range]]:
+    """A run of first pushes cut into an even slice for each member with room and credit
+    (both taken from ``rooms`` and ``credits``), the fullest last: what one cannot take
+    goes to the next, which can take more, so the last takes what is left."""
+    start, left = picks.start, len(picks)
+    takers = sorted((m for m in order if min(rooms[id(m)], credits[id(m)]) > 0),
+                    key=lambda m: min(rooms[id(m)], credits[id(m)]))
+    out: list[tuple[Member, range]] = []
+    for i, m in enumerate(takers):
+        n = min(rooms[id(m)], credits[id(m)], -(-left // (len(takers) - i)))
+        if n > 0:
+            out.append((m, range(start, start + n)))
+            rooms[id(m)] -= n
+            credits[id(m)] -= n
+            start += n
+            left -= n
+    return out

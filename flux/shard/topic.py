@@ -348,7 +348,9 @@ class TopicLog:
             return None
         keys: list[str | None] = []
         headers: list[dict[str, str] | None] = []
-        if self.metas:
+        if self.metas and type(offsets) is range and offsets.start >= self.oldest:
+            keys, headers = self._meta_run(offsets.start, offsets.stop)
+        elif self.metas:
             for meta, i, o in self._metas_at(offsets):
                 if meta is None:
                     key, header = (self._kept[o][1][:2] if o in self._kept
@@ -374,6 +376,8 @@ class TopicLog:
         """The keys of the held ``offsets`` (None where a message has none)."""
         if not self.metas:
             return [None] * len(offsets)
+        if type(offsets) is range and offsets.start >= self.oldest:
+            return self._meta_run(offsets.start, offsets.stop)[0]
         out: list[str | None] = []
         for meta, i, o in self._metas_at(offsets):
             if meta is None:
@@ -381,6 +385,29 @@ class TopicLog:
             else:
                 out.append(meta.keys[i] if meta.keys is not None else None)
         return out
+
+    def _meta_run(self, start: int, stop: int
+                  ) -> tuple[list[str | None], list[dict[str, str] | None]]:
+        """Keys and headers of the in-line offsets ``start`` to ``stop - 1``, a slice of a
+        chunk at a time."""
+        keys: list[str | None] = []
+        headers: list[dict[str, str] | None] = []
+        k, pos = self._chunk(start), start
+        while pos < stop:
+            first = self._first[k]
+            a, b = pos - first, min(stop - first, len(self._ids[k]))
+            meta = self._meta[k]
+            if meta is not None and meta.keys is not None:
+                keys += meta.keys[a:b]
+            else:
+                keys += [None] * (b - a)
+            if meta is not None and meta.headers is not None:
+                headers += meta.headers[a:b]
+            else:
+                headers += [None] * (b - a)
+            pos = first + b
+            k += 1
+        return keys, headers
 
     def _metas_at(self, offsets: Iterable[int]) -> Iterator[tuple[Meta | None, int, int]]:
         """For each held offset: its chunk's :class:`Meta` (None: the chunk has none, or
