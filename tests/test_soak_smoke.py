@@ -49,3 +49,36 @@ def test_a_short_soak_loses_nothing(tmp_path: Path) -> None:
     report = trio.run(soak.soak, s, tmp_path, lambda *_: None)
     assert report["acked"] > 0 and report["lost"] == [] and report["restarts"] == 0
     assert not report["refused"], report["refused"]
+
+
+def test_a_minute_lists_late_deliveries_and_the_longest_loop_lags() -> None:
+    consumers = [
+        {"n": 5, "max_us": 150e3, "late": [[2.0, 150.0, "a"]],
+         "loop_lag_max_ms": 3.0, "loop_lag_at": 1.0},
+        {"n": 1, "max_us": 120e3, "late": [[1.0, 120.0, "b"]],
+         "loop_lag_max_ms": 9.0, "loop_lag_at": 2.0},
+    ]
+    producers = [{"acked": 6, "loop_lag_max_ms": 40.0, "loop_lag_at": 5.0}]
+    m = soak._merge_minute(consumers, producers)
+    assert m["n"] == 6 and m["max_us"] == 150e3
+    assert m["late"] == [[1.0, 120.0, "b"], [2.0, 150.0, "a"]]
+    assert m["consumers_loop_lag"] == [9.0, 2.0] and m["producers_loop_lag"] == [40.0, 5.0]
+
+
+def test_the_loop_lag_watch_sees_a_blocked_loop() -> None:
+    import time
+
+    from flux.bench.soak_worker import _LoopLag
+
+    async def main() -> dict[str, float]:
+        lag = _LoopLag()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lag.watch)
+            await trio.sleep(0.05)
+            time.sleep(0.2)  # the loop is held: the watch's sleep ends that much late
+            await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        return lag.take()
+
+    seen = trio.run(main)
+    assert seen["loop_lag_max_ms"] >= 150 and seen["loop_lag_at"] > 0

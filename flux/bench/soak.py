@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FLAT_GROWTH = 0.05      # RSS may grow by this share of itself after the warm-up ...
 FLAT_BYTES = 16 << 20   # ... or by this many bytes, whichever is larger
 WARMUP_SHARE = 0.25     # the first quarter of the run (at least a minute) is the warm-up
+LATE_SHOWN = 8          # late deliveries printed a minute (report.json has them all)
 LINGER = 120.0          # seconds consumers may keep reading after the producers stop
 
 
@@ -286,7 +288,8 @@ async def soak(s: SoakSettings, workdir: Path, say: Any = print) -> dict[str, An
         for key, n in p.result().get("counts", {}).items():
             if key.startswith("error"):
                 refused[key] = refused.get(key, 0) + n
-    minutes = [_merge_minute([c.minutes()[i] for c in consumers if i < len(c.minutes())])
+    minutes = [_merge_minute([c.minutes()[i] for c in consumers if i < len(c.minutes())],
+                             [p.minutes()[i] for p in producers if i < len(p.minutes())])
                for i in range(max((len(c.minutes()) for c in consumers), default=0))]
     warm = max(1.0, s.minutes * WARMUP_SHARE)
     flat: dict[str, Any] = {}
@@ -315,8 +318,11 @@ async def soak(s: SoakSettings, workdir: Path, say: Any = print) -> dict[str, An
     return report
 
 
-def _merge_minute(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One minute of every consumer: the worst of each quantile, messages summed."""
+def _merge_minute(rows: list[dict[str, Any]],
+                  producer_rows: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """One minute of every consumer: the worst of each quantile, messages summed, the
+    late deliveries in time order; and the longest loop lag of consumers and producers
+    (with when it was)."""
     if not rows:
         return {}
     keys = ("p50_us", "p99_us", "p999_us", "max_us")
@@ -329,6 +335,14 @@ def _merge_minute(rows: list[dict[str, Any]]) -> dict[str, Any]:
                              for kind in sorted(kinds)}
     if any("consumer_gc_max_us" in r for r in rows):
         merged["consumer_gc_max_us"] = max(r.get("consumer_gc_max_us", 0.0) for r in rows)
+    late = sorted(item for r in rows for item in r.get("late", ()))
+    if late:
+        merged["late"] = late
+    for role, some in (("consumers", rows), ("producers", producer_rows)):
+        lags = [r for r in some if "loop_lag_max_ms" in r]
+        if lags:
+            worst = max(lags, key=lambda r: r["loop_lag_max_ms"])
+            merged[f"{role}_loop_lag"] = [worst["loop_lag_max_ms"], worst["loop_lag_at"]]
     return merged
 
 
@@ -398,7 +412,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"; {kind} p99.9 {v.get('p999_us', 0):,.0f} max {v.get('max_us', 0):,.0f}"
                   for kind, v in m.get("by_kind", {}).items())
               + (f"; consumers' longest gc {m['consumer_gc_max_us']:,.0f} us"
-                 if "consumer_gc_max_us" in m else ""))
+                 if "consumer_gc_max_us" in m else "")
+              + "".join(f"; {role} loop lag {m[f'{role}_loop_lag'][0]:,.1f} ms at"
+                        f" {time.strftime('%H:%M:%S', time.localtime(m[f'{role}_loop_lag'][1]))}"
+                        for role in ("consumers", "producers") if f"{role}_loop_lag" in m))
+        if m.get("late"):
+            print("  late deliveries (wall time, ms, topic): " + ", ".join(
+                f"{time.strftime('%H:%M:%S', time.localtime(at))}.{int(at % 1 * 10)}"
+                f" {ms:,.0f} {topic}" for at, ms, topic in m["late"][:LATE_SHOWN]))
     for name, v in report["rss"].items():
         print(f"{name}: RSS {v['mean_bytes'] / 2**20:.0f} MB after warm-up, slope"
               f" {v['slope_bytes_per_min'] / 2**20:+.2f} MB/min"

@@ -31,6 +31,10 @@ from flux.client.trio import connect
 STAMP = struct.Struct("<q")      # perf_counter_ns at send: the first 8 bytes of a payload
 TICK = 0.01                      # seconds between two paced publish rounds
 _LOG_STEP = math.log(1.02)       # latency buckets 2 % wide, from 1 us
+LATE_US = 100_000.0              # a delivery this late is listed with its time (at most
+LATE_LISTED = 20                 # ... this many a minute, one per LATE_GAP seconds)
+LATE_GAP = 0.1
+LAG_TICK = 0.01                  # the loop-lag watch sleeps this long, again and again
 
 
 @dataclass
@@ -110,6 +114,29 @@ class _GcPauses:
         return longest
 
 
+class _LoopLag:
+    """How late this process's trio loop woke a short sleep: the longest since the last
+    look and when it was (wall time, to line up with the other processes' reports). A
+    garbage collection, a long call or the machine not running the process all show."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self.at = 0.0
+
+    async def watch(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await trio.sleep(LAG_TICK)
+            lag = time.perf_counter() - start - LAG_TICK
+            if lag > self.longest:
+                self.longest, self.at = lag, time.time()
+
+    def take(self) -> dict[str, float]:
+        out = {"loop_lag_max_ms": round(self.longest * 1e3, 1), "loop_lag_at": self.at}
+        self.longest, self.at = 0.0, 0.0
+        return out
+
+
 def say(event: str, **fields: Any) -> None:
     sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
     sys.stdout.flush()
@@ -148,8 +175,10 @@ async def produce(spec: dict[str, Any]) -> None:
             counts["acked"] += n
             minute["acked"] += n
 
+        lag = _LoopLag()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_wait_line, stop)
+            nursery.start_soon(lag.watch)
             started, next_minute = time.perf_counter(), time.perf_counter() + 60
             sent, i = 0, 0
             while not stop.is_set():
@@ -169,7 +198,7 @@ async def produce(spec: dict[str, Any]) -> None:
                     await trio.lowlevel.checkpoint()
                 if time.perf_counter() >= next_minute:
                     next_minute += 60
-                    say("minute", **minute)
+                    say("minute", **minute, **lag.take())
                     minute.clear()
             nursery.cancel_scope.cancel()
     say("result", counts=dict(counts),
@@ -188,6 +217,8 @@ async def consume(spec: dict[str, Any]) -> None:
     pauses.install()
     counts: Counter[str] = Counter()
     last_arrival = [time.monotonic()]
+    late: list[list[Any]] = []  # this minute's late deliveries: [wall time, ms, topic]
+    lag = _LoopLag()
     async with connect(spec["url"], retry_deadline=30.0) as client:
         subs = [client.subscribe(t, "soak", read_old=True, prefetch=2000) for t in topics]
         for sub in subs:
@@ -204,6 +235,10 @@ async def consume(spec: dict[str, Any]) -> None:
                     total.add(micros)
                     now_minute.add(micros)
                     by_kind[kind_of[msg.topic]].add(micros)
+                    if micros > LATE_US and len(late) < LATE_LISTED:
+                        wall = time.time()
+                        if not late or wall - late[-1][0] >= LATE_GAP:
+                            late.append([wall, round(micros / 1e3, 1), msg.topic])
                 delivered[msg.topic].setdefault(msg.generation, Ranges()).add(
                     msg.offset, msg.offset + 1)
                 counts["delivered"] += 1
@@ -218,7 +253,9 @@ async def consume(spec: dict[str, Any]) -> None:
                 await trio.sleep(60)
                 say("minute", **now_minute.summary(),
                     by_kind={k: v.summary() for k, v in by_kind.items()},
-                    consumer_gc_max_us=pauses.take_max() * 1e6)
+                    consumer_gc_max_us=pauses.take_max() * 1e6, late=list(late),
+                    **lag.take())
+                late.clear()
                 now_minute = Latencies()
                 for k in by_kind:
                     by_kind[k] = Latencies()
@@ -237,6 +274,7 @@ async def consume(spec: dict[str, Any]) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(commands)
             nursery.start_soon(minutes)
+            nursery.start_soon(lag.watch)
             for sub in subs:
                 nursery.start_soon(drain, sub)
             await stop.wait()
