@@ -70,7 +70,7 @@ browser:
 		$$SUDO apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core >/dev/null
 
 test: $(STAMP) browser
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=20 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check flux tests chaos fuzz examples mutation
