@@ -66,7 +66,7 @@ def test_dead_serials_are_not_found_and_dead_tables_are_dropped() -> None:
     for serial, h in enumerate(hashes):
         index.add(h, serial)
     tables = index.tables
-    assert tables > 3  # tables of 4 ids: a new one each time the newest is full
+    assert tables >= 3  # small tables: a new one each time the newest is full
     index.drop_before(17)
     assert index.tables < tables
     for serial, h in enumerate(hashes):

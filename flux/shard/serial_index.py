@@ -30,8 +30,9 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 MASK64 = (1 << 64) - 1
-MIN_ROOM = 1 << 14  # ids the smallest table takes (it has twice as many slots)
-ROOM_STEP = 1024    # a new table takes as many ids as are live, rounded up to this
+MIN_ROOM = 1 << 15  # ids the smallest table takes (it has twice as many slots)
+ROOM_STEP = 1024    # a new table takes as many ids as are live, rounded up to this,
+GROWING = 3         # ... or this many times as many while none has died yet
 PAD = 64            # slots past a table's homes that a probe may run into
 LOW32 = np.uint64(0xFFFFFFFF)
 SHIFT32 = np.uint64(32)
@@ -187,7 +188,7 @@ class SerialIndex:
             return tables[-1]
         live = serial - self.oldest
         if tables and tables[0].first >= self.oldest:
-            live *= 2  # none died yet: the window is growing, by as many as it holds
+            live *= GROWING  # none died yet: the window is growing
         step = min(ROOM_STEP, self.min_room)
         room = max(self.min_room, -(-live // step) * step)  # (rounded up)
         table = _Table(serial, room)
