@@ -9,9 +9,11 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flux.shard import serial_index
 from flux.shard.dedup import EXPIRE_SLICE, SCALAR_IDS, DedupWindow
 from flux.shard.serial_index import MASK64, PAD, SerialIndex, fingerprints
 
@@ -75,6 +77,30 @@ def test_dead_serials_are_not_found_and_dead_tables_are_dropped() -> None:
     assert not _found(index, hashes[20], 20) and _found(index, hashes[21], 21)
     index.drop_before(40)
     assert index.tables <= 1  # the newest one may stay (it has room left)
+
+
+def test_dead_tables_give_their_pages_back_a_slice_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Freeing a big table's pages at once would stall the shard: a dead table's pages
+    go back a slice a call, and the live tables keep theirs."""
+    monkeypatch.setattr(serial_index, "RELEASE_BYTES", 4096)
+    index = SerialIndex(1000)  # tables of some 4 + 8 KB of slots
+    rng = random.Random(9)
+    hashes = [rng.getrandbits(64) for _ in range(2500)]
+    for first in range(0, 2500, 500):
+        _bulk(index, hashes[first:first + 500], first)
+    assert index.tables >= 2
+    index.drop_before(1000)  # the first table (serials 0-999) is dead
+    assert len(index.dying) == 1
+    calls = 1
+    while index.dying:
+        index.release()
+        calls += 1
+    assert calls > 3  # (12 KB and more, 4 KB a call)
+    for serial in range(1000, 2500):
+        assert _found(index, hashes[serial], serial)
+    index.clear()
+    assert index.tables == 0 and index.dying
 
 
 def test_the_batch_check_says_absent_for_hashes_never_placed() -> None:

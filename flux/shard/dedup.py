@@ -49,7 +49,8 @@ class DedupWindow:
     bytes, where a string per id and a dict cost over 100; groups are looked up and
     placed in bulk (numpy), nothing ever rehashes, and forgetting is moving the
     oldest serial on (a table goes whole once all its serials are dead). The hashes
-    are ``hasher``'s (``hash``: salted per process, which only speed depends on).
+    are ``hasher``'s (``hash``: salted per process, which only speed depends on), and
+    ``min_room`` ids the smallest table takes (tests make both collide early).
 
     Forgetting is lazy and bounded: a call forgets at most ``EXPIRE_SLICE`` ids
     (the cleanup passes forget the rest in slices), because forgetting a burst at
@@ -295,9 +296,8 @@ class DedupWindow:
 
     def _blank(self, keys: dict[str, int]) -> int:
         """Ids past their window, accepted again: take them out of their old marks;
-        returns how many."""
-        if self._serial:
-            again = 0
+        returns how many a small window's dict will count twice."""
+        if self._serial:  # each leaves a hole, and is counted off here
             for message_id in keys:
                 serial = self._find(message_id)
                 if serial is None:
@@ -308,8 +308,7 @@ class DedupWindow:
                 self._hole(serial, n)
                 self._take_bytes(k, n)
                 self._count -= 1
-                again += 1
-            return 0  # counted off already
+            return 0
         index = self._index
         marks = self._ids
         blanked = [i for i in keys if i in index]
@@ -340,6 +339,8 @@ class DedupWindow:
     def expire(self, now: float, most: int | None = None) -> int:
         """Forget ids whose window has passed, oldest first (at most ``most``);
         returns how many."""
+        if self._serials.dying:  # dead tables' pages, given back a slice a call
+            self._serials.release()
         ats, head = self._at, self._head
         if head >= len(ats) or ats[head] > now:
             return 0  # nothing is due (windows end in mark order): the usual case

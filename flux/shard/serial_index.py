@@ -8,7 +8,7 @@ the caller's ``accept`` checks against the id itself.
 
 Ids are remembered and forgotten strictly in acceptance order, so serials only grow
 and a serial below the oldest remembered one is dead. Each table takes a run of
-serials, as many as the window holds when it is made (twice that while the window is
+serials, as many as the window holds when it is made (three times that while it is
 still growing), filled once up to half its slots; it never grows, rehashes or
 deletes, and goes whole once every serial in it is dead. A slot holds a 16-bit
 fingerprint (the hash's top bits; 0: empty) and, beside it, the serial less the
@@ -37,6 +37,7 @@ PAD = 64            # slots past a table's homes that a probe may run into
 LOW32 = np.uint64(0xFFFFFFFF)
 SHIFT32 = np.uint64(32)
 WINDOW = 16         # slots a batch probe reads from each id's home slot at once
+RELEASE_BYTES = 16 << 20  # dead tables' pages given back to the kernel a call (a page multiple)
 DEAD = 0xFFFFFFFF   # the serial part of a slot whose id was taken out
 
 Hashes = npt.NDArray[np.uint64]
@@ -69,8 +70,8 @@ def _zeros(size: int) -> mmap.mmap:
 class _Table:
     """Serials ``first`` .. ``stop - 1`` (at most ``room`` of them), placed by hash."""
 
-    __slots__ = ("count", "first", "fps", "fpv", "homes", "homes64", "last_slot", "rels", "relv",
-                 "room", "rows", "stop")
+    __slots__ = ("count", "first", "fps", "fpv", "homes", "homes64", "last_slot", "pages",
+                 "rels", "relv", "room", "rows", "stop")
 
     def __init__(self, first: int, room: int) -> None:
         self.first = self.stop = first
@@ -81,6 +82,8 @@ class _Table:
         # a batch probe may read a WINDOW past the last slot (never written)
         slots = self.last_slot + 1 + WINDOW
         fps, rels = _zeros(2 * slots), _zeros(4 * slots)
+        # given back to the kernel a slice at a time once dead: (mapping, bytes given back)
+        self.pages = [(fps, 0), (rels, 0)]
         self.fps = np.frombuffer(fps, np.uint16)
         self.rels = np.frombuffer(rels, np.uint32)
         self.fpv = memoryview(fps).cast("H")
@@ -165,10 +168,14 @@ class _Table:
 class SerialIndex:
     """Hash -> serial for the ids of a large dedup window (see the module's doc)."""
 
-    __slots__ = ("_tables", "min_room", "oldest")
+    __slots__ = ("_tables", "dying", "min_room", "oldest")
 
     def __init__(self, min_room: int = MIN_ROOM) -> None:
         self._tables: list[_Table] = []
+        # dead tables whose pages are still being given back: freeing a big table's
+        # pages at once costs its size (20 ms for 300 MB), so each call gives back
+        # RELEASE_BYTES of them (MADV_DONTNEED; unmapping them after is cheap)
+        self.dying: list[_Table] = []
         self.min_room = min_room
         self.oldest = 0  # serials below this are dead
 
@@ -272,8 +279,33 @@ class SerialIndex:
         tables = self._tables
         while tables and tables[0].stop <= serial and (len(tables) > 1
                                                        or tables[0].count >= tables[0].room):
-            del tables[0]
+            self.dying.append(tables.pop(0))
+        if self.dying:
+            self.release()
+
+    def release(self) -> None:
+        """Give back up to :data:`RELEASE_BYTES` of dead tables' pages."""
+        budget = RELEASE_BYTES
+        dying = self.dying
+        while dying and budget > 0:
+            pages = dying[0].pages
+            if not pages:
+                del dying[0]  # (its mappings go with the table's last reference)
+                continue
+            area, done = pages[-1]
+            size = len(area) - done
+            if size > budget:  # (a slice that ends short of the end ends on a page)
+                size = budget - budget % mmap.PAGESIZE
+                if not size:
+                    break
+            area.madvise(mmap.MADV_DONTNEED, done, size)
+            budget -= size
+            if done + size >= len(area):
+                pages.pop()
+            else:
+                pages[-1] = (area, done + size)
 
     def clear(self) -> None:
+        self.dying += self._tables
         self._tables.clear()
         self.oldest = 0
