@@ -45,7 +45,7 @@ class DedupWindow:
     offset is its mark's first offset plus its place), and a
     :class:`~flux.shard.serial_index.SerialIndex` maps ids' hashes to serials. A hit
     there is checked against the packed id, so two ids sharing a hash never make a
-    new message a duplicate. That costs some 15-35 bytes an id beside its packed
+    new message a duplicate. That costs some 15-45 bytes an id beside its packed
     bytes, where a string per id and a dict cost over 100; groups are looked up and
     placed in bulk (numpy), nothing ever rehashes, and forgetting is moving the
     oldest serial on (a table goes whole once all its serials are dead). The hashes
