@@ -183,11 +183,6 @@ class SerialIndex:
     def tables(self) -> int:
         return len(self._tables)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the tables' arrays (as allocated; untouched pages cost nothing)."""
-        return sum(t.fps.nbytes + t.rels.nbytes for t in self._tables)
-
     def _table_for(self, serial: int) -> _Table:
         """The table that takes ``serial`` (a new one if the newest is full)."""
         tables = self._tables
