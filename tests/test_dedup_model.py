@@ -1,8 +1,10 @@
 """The dedup window against a plain dict model (G3): remembering groups of ids through
 the publish path's two ways (the fast path's ``known_any`` then ``remember_all`` with
 keys, and the per-item path's ``remember_all``), lookups, forgetting in slices, and
-ids accepted again after their window; with a small ``part_ids``, so that the index
-is partitioned and reset to one partition often.
+ids accepted again after their window; with a small ``compact_ids`` and tiny hash
+tables, so that the window turns compact (packed ids, hash -> serial tables) and back
+often, and with hashers that make ids collide, so that every hit must be checked
+against the packed id.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from flux.shard.dedup import EXPIRE_SLICE, PARTITIONS, DedupWindow
+from flux.shard.dedup import EXPIRE_SLICE, SCALAR_IDS, DedupWindow
 
 WINDOW = 5.0
 POOL = [f"id-{i}" for i in range(60)] + ["x" * 32, "y" * 255]
+# hashers: Python's own, and ones under which many or all ids share a hash
+HASHERS = {"hash": hash, "one": lambda s: 7, "by-length": lambda s: len(s) << 20,
+           "few": lambda s: hash(s) % 3 - (1 << 63)}
 
 
 class DedupModel(RuleBasedStateMachine):
@@ -29,9 +34,11 @@ class DedupModel(RuleBasedStateMachine):
         self.next_offset = 0
         self.dedup = DedupWindow(WINDOW)
 
-    @initialize(part_ids=st.integers(1, 6))
-    def start(self, part_ids: int) -> None:
-        self.dedup = DedupWindow(WINDOW, part_ids=part_ids)
+    @initialize(compact_ids=st.integers(1, 6), min_room=st.sampled_from([1, 2, 8, 64]),
+                hasher=st.sampled_from(sorted(HASHERS)))
+    def start(self, compact_ids: int, min_room: int, hasher: str) -> None:
+        self.dedup = DedupWindow(WINDOW, compact_ids=compact_ids, hasher=HASHERS[hasher],
+                                 min_room=min_room)
 
     def live(self, message_id: str) -> int | None:
         entry = self.model.get(message_id)
@@ -46,7 +53,7 @@ class DedupModel(RuleBasedStateMachine):
     def advance(self, step: float) -> None:
         self.now += step
 
-    @rule(ids=st.lists(st.sampled_from(POOL), min_size=1, max_size=12, unique=True))
+    @rule(ids=st.lists(st.sampled_from(POOL), min_size=1, max_size=SCALAR_IDS + 12, unique=True))
     def publish_fast(self, ids: list[str]) -> None:
         """The fast path: a slice of expiry, then the group only if none is known."""
         self.dedup.expire(self.now, EXPIRE_SLICE)
@@ -92,8 +99,9 @@ class DedupModel(RuleBasedStateMachine):
         for message_id in live:
             assert self.dedup.get(message_id) == self.live(message_id)
         if not live:
-            assert self.dedup.partitions == 1
             assert self.dedup.held_bytes == 0
+        if not self.dedup.due_at() < float("inf"):  # no mark left: a dict again
+            assert not self.dedup.compact and self.dedup._serials.tables == 0
 
     @invariant()
     def agrees(self) -> None:
@@ -102,27 +110,27 @@ class DedupModel(RuleBasedStateMachine):
             assert self.dedup.get(message_id, now) == self.live(message_id)
         assert self.dedup.live_bytes(now) == sum(
             len(i) for i in self.model if self.live(i) is not None)
-        for part in self.dedup._dir:  # the GC never walks the index
-            assert not gc.is_tracked(part)
+        assert not gc.is_tracked(self.dedup._index)  # the GC never walks the index
 
 
 TestDedupModel = DedupModel.TestCase
 TestDedupModel.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 
 
-@given(n=st.integers(0, 3000), part_ids=st.integers(1, 64), seed=st.integers(0, 2**32))
+@given(n=st.integers(0, 3000), compact_ids=st.integers(1, 64), seed=st.integers(0, 2**32),
+       min_room=st.sampled_from([1, 16, 1024]), group=st.sampled_from([7, SCALAR_IDS + 40]))
 @settings(max_examples=40, deadline=None)
-def test_many_ids_partition_the_index_and_each_keeps_its_offset(n: int, part_ids: int,
-                                                                seed: int) -> None:
-    dedup = DedupWindow(WINDOW, part_ids=part_ids)
+def test_many_ids_turn_the_window_compact_and_each_keeps_its_offset(
+        n: int, compact_ids: int, seed: int, min_room: int, group: int) -> None:
+    dedup = DedupWindow(WINDOW, compact_ids=compact_ids, min_room=min_room)
     ids = [f"{seed:x}-{i}" for i in range(n)]
-    for first in range(0, n, 7):  # groups of 7, as the fast path stores them
-        group = ids[first:first + 7]
-        keys = dedup.keys_for(group)
+    for first in range(0, n, group):  # groups, as the fast path stores them
+        chunk = ids[first:first + group]
+        keys = dedup.keys_for(chunk)
         assert not dedup.known_any(keys)
-        dedup.remember_all(tuple(group), first, 0.0, len("".join(group)), keys)
+        dedup.remember_all(tuple(chunk), first, 0.0, len("".join(chunk)), keys)
     assert len(dedup) == n
-    assert dedup.partitions == (PARTITIONS if n > part_ids else 1)
+    assert dedup.compact == (n > compact_ids)
     for offset, message_id in enumerate(ids):
         assert dedup.get(message_id, 1.0) == offset
     assert dedup.get("not-an-id", 1.0) is None
@@ -132,6 +140,6 @@ def test_many_ids_partition_the_index_and_each_keeps_its_offset(n: int, part_ids
         if not got:
             break
         forgotten += got
-    assert forgotten == n and len(dedup) == 0 and dedup.partitions == 1
+    assert forgotten == n and len(dedup) == 0 and not dedup.compact
     for message_id in ids[:50]:
         assert dedup.get(message_id) is None

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flux import protocol as P
-from flux.shard.dedup import PART_IDS, DedupWindow
+from flux.shard.dedup import COMPACT_IDS, DedupWindow
 from flux.shard.topic import TopicLog
 
 
@@ -275,19 +275,19 @@ def test_log_with_batches_matches_a_dict_model(ops: list[tuple[object, ...]]) ->
             assert list(P.times_of(wall)) == [1000.0 + t for t in P.times_of(runs)]
 
 
-_part_ids = st.sampled_from([1, 2, 5, PART_IDS])
+_compact_ids = st.sampled_from([1, 2, 5, COMPACT_IDS])
 
 
 @settings(max_examples=150, deadline=None)
 @given(ops=st.lists(st.tuples(st.sampled_from(["remember", "remember_all", "lookup", "expire"]),
                               st.integers(0, 6), st.integers(0, 4), st.booleans()),
-                    max_size=40), part_ids=_part_ids)
+                    max_size=40), compact_ids=_compact_ids)
 def test_dedup_window_matches_a_dict_model(ops: list[tuple[str, int, int, bool]],
-                                           part_ids: int) -> None:
+                                           compact_ids: int) -> None:
     """G3: an id maps to its offset from acceptance until exactly ``window`` later
-    (whether or not the index is partitioned)."""
+    (whether or not the window is compact)."""
     window = 5.0
-    dedup = DedupWindow(window, part_ids)
+    dedup = DedupWindow(window, compact_ids, min_room=2)
     model: dict[str, tuple[int, float]] = {}  # id -> (offset, accepted at)
     now, offset, expired_up_to = 0.0, 0, 0.0
 
@@ -409,13 +409,13 @@ def test_small_payloads_are_held_packed_and_large_ones_as_they_came() -> None:
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(st.tuples(st.sampled_from(["remember_all", "lookup", "expire"]),
                               st.integers(0, 6), st.integers(0, 4), st.integers(0, 3)),
-                    max_size=50), part_ids=_part_ids)
+                    max_size=50), compact_ids=_compact_ids)
 def test_dedup_forgetting_in_small_slices_still_answers_exactly(
-        ops: list[tuple[str, int, int, int]], part_ids: int) -> None:
+        ops: list[tuple[str, int, int, int]], compact_ids: int) -> None:
     """G3/G5 with lazy forgetting: whatever is left unforgotten past its window (each
     call forgets only a few ids), lookups, held bytes and ids accepted again are exact."""
     window = 3.0
-    dedup = DedupWindow(window, part_ids)
+    dedup = DedupWindow(window, compact_ids, min_room=2)
     model: dict[str, tuple[int, float]] = {}  # id -> (offset, accepted at)
     now, offset = 0.0, 0
 
@@ -453,7 +453,7 @@ def test_dedup_long_run_with_lazy_forgetting_re_acceptance_and_compaction() -> N
 
     rng = random.Random(7)
     window = 10.0
-    dedup = DedupWindow(window, part_ids=8)  # a partitioned index, reset when empty
+    dedup = DedupWindow(window, compact_ids=8, min_room=4)  # compact, a dict when empty
     model: dict[str, tuple[int, float]] = {}
     offset = 0
     for step in range(600):
@@ -471,29 +471,34 @@ def test_dedup_long_run_with_lazy_forgetting_re_acceptance_and_compaction() -> N
             assert dedup.get(i, now) == (model[i][0] if alive else None), (step, i)
         assert dedup.live_bytes(now) == sum(len(i) for i, (_, t) in model.items()
                                             if now < t + window)
-        # the index holds the ids of remembered marks only: about 20 s of 5 ids a step
+        # the window holds the ids of remembered marks only: about 20 s of 5 ids a step
         # (two windows at most, as forgetting lags), each once
-        parts = {id(part): part for part in dedup._dir}.values()  # (None: a partition's mark)
-        assert len(dedup) == sum(len(p) - (None in p) for p in parts) <= 2 * 20 * 5
+        assert len(dedup) <= 2 * 20 * 5
+        assert len(dedup) == (len(dedup._index) if not dedup.compact else
+                              dedup._next_serial - dedup._oldest - len(dedup._holes))
 
 
-def test_dedup_structures_are_not_walked_by_the_cycle_collector() -> None:
-    """A full collection must not walk millions of ids: the window's index partitions
-    and its marks stay untracked through remembering, forgetting and blanking."""
+@pytest.mark.parametrize("compact_ids", [4, 1000])
+def test_dedup_structures_are_not_walked_by_the_cycle_collector(compact_ids: int) -> None:
+    """A full collection must not walk millions of ids: the window's dict, its marks
+    (tuples of strings, or packed strings) and its hash tables stay untracked through
+    remembering, forgetting and blanking."""
     import gc
     import platform
 
     if platform.python_implementation() != "CPython":
         pytest.skip("untracking is a CPython matter")
-    dedup = DedupWindow(10.0, part_ids=4)
+    dedup = DedupWindow(10.0, compact_ids=compact_ids)
     for step in range(20):
         dedup.remember_all([f"m{step}-{i}" for i in range(3)], 3 * step, float(step))
         dedup.expire(float(step), 2)
     dedup.remember_all(["m0-0"], 60, 20.0)  # an id past its window, accepted again
     gc.collect()  # marks (tuples of strings) are untracked by the collector's first pass
-    assert dedup.partitions > 1
-    assert not any(map(gc.is_tracked, dedup._dir))
+    assert dedup.compact == (compact_ids == 4)
+    assert not gc.is_tracked(dedup._index)
     assert not any(map(gc.is_tracked, dedup._ids))
+    for table in dedup._serials._tables:
+        assert not gc.is_tracked(table.fps) and not gc.is_tracked(table.rels)
     assert dedup.get("m0-0", 20.0) == 60 and dedup.get("m19-2", 20.0) == 59
 
 

@@ -8,11 +8,11 @@ that size for one more window (ids expire as many as arrive), with the cleanup
 passes' slices in between. It reports the worst call (max) and the p99.9 of the
 publish groups and of the cleanup slices, in the thread's CPU time (page faults
 included; on a shared machine wall time also counts the time slices other processes
-took, so the worst wall-clock call is given beside it), the mean time per id of a group, and the
-bytes each remembered id costs beyond its own bytes (RSS growth of the fill, the id
-strings included, as when the log no longer holds them). Each size runs in its own
-process, so one's memory does not hide in the next one's figures. Figures for a
-person, never asserted by tests.
+took, so the worst wall-clock call is given beside it), the mean time per id of a
+group, and the bytes each remembered id costs beyond its own bytes (RSS growth of
+the fill, the window's own copy of the ids included, as when the log no longer holds
+them). Each size runs in its own process, so one's memory does not hide in the next
+one's figures. Figures for a person, never asserted by tests.
 """
 
 from __future__ import annotations

@@ -4,72 +4,82 @@ seconds, with their original offsets (G3).
 Lives here: remembering runs of ids, finding a duplicate's offset, and forgetting
 expired ids lazily, a slice at a time. The log of messages is
 :mod:`flux.shard.topic`; when ids are forgotten is decided by the publish path and
-the cleanup passes.
+the cleanup passes; a large window's index of hashes is :mod:`flux.shard.serial_index`.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import repeat
-from operator import contains, rshift, setitem
+from array import array
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
+from heapq import heappop, heappush
+from itertools import accumulate, repeat
+from typing import Any
+
+import numpy as np
+
+from flux.shard.serial_index import MASK64, MIN_ROOM, SerialIndex, fingerprints
 
 EXPIRE_SLICE = 1024  # most dedup ids one publish or lookup forgets on its way
-# the index of a window holding more ids than this is spread over PARTITIONS dicts (at
-# most a few milliseconds' work, once): a dict rehashes all its ids at once when it
-# grows, about 35 ns an id of a big table here, so a partition's growth stays under
-# 20 ms up to some 150M ids in a window (far more than a shard's memory holds)
-PART_IDS = 32768
-PARTITION_BITS = 8
-PARTITIONS = 1 << PARTITION_BITS
-HASH_BITS = sys.hash_info.width
-
+# a window holding more ids than this packs them and indexes their hashes (once, about
+# 4 ms); a smaller one keeps a dict of its ids, the fastest for small windows
+COMPACT_IDS = 8192
+# a large window looks up groups of at most this many ids one by one (numpy's calls
+# cost more than a few scalar probes)
+SCALAR_IDS = 24
 
 class DedupWindow:
     """Message ids accepted in the last ``window`` seconds, with their offsets.
 
     A topic's accepted ids take consecutive offsets, so the window keeps them in
-    acceptance order, as *marks*: a tuple of ids remembered together, with its
-    first offset, expiry time and id bytes in flat lists beside it.
+    acceptance order, as *marks*: the ids remembered together, with their first
+    offset, expiry time and id bytes in flat lists beside them.
 
-    An *index* maps every remembered id to the number of its mark (one int shared
-    by the mark's ids), so both "is it known?" and a duplicate's offset take one
-    probe of one table. Once it holds more than ``part_ids`` ids, the index is spread
-    over ``PARTITIONS`` dicts by the top bits of the ids' hashes (a dict places an id
-    by its low bits, which must not be alike within a partition), and stays so until
-    the window is empty. So a call that makes a table grow rehashes the ids of one
-    partition only: one big table would rehash every id at once (100 ms and more at
-    millions of ids). A dict of strings and ints is never walked by the garbage
-    collector (CPython untracks it).
+    A small window (up to ``compact_ids`` ids) keeps a dict id -> mark number (one
+    int shared by the mark's ids) and each mark's ids as a tuple (the one the log
+    holds too): "is it known?" for a group is one C call, and a duplicate's offset
+    one probe. Past ``compact_ids`` ids the window turns *compact* until it is empty
+    again: each mark's ids are packed into one string, every id remembered gets a
+    *serial* (acceptance order: a mark's ids have consecutive serials, so an id's
+    offset is its mark's first offset plus its place), and a
+    :class:`~flux.shard.serial_index.SerialIndex` maps ids' hashes to serials. A hit
+    there is checked against the packed id, so two ids sharing a hash never make a
+    new message a duplicate. That costs some 15-45 bytes an id beside its packed
+    bytes, where a string per id and a dict cost over 100; groups are looked up and
+    placed in bulk (numpy), nothing ever rehashes, and forgetting is moving the
+    oldest serial on (a table goes whole once all its serials are dead). The hashes
+    are ``hasher``'s (``hash``: salted per process, which only speed depends on), and
+    ``min_room`` ids the smallest table takes (tests make both collide early).
 
     Forgetting is lazy and bounded: a call forgets at most ``EXPIRE_SLICE`` ids
     (the cleanup passes forget the rest in slices), because forgetting a burst at
     once stalls the shard. Ids past their window but not forgotten yet count as
     forgotten everywhere: :meth:`get` with ``now`` does not find them, and
-    :meth:`live_bytes` does not count them. An id accepted again meanwhile is
-    blanked ("") in its old mark, so each id is a live string in one mark only
-    (the one the index names).
+    :meth:`live_bytes` does not count them. An id accepted again meanwhile is taken
+    out of its old mark (blanked "" in a tuple; a *hole* in a packed mark), so each
+    id is remembered in one mark only.
     """
 
-    __slots__ = ("_asked", "_at", "_base", "_bytes", "_count", "_dir", "_due", "_due_bytes",
-                 "_head", "_ids", "_offset", "_shift", "held_bytes", "part_ids", "window")
+    __slots__ = ("_asked", "_at", "_base", "_bytes", "_count", "_due", "_due_bytes", "_hash",
+                 "_head", "_hole_at", "_holes", "_ids", "_index", "_next_serial", "_offset",
+                 "_oldest", "_serial", "_serials", "_width", "compact_ids", "held_bytes",
+                 "window")
 
-    def __init__(self, window: float, part_ids: int = PART_IDS) -> None:
+    def __init__(self, window: float, compact_ids: int = COMPACT_IDS,
+                 hasher: Callable[[str], int] = hash, min_room: int = MIN_ROOM) -> None:
         self.window = window
-        self.part_ids = part_ids
-        # the index: id -> mark number, in partition dir[hash(id) >> _shift], the slot
-        # of the hash's top bits (a list index below 0 counts from the end, so the slot
-        # is those bits read unsigned); one partition is [part, part]
-        self._dir: list[dict[str, int]] = []
-        self._shift = HASH_BITS - 1
-        self._count = 0                         # ids in the index
-        # the last ids known_any looked up and their partitions (until the index changes)
-        self._asked: tuple[object, list[dict[str, int]]] = (None, [])
-        self._reset_index()
+        self.compact_ids = compact_ids
+        self._hash = hasher
+        self._index: dict[str, int] = {}        # small: id -> mark number
+        self._serials = SerialIndex(min_room)   # compact: hash -> serial (else empty)
+        self._count = 0                         # ids remembered
+        # the last ids known_any looked up and their hashes (compact, until remember_all)
+        self._asked: tuple[object, Any] = (None, None)
         # lists, not deques: a deque costs 760 bytes even empty, and a topic has several
-        self._ids: list[tuple[str, ...]] = []   # mark k: these ids, ...
+        self._ids: list[Any] = []               # mark k: these ids (tuple, or packed str), ...
+        self._width: list[int | array[int]] = []  # ... compact: each id's length or their ends
+        self._serial: list[int] = []            # ... compact: the first id's serial, ...
         self._offset: list[int] = []            # ... at consecutive offsets from this one, ...
         self._at: list[float] = []              # ... forgotten at this time, ...
         self._bytes: list[int] = []             # ... holding this many id bytes
@@ -78,25 +88,18 @@ class DedupWindow:
         self._due = 0                           # marks _head.._due-1 are past their window,
         self._due_bytes = 0                     # ... and hold this many bytes
         self.held_bytes = 0                     # id bytes of every mark, due ones too
-
-    def _reset_index(self) -> None:
-        """One empty partition (the index holds no id)."""
-        self._asked = (None, [])
-        part: dict[str, int] = {}
-        self._dir = [part, part]
-        self._shift = HASH_BITS - 1
+        self._next_serial = 0                   # compact: the serial the next id gets
+        self._oldest = 0                        # compact: the oldest serial remembered
+        self._holes: dict[int, int] = {}        # compact: serials in no index -> bytes taken
+        self._hole_at: list[int] = []           # ... off already; a heap of those serials
 
     def __len__(self) -> int:
         return self._count
 
     @property
-    def partitions(self) -> int:
-        """How many partitions the index has now."""
-        return 1 if self._dir[0] is self._dir[-1] else len(self._dir)
-
-    def _parts(self, ids: Iterable[str]) -> Iterator[dict[str, int]]:
-        """The partition of each of ``ids``, in order (at C speed)."""
-        return map(self._dir.__getitem__, map(rshift, map(hash, ids), repeat(self._shift)))
+    def compact(self) -> bool:
+        """Whether the ids are packed and indexed by hash (a large window)."""
+        return bool(self._serial)
 
     def due_at(self) -> float:
         """When the oldest remembered id's window ends (``inf`` when none is)."""
@@ -123,13 +126,22 @@ class DedupWindow:
     def get(self, message_id: str, now: float | None = None) -> int | None:
         """Like :meth:`lookup` without forgetting any ids first. Without ``now``, the
         caller made sure nothing due is left (it ran :meth:`expire` to the end)."""
-        mark = self._dir[hash(message_id) >> self._shift].get(message_id)
+        if self._serial:
+            serial = self._find(message_id)
+            if serial is None:
+                return None
+            k = bisect_right(self._serial, serial, self._head) - 1
+            if now is not None and self._at[k] <= now:
+                return None  # past its window, not forgotten yet
+            return self._offset[k] + serial - self._serial[k]
+        mark = self._index.get(message_id)
         if mark is None:
             return None
         k = mark - self._base
         if now is not None and self._at[k] <= now:
             return None  # past its window, not forgotten yet
-        return self._offset[k] + self._ids[k].index(message_id)
+        place: int = self._ids[k].index(message_id)
+        return self._offset[k] + place
 
     def finder(self, now: float) -> Callable[[str], int | None]:
         """:meth:`get` at ``now`` as a plain function, for a loop over many ids."""
@@ -139,11 +151,20 @@ class DedupWindow:
     def known_any(self, ids: Iterable[str]) -> bool:
         """Whether any of ``ids`` is remembered (maybe past its window): the publish
         fast path asks this once per group and leaves any hit to :meth:`finder`."""
-        if self._dir[0] is self._dir[-1]:  # one partition
-            return not self._dir[0].keys().isdisjoint(ids)
-        parts = list(self._parts(ids))
-        self._asked = (ids, parts)  # remember_all(keys=ids) reuses them
-        return any(map(contains, parts, ids))
+        if not self._serial:
+            return not self._index.keys().isdisjoint(ids)
+        if not isinstance(ids, Sequence | dict):
+            ids = list(ids)
+        if len(ids) <= SCALAR_IDS:
+            find = self._find
+            return any(find(message_id) is not None for message_id in ids)
+        probe = self._probe(ids)
+        self._asked = (ids, probe)  # remember_all(keys=ids) reuses them
+        maybe = self._serials.maybe(*probe)
+        if not maybe.any():
+            return False
+        listed = list(ids)
+        return any(self._find(listed[i]) is not None for i in np.flatnonzero(maybe).tolist())
 
     def live_bytes(self, now: float) -> int:
         """Id bytes of the ids still in their window at ``now``."""
@@ -163,55 +184,147 @@ class DedupWindow:
             self.expire(now, EXPIRE_SLICE)  # (it never changes next_mark)
             keys = self.keys_for(ids)
             if self.known_any(keys):  # one C-speed probe of each id when none is known
-                again = [i for i, part in zip(keys, self._parts(keys), strict=True) if i in part]
-                self._blank(again)
-                added -= len(again)
-                self._asked = (None, [])
-        if size is None:
-            size = len("".join(ids))
-        if self._dir[0] is self._dir[-1]:  # one partition
-            self._dir[0].update(keys)
-            if self._count + added + len(keys) > self.part_ids:
-                self._partition()
+                added -= self._blank(keys)
+        if self._serial:
+            packed = self._remember_packed(ids, keys)
+            if size is None:
+                size = packed
         else:
-            asked, parts = self._asked
-            if asked is not keys:
-                parts = list(self._parts(keys))
-            deque(map(setitem, parts, keys, repeat(self.next_mark)), 0)
-        self._asked = (None, [])
-        self._count += added + len(keys)
-        self._ids.append(tuple(ids))
+            if size is None:
+                size = len("".join(ids))
+            self._index.update(keys)
+            self._ids.append(tuple(ids))
+            self._count += added
+        self._asked = (None, None)
+        self._count += len(keys)
         self._offset.append(first)
         self._at.append(now + self.window)
         self._bytes.append(size)
         self.held_bytes += size
+        if not self._serial and self._count > self.compact_ids:
+            self._make_compact()
 
-    def _partition(self) -> None:
-        """Spread the ids of the one partition over ``PARTITIONS`` of them."""
-        part = self._dir[0]
-        shift = HASH_BITS - PARTITION_BITS
-        slots = list(map(rshift, map(hash, part), repeat(shift)))
-        # a key of another type (None, in no mark) makes a dict keep each key's hash
-        # beside it: a probe compares hashes without reading strings (cache misses)
-        dir_: list[dict[str, int]] = [{None: -1} for _ in range(PARTITIONS)]  # type: ignore[dict-item]
-        deque(map(setitem, map(dir_.__getitem__, slots), part, part.values()), 0)
-        self._dir, self._shift = dir_, shift
-        self._asked = (None, [])
+    def _probe(self, ids: Iterable[str]) -> tuple[Any, Any]:
+        """``hasher`` of each id as unsigned 64-bit numbers, and their fingerprints."""
+        if not isinstance(ids, Sequence | dict):
+            ids = list(ids)
+        hashes = np.fromiter(map(self._hash, ids), np.int64, len(ids)).view(np.uint64)
+        return hashes, fingerprints(hashes)
 
-    def _blank(self, again: list[str]) -> None:
-        """Ids past their window, accepted again: blank them in their old marks."""
+    def _find(self, message_id: str) -> int | None:
+        """The serial of ``message_id`` if a compact window remembers it."""
+        return self._serials.find(self._hash(message_id) & MASK64, self._holds, message_id)
+
+    def _holds(self, serial: int, message_id: str) -> bool:
+        """Whether live ``serial``'s packed id is ``message_id``."""
+        k = bisect_right(self._serial, serial, self._head) - 1
+        place = serial - self._serial[k]
+        width = self._width[k]
+        if isinstance(width, int):
+            return len(message_id) == width and self._ids[k].startswith(message_id, place * width)
+        start = width[place - 1] if place else 0
+        return width[place] - start == len(message_id) and self._ids[k].startswith(
+            message_id, start)
+
+    def _remember_packed(self, ids: Sequence[str], keys: dict[str, int]) -> int:
+        """A compact window's new mark: ``ids`` packed, their hashes indexed (an id
+        twice in ``ids``: its first place only, the others are holes); returns the
+        packed length."""
+        serial = self._next_serial
+        n = len(ids)
+        packed, width = pack(ids)
+        self._ids.append(packed)
+        self._width.append(width)
+        self._serial.append(serial)
+        self._next_serial = serial + n
+        if len(keys) == n:
+            if n <= SCALAR_IDS:
+                add, hasher = self._serials.add, self._hash
+                for i, message_id in enumerate(ids):
+                    add(hasher(message_id) & MASK64, serial + i)
+                return len(packed)
+            asked, probe = self._asked
+            hashes, prints = probe if asked is keys else self._probe(keys)
+            self._serials.add_all(hashes, prints, np.arange(serial, serial + n, dtype=np.int64))
+            return len(packed)
+        places: dict[str, int] = {}
+        for i, message_id in enumerate(ids):
+            if message_id in places:
+                self._hole(serial + i, 0)
+            else:
+                places[message_id] = i
+        hashes, prints = self._probe(places)
+        self._serials.add_all(hashes, prints,
+                              np.fromiter(places.values(), np.int64, len(places)) + serial)
+        return len(packed)
+
+    def _hole(self, serial: int, taken: int) -> None:
+        self._holes[serial] = taken
+        heappush(self._hole_at, serial)
+
+    def _make_compact(self) -> None:
+        """Pack the marks' ids and index their hashes (the window outgrew a dict)."""
+        self._trim(self._head)
+        index, serial = self._index, 0
+        hashes: list[int] = []
+        serials: list[int] = []
+        hasher = self._hash
+        for k, ids in enumerate(self._ids):
+            mark = self._base + k
+            packed, width = pack(ids)
+            self._ids[k] = packed
+            self._width.append(width)
+            self._serial.append(serial)
+            if list(map(index.get, ids)).count(mark) == len(ids) == len(set(ids)):
+                hashes += map(hasher, ids)  # the usual mark: every id indexed there, once
+                serials += range(serial, serial + len(ids))
+                serial += len(ids)
+                continue
+            seen: set[str] = set()
+            for i, message_id in enumerate(ids):
+                if message_id and message_id not in seen and index.get(message_id) == mark:
+                    seen.add(message_id)
+                    hashes.append(hasher(message_id))
+                    serials.append(serial + i)
+                else:  # blanked, or an id twice in a mark
+                    self._hole(serial + i, 0)
+            serial += len(ids)
+        self._next_serial = serial
+        self._index = {}
+        unsigned = np.array(hashes, np.int64).view(np.uint64)
+        self._serials.add_all(unsigned, fingerprints(unsigned), np.array(serials, np.int64))
+
+    def _blank(self, keys: dict[str, int]) -> int:
+        """Ids past their window, accepted again: take them out of their old marks;
+        returns how many a small window's dict will count twice."""
+        if self._serial:  # each leaves a hole, and is counted off here
+            for message_id in keys:
+                serial = self._find(message_id)
+                if serial is None:
+                    continue
+                self._serials.remove(self._hash(message_id) & MASK64, serial)
+                k = bisect_right(self._serial, serial, self._head) - 1
+                n = len(message_id)
+                self._hole(serial, n)
+                self._take_bytes(k, n)
+                self._count -= 1
+            return 0
+        index = self._index
         marks = self._ids
-        dir_, shift = self._dir, self._shift
-        for message_id in again:
-            k = dir_[hash(message_id) >> shift][message_id] - self._base
+        blanked = [i for i in keys if i in index]
+        for message_id in blanked:
+            k = index[message_id] - self._base
             ids = marks[k]
             i = ids.index(message_id)
             marks[k] = (*ids[:i], "", *ids[i + 1:])
-            n = len(message_id)
-            self._bytes[k] -= n
-            self.held_bytes -= n
-            if k < self._due:
-                self._due_bytes -= n
+            self._take_bytes(k, len(message_id))
+        return len(blanked)
+
+    def _take_bytes(self, k: int, n: int) -> None:
+        self._bytes[k] -= n
+        self.held_bytes -= n
+        if k < self._due:
+            self._due_bytes -= n
 
     def _advance_due(self, now: float) -> None:
         ats, k = self._at, self._due if self._due > self._head else self._head
@@ -226,13 +339,43 @@ class DedupWindow:
     def expire(self, now: float, most: int | None = None) -> int:
         """Forget ids whose window has passed, oldest first (at most ``most``);
         returns how many."""
+        if self._serials.dying:  # dead tables' pages, given back a slice a call
+            self._serials.release()
         ats, head = self._at, self._head
         if head >= len(ats) or ats[head] > now:
             return 0  # nothing is due (windows end in mark order): the usual case
         self._advance_due(now)
+        budget = most if most is not None else 1 << 62
+        compact = bool(self._serial)
+        k, count = (self._expire_packed if compact else self._expire_ids)(budget)
+        marks = self._ids
+        if k == len(marks):
+            self._trim(k)
+            if compact:  # the window is empty: back to a dict
+                self._serials.clear()
+                self._holes.clear()
+                self._hole_at.clear()
+                self._next_serial = self._oldest = 0
+        elif k > 64 and k * 2 > len(marks):
+            self._trim(k)
+        else:
+            self._head = k
+        return count
+
+    def _trim(self, k: int) -> None:
+        """Drop marks 0..k-1 (all forgotten)."""
+        self._base += k
+        for column in (self._ids, self._width, self._serial, self._offset, self._at,
+                       self._bytes):
+            del column[:k]
+        self._due = max(self._due - k, 0)
+        self._head = 0
+
+    def _expire_ids(self, budget: int) -> tuple[int, int]:
+        """Forget up to ``budget`` due ids of a small window; returns the first mark
+        left and how many ids it forgot."""
         marks = self._ids
         k = self._head
-        budget = most if most is not None else 1 << 62
         count = 0
         while k < self._due and budget > 0:
             ids = marks[k]
@@ -245,32 +388,60 @@ class DedupWindow:
                 marks[k] = ()
                 freed = self._bytes[k]
                 k += 1
-            self._forget(ids)
+            gone = list(map(self._index.pop, ids, repeat(None)))
+            self._count -= len(gone) - gone.count(None)
             self.held_bytes -= freed
             self._due_bytes -= freed
             count += len(ids)
             budget -= len(ids)
-        if k == len(marks):
-            self._base += k
-            for column in (marks, self._offset, self._at, self._bytes):
-                column.clear()
-            k = 0
-            self._due = 0
-        elif k > 64 and k * 2 > len(marks):
-            self._base += k
-            for column in (marks, self._offset, self._at, self._bytes):
-                del column[:k]
-            self._due -= k
-            k = 0
-        self._head = k
-        return count
+        return k, count
 
-    def _forget(self, ids: tuple[str, ...]) -> None:
-        """Take ``ids`` out of the index ("" is a blanked id: in no partition), at C speed."""
-        if self._dir[0] is self._dir[-1]:  # one partition
-            gone = list(map(self._dir[0].pop, ids, repeat(None)))
-        else:
-            gone = list(map(dict.pop, self._parts(ids), ids, repeat(None)))
-        self._count -= len(gone) - gone.count(None)
-        if not self._count and len(self._dir) > 2:
-            self._reset_index()  # the window is empty: its partitions go
+    def _expire_packed(self, budget: int) -> tuple[int, int]:
+        """Forget up to ``budget`` due ids of a compact window: move the oldest serial
+        on (a mark's packed ids go when all of them are forgotten)."""
+        marks, serials = self._ids, self._serial
+        k = self._head
+        oldest = start = self._oldest
+        holes, hole_at = self._holes, self._hole_at
+        while k < self._due and budget > 0:
+            end = serials[k + 1] if k + 1 < len(serials) else self._next_serial
+            stop = min(end, oldest + budget)
+            gaps = taken = 0
+            while hole_at and hole_at[0] < stop:
+                gaps += 1
+                taken += holes.pop(heappop(hole_at))
+            if stop < end:  # the mark's rest stays
+                freed = self._span_bytes(k, oldest, stop) - taken
+                self._bytes[k] -= freed
+            else:
+                freed = self._bytes[k]
+                marks[k] = ""
+                k += 1
+            self._count -= stop - oldest - gaps
+            self.held_bytes -= freed
+            self._due_bytes -= freed
+            budget -= stop - oldest
+            oldest = stop
+        self._oldest = oldest
+        self._serials.drop_before(oldest)
+        return k, oldest - start
+
+    def _span_bytes(self, k: int, start: int, stop: int) -> int:
+        """Bytes of the packed ids of serials ``start`` .. ``stop - 1`` of mark ``k``."""
+        first = self._serial[k]
+        width = self._width[k]
+        if isinstance(width, int):
+            return (stop - start) * width
+        return width[stop - first - 1] - (width[start - first - 1] if start > first else 0)
+
+
+def pack(ids: Sequence[str]) -> tuple[str, int | array[int]]:
+    """``ids`` as one string, and their common length or else where each ends in it."""
+    packed = "".join(ids)
+    width = len(ids[0])
+    if len(packed) == width * len(ids):
+        lengths = list(map(len, ids))
+        if lengths.count(width) == len(ids):
+            return packed, width
+        return packed, array("I", accumulate(lengths))
+    return packed, array("I", accumulate(map(len, ids)))
