@@ -174,6 +174,12 @@ class ShardStorage:
         self.root = config.storage.dir
         self.shard_count = shard_count
         self.directory = posixpath.join(self.root, f"shard-{index}")
+        # where a log leaves the marker of a failed fsync when its own directory takes no
+        # new file (a dead disk): the host's runtime directory, on another file system,
+        # in a directory of this boot and of this data directory (G9 "fsyncgate")
+        root_id = hashlib.sha256(self.root.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        self.spare = posixpath.join(host.runtime_dir, "fsync-failed", self.disk.boot_id(),
+                                    root_id, f"shard-{index}")
         self.new_generation = new_generation
         self.journals: dict[str, TopicJournal] = {}
         self.writers: dict[str, LogWriter] = {}
@@ -205,6 +211,7 @@ class ShardStorage:
         if self._core is not None:  # every log of the shard counts in one histogram (STATS)
             writer.stats.sync_times = self._core.fsync_times
         writer.on_full = lambda reason: self._check_room()
+        writer.spare = posixpath.join(self.spare, directory_of_topic(name))
         return writer
 
     async def check(self) -> None:
@@ -258,7 +265,8 @@ class ShardStorage:
         try:
             table, report = await recover(self.disk, path, owner=f"{OWNER}{name}",
                                           on_record=replay.feed, now=host.now,
-                                          boot_id=self.disk.boot_id())
+                                          boot_id=self.disk.boot_id(),
+                                          spare=posixpath.join(self.spare, entry))
         except ForeignLog as exc:
             self._refuse(core, entry, name, exc)
             return
@@ -582,10 +590,11 @@ class ShardStorage:
             log.error("shard %d: the log of topic %r failed: %s", core.index, journal.topic, exc)
             if writer.unmarked:
                 log.critical("shard %d: an fsync of topic %r's log failed and no marker could"
-                             " be left in %s: a restart in this boot would read back records"
-                             " that may not be on disk; check the disk, and cut the log at"
-                             " position %d or reboot the machine before restarting",
-                             core.index, journal.topic, writer.table.directory, writer.synced)
+                             " be left in %s nor in %s: a restart in this boot would read back"
+                             " records that may not be on disk; check the disk, and cut the"
+                             " log at position %d or reboot the machine before restarting",
+                             core.index, journal.topic, writer.table.directory, writer.spare,
+                             writer.synced)
             core.storage_stopped(journal, str(exc), self.host.now())
             self._dispatch()
             if self.failure is None:

@@ -1152,6 +1152,18 @@ def page_cache_trusted() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(recovery, "parse_fsync_failed", lambda name: None)
 
 
+def marker_lost_on_a_dead_disk() -> contextlib.AbstractContextManager[Any]:
+    """G9 ("fsyncgate"): when the log's directory takes no marker after a failed fsync,
+    the writer leaves none elsewhere either (only a CRITICAL line), so the router's
+    restart of the shard in the same boot trusts the page cache. Flux did this before
+    the runtime directory kept the marker."""
+    from flux.storage import writer
+
+    async def nowhere(disk: Any, directory: str | None, name: str) -> str | None:
+        return None
+    return mock.patch.object(writer, "leave_marker", nowhere)
+
+
 def new_generation_at_every_start() -> contextlib.AbstractContextManager[Any]:
     """G9: recovery draws a new generation for every disk topic, as a memory topic's."""
     from flux.shard import disk
@@ -1235,6 +1247,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "generation-kept-after-power-loss": generation_kept_after_power_loss,
     "new-generation-at-every-start": new_generation_at_every_start,
     "page-cache-trusted": page_cache_trusted,
+    "marker-lost-on-a-dead-disk": marker_lost_on_a_dead_disk,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise): each is
@@ -1257,7 +1270,7 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "cursor-record-ahead": "disk", "replay-payloads-rotated": "disk",
             "generation-kept-after-power-loss": "disk",
             "new-generation-at-every-start": "disk",
-            "page-cache-trusted": "disk-errors"}
+            "page-cache-trusted": "disk-errors", "marker-lost-on-a-dead-disk": "disk-errors"}
 
 # The rule(s) of flux.sim.checker.RULES each bug must trip (every one of them, within
 # MAX_SEEDS seeds of its scenario; other rules may fire too).
@@ -1325,6 +1338,7 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "generation-kept-after-power-loss": ("G1/offset-reused",),
     "new-generation-at-every-start": ("G9/generation-kept",),
     "page-cache-trusted": ("G9/generation-kept",),
+    "marker-lost-on-a-dead-disk": ("G9/generation-kept",),
     "repush-reversed": ("G1/repush-order",),
     "generation-from-index": ("G1/offset-reused",),
     "ack-moves-cursor-early": ("G6/cursor-past-unacked",),
