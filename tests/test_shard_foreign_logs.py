@@ -28,6 +28,19 @@ def _log(topic: str, generation: int, version: int = 1) -> bytes:
     return encode_header(header) + encode(6, b"\x93\x00\x00\x90")   # an empty SNAPSHOT
 
 
+async def _shard_with(files: dict[str, bytes]) -> tuple[Shard, SimHost, ShardStorage]:
+    """A disk shard on a simulated disk whose topic directories hold ``files`` (directory
+    -> its first segment's bytes), not recovered yet."""
+    shard = Shard({"storage.dir": "/data", "storage.kind": "disk"})
+    host = SimHost(Network(1), "shard-0", seed=1)
+    storage = ShardStorage(host, shard.config, 0, 1, lambda: 0x77)
+    await storage.check()
+    for entry, data in files.items():
+        host.disk.makedirs(f"{SHARD}/{entry}")
+        host.disk.open(f"{SHARD}/{entry}/{FIRST}", create=True).append(data)
+    return shard, host, storage
+
+
 def test_foreign_directories_are_refused_alone_and_never_written() -> None:
     long_dead_letters = "orders~" + "w" * 250
     hashed = directory_of_topic(long_dead_letters)
@@ -42,14 +55,9 @@ def test_foreign_directories_are_refused_alone_and_never_written() -> None:
     flipped[2] ^= 0x01
 
     async def main() -> None:
-        shard = Shard({"storage.dir": "/data", "storage.kind": "disk"})
-        host = SimHost(Network(1), "shard-0", seed=1)
+        shard, host, storage = await _shard_with({**planted, "flipped": bytes(flipped),
+                                                  "fine": _log("fine", 5)})
         disk = host.disk
-        storage = ShardStorage(host, shard.config, 0, 1, lambda: 0x77)
-        await storage.check()
-        for entry, data in {**planted, "flipped": bytes(flipped), "fine": _log("fine", 5)}.items():
-            disk.makedirs(f"{SHARD}/{entry}")
-            disk.open(f"{SHARD}/{entry}/{FIRST}", create=True).append(data)
         await storage.recover(shard.core)
         assert sorted(storage.refused) == sorted(planted)
         refused = shard.core.refused
@@ -88,15 +96,10 @@ def test_a_refused_topic_is_looked_at_again_and_serves_once_its_files_are_moved_
     sqlite = b"SQLite format 3\x00" + bytes(200)
 
     async def main() -> None:
-        shard = Shard({"storage.dir": "/data", "storage.kind": "disk"})
-        host = SimHost(Network(1), "shard-0", seed=1)
+        shard, host, storage = await _shard_with({"orders": sqlite,
+                                                  "payments": _log("theirs", 5),
+                                                  hashed: sqlite})
         disk = host.disk
-        storage = ShardStorage(host, shard.config, 0, 1, lambda: 0x77)
-        await storage.check()
-        for entry, data in {"orders": sqlite, "payments": _log("theirs", 5),
-                            hashed: sqlite}.items():
-            disk.makedirs(f"{SHARD}/{entry}")
-            disk.open(f"{SHARD}/{entry}/{FIRST}", create=True).append(data)
         await storage.recover(shard.core)
         client = shard.connect()
 

@@ -43,6 +43,24 @@ async def _fail_a_group(disk: SimDisk) -> int:
     return kept.end
 
 
+async def _unsynced_records() -> SimDisk:
+    """A disk whose log holds three records written, never synced, by a process that
+    crashed (recovery fsyncs them)."""
+    disk = _disk()
+    table, _ = await recover(disk, DIR, owner="orders")
+    writer = LogWriter(disk, table, owner="orders", generation=7, boot_id=disk.boot_id(),
+                       fsync=FsyncMode.NEVER)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.sync()
+        for _ in range(3):
+            await writer.wait_durable(writer.append(1, b"written").end)
+        nursery.cancel_scope.cancel()
+    writer.table.close()
+    disk.crash()
+    return disk
+
+
 def test_the_marker_name_says_both_marks() -> None:
     name = fsync_failed_name(120, 340)
     assert parse_fsync_failed(name) == (120, 340)
@@ -158,18 +176,7 @@ async def test_a_crash_in_recovery_before_the_cut_is_made_finds_the_marker_again
 
 async def test_after_recovery_s_own_fsync_fails_the_next_copies_the_last_segment_to_fresh_pages(
         autojump_clock: trio.testing.MockClock) -> None:
-    disk = _disk()
-    table, _ = await recover(disk, DIR, owner="orders")
-    writer = LogWriter(disk, table, owner="orders", generation=7, boot_id=disk.boot_id(),
-                       fsync=FsyncMode.NEVER)
-    async with trio.open_nursery() as nursery:   # records written, never synced
-        await nursery.start(writer.run)
-        await writer.sync()
-        for _ in range(3):
-            await writer.wait_durable(writer.append(1, b"written").end)
-        nursery.cancel_scope.cancel()
-    writer.table.close()
-    disk.crash()
+    disk = await _unsynced_records()
     disk.fail_next_syncs(1)   # recovery's fsync of what the crash left unsynced
     with pytest.raises(OSError):
         await _recover(disk)
@@ -244,18 +251,7 @@ async def test_without_a_spare_directory_a_dead_disk_leaves_the_log_unmarked(
 
 async def test_recovery_s_own_marker_goes_to_the_spare_directory_on_a_dead_disk(
         autojump_clock: trio.testing.MockClock) -> None:
-    disk = _disk()
-    table, _ = await recover(disk, DIR, owner="orders")
-    writer = LogWriter(disk, table, owner="orders", generation=7, boot_id=disk.boot_id(),
-                       fsync=FsyncMode.NEVER)
-    async with trio.open_nursery() as nursery:   # records written, never synced
-        await nursery.start(writer.run)
-        await writer.sync()
-        for _ in range(3):
-            await writer.wait_durable(writer.append(1, b"written").end)
-        nursery.cancel_scope.cancel()
-    writer.table.close()
-    disk.crash()
+    disk = await _unsynced_records()
     disk.fail_next_syncs(1)   # recovery's fsync of what the crash left unsynced
     disk.refuse_new_files(DIR)
     with pytest.raises(OSError):

@@ -398,16 +398,22 @@ class ShardStorage:
             if name in core.refused:   # its directory no longer holds its log
                 self._dispatch()
                 return
-            writer = self.writers[name]
-            self._nursery.start_soon(self._serve_log, self.journals[name], writer)
-            if writer in self._unsettled:   # a new generation: on disk before anyone hears
-                self._unsettled.remove(writer)
-                await writer.sync()
+            await self._start_recovered(name)
         except (OSError, StorageError, ReplayError) as exc:
             self.recovery_failed(exc)
             return
         core.bring_up(name)
         self._dispatch()
+
+    async def _start_recovered(self, name: str) -> None:
+        """Run the log of ``name``, recovered while the shard serves; a new generation's
+        first snapshot is synced before anyone hears of it."""
+        assert self._nursery is not None
+        writer = self.writers[name]
+        self._nursery.start_soon(self._serve_log, self.journals[name], writer)
+        if writer in self._unsettled:
+            self._unsettled.remove(writer)
+            await writer.sync()
 
     def recheck(self, name: str) -> None:
         """A request named disk topic ``name``, refused because its directory held what
@@ -435,9 +441,7 @@ class ShardStorage:
         key = path if name is None else name   # how the core knows the refusal
         try:
             if not self.disk.exists(path) or not self.disk.listdir(path):
-                self.refused.pop(entry, None)
-                self._looked_at.pop(entry, None)
-                core.serve_again(key)
+                self._serve_again(entry, key)
                 log.warning("shard %d: refused topic directory %s is empty or gone now: its"
                             " topic is served again, made anew when a request names it",
                             core.index, path)
@@ -446,20 +450,21 @@ class ShardStorage:
             name = next((n for n in self.journals if directory_of_topic(n) == entry), None)
             if name is None:
                 return   # still not its log: refused again
-            writer = self.writers[name]
-            self._nursery.start_soon(self._serve_log, self.journals[name], writer)
-            if writer in self._unsettled:   # a new generation: on disk before anyone hears
-                self._unsettled.remove(writer)
-                await writer.sync()
+            await self._start_recovered(name)
         except (OSError, StorageError, ReplayError) as exc:
             self.recovery_failed(exc)
             return
-        self.refused.pop(entry, None)
-        self._looked_at.pop(entry, None)
-        core.serve_again(key)
+        self._serve_again(entry, key)
         log.warning("shard %d: topic %r serves again: its directory %s now holds its log",
                     core.index, name, path)
         self._dispatch()
+
+    def _serve_again(self, entry: str, key: str) -> None:
+        """Refused directory ``entry`` (``key`` in the core's refusals) is refused no more."""
+        assert self._core is not None
+        self.refused.pop(entry, None)
+        self._looked_at.pop(entry, None)
+        self._core.serve_again(key)
 
     def _boot_changed(self, report: RecoveryReport) -> bool:
         """Whether the log's unsynced tail may be gone: it was written before the
