@@ -30,7 +30,8 @@ from dataclasses import dataclass
 #             shard exits and the router restarts it (G9); as on Linux, what it did not
 #             write still reads back, until a power loss
 #   nofiles   a shard machine's data directory takes no new file for `duration` (EIO):
-#             drawn only with an eio at the same moment (``FaultMix.nofiles_with_eio``),
+#             drawn only with an eio at the same moment (``FaultMix.nofiles_with_eio``:
+#             scenario dead-disk),
 #             so the failed fsync's marker cannot be made in the log's directory
 #   full      a shard machine's disk is full for `duration`: every write fails (ENOSPC)
 #   slowdisk  a shard machine's fsyncs take 0.2-2 s each for `duration`

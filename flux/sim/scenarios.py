@@ -329,10 +329,9 @@ def storage_faults(rng: random.Random) -> Workload:
 def disk_errors(rng: random.Random) -> Workload:
     """Disk topics on disks that fail: fsync errors (the log stops, the shard exits and
     recovers; what the failed fsync did not write reads back until a power loss, which
-    follows half of them; half of them come with a spell in which the data directory
-    takes no new file, so the marker goes to the runtime directory), a full disk for
-    a while (publishes refused with StorageUnavailable, acks and deliveries go on,
-    writes wait for room) and slow fsyncs, with some crashes."""
+    follows half of them), a full disk for a while (publishes refused with
+    StorageUnavailable, acks and deliveries go on, writes wait for room) and slow
+    fsyncs, with some crashes."""
     w = disk(rng)
     config = dict(w.config)
     config["storage"] = {**w.config["storage"], "kind": "disk"}  # type: ignore[dict-item]
@@ -340,8 +339,16 @@ def disk_errors(rng: random.Random) -> Workload:
     return replace(w, scenario="disk-errors", config=config, auditors=("a0",),
                    mix=FaultMix((("eio", 1.0), ("full", 1.0), ("slowdisk", 0.7),
                                  ("crash", 0.4), ("reset", 0.3)),
-                                count=(3, 10), pause=(0.5, 4.0), power_after_eio=0.5,
-                                nofiles_with_eio=0.5))
+                                count=(3, 10), pause=(0.5, 4.0), power_after_eio=0.5))
+
+
+def dead_disk(rng: random.Random) -> Workload:
+    """``disk-errors`` on a dying disk: every fsync error comes with a spell in which the
+    data directory takes no new file, so the failed fsync's marker cannot be made in
+    the log's directory; it goes to the runtime directory, and the router's restart of
+    the shard in the same boot must still cut the log there (G9 "fsyncgate")."""
+    w = disk_errors(rng)
+    return replace(w, scenario="dead-disk", mix=replace(w.mix, nofiles_with_eio=1.0))
 
 
 def auth(rng: random.Random) -> Workload:
@@ -500,6 +507,6 @@ SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
-    "disk-errors": disk_errors, "auth": auth, "delays": delays, "delays-disk": delays_disk, "shared": shared,
-    "deadletters": dead_letters,
+    "disk-errors": disk_errors, "dead-disk": dead_disk, "auth": auth, "delays": delays,
+    "delays-disk": delays_disk, "shared": shared, "deadletters": dead_letters,
 }

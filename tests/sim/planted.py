@@ -846,6 +846,28 @@ def resubscribe_forgotten() -> contextlib.AbstractContextManager[Any]:
     return _wrap(Dispatch, "_close", make)
 
 
+def storage_end_surfaced() -> contextlib.AbstractContextManager[Any]:
+    """Liveness: the client ends a push subscription the shard ended with SUB_ENDED
+    StorageUnavailable (its topic's log recovered after damage was read back) and its
+    iterator raises, instead of subscribing again by itself; its user stops there.
+    Flux did this before the client resumed such subscriptions."""
+    from flux.client.pushes import Pushes
+
+    def make(f: Any) -> Any:
+        def ended(self: Pushes, conn: Any, frame: list[Any], now: float) -> None:
+            sub = conn.subs.get(frame[1])
+            if frame[2] != errors.StorageUnavailable.code or sub is None \
+                    or sub.sid != frame[1] or sub.status not in ("active", "subscribing"):
+                f(self, conn, frame, now)
+                return
+            del conn.subs[frame[1]]
+            sub.end(errors.from_code(int(frame[2]), str(frame[3])))
+            self._forget_sub(sub)
+            self._wake(sub)
+        return ended
+    return _wrap(Pushes, "_on_sub_ended", make)
+
+
 def credit_over_window_refused() -> contextlib.AbstractContextManager[Any]:
     """Liveness: SUBSCRIBE refuses a credit larger than the subscription's window
     (InvalidRequest) instead of taking it, so a client with the default prefetch can
@@ -1228,6 +1250,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "span-cache-ignores-topic": span_cache_ignores_topic,
     "drain-when-orphaned": drain_when_orphaned,
     "resubscribe-forgotten": resubscribe_forgotten,
+    "storage-end-surfaced": storage_end_surfaced,
     "credit-over-window-refused": credit_over_window_refused,
     "commit-last-read": commit_last_read,
     "fetch-unknown-sub-unchecked": fetch_unknown_sub_unchecked,
@@ -1261,6 +1284,7 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "duplicate-not-flagged": "backpressure", "subscribed-echoes-generation": "crashes",
             "fetch-unknown-sub-unchecked": "crashes", "reset-starts-at-next": "crashes",
             "restart-forgets-shards": "crashes", "resubscribe-forgotten": "crashes",
+            "storage-end-surfaced": "storage-faults",
             "ack-before-durable": "disk", "no-checksum-on-read": "storage-faults",
             "torn-tail-kept": "storage-faults", "dedup-not-recovered": "disk-errors",
             "compaction-ignores-held": "disk",
@@ -1270,7 +1294,7 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "cursor-record-ahead": "disk", "replay-payloads-rotated": "disk",
             "generation-kept-after-power-loss": "disk",
             "new-generation-at-every-start": "disk",
-            "page-cache-trusted": "disk-errors", "marker-lost-on-a-dead-disk": "disk-errors"}
+            "page-cache-trusted": "disk-errors", "marker-lost-on-a-dead-disk": "dead-disk"}
 
 # The rule(s) of flux.sim.checker.RULES each bug must trip (every one of them, within
 # MAX_SEEDS seeds of its scenario; other rules may fire too).
@@ -1320,6 +1344,7 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "span-cache-ignores-topic": ("G2/unexpected", "G2/fetch-unexpected"),
     "drain-when-orphaned": ("liveness/publish-stuck",),
     "resubscribe-forgotten": ("liveness/stale-generation",),
+    "storage-end-surfaced": ("liveness/stale-generation",),
     "credit-over-window-refused": ("liveness/never-subscribed",),
     "commit-last-read": ("liveness/pull-behind",),
     "through-refuses-acked": ("G1/ack-refused",),
@@ -1362,7 +1387,9 @@ EXPECT: dict[str, tuple[str, ...]] = {
 # dedup-not-recovered: disk-errors caught it at seed 7 while recovery trusted a failed
 # fsync's page cache (a retry of the failed group's ids hit the rebuilt window); now
 # that group is cut, and retries rightly store it again: the first catch is seed 188
-FIRST_SEED = {"trim-past-exposed": 150, "dedup-not-recovered": 188}
+# storage-end-surfaced: a live subscriber's topic must rot while it reads evicted
+# payloads back; storage-faults first has one at seed 32
+FIRST_SEED = {"trim-past-exposed": 150, "dedup-not-recovered": 188, "storage-end-surfaced": 30}
 
 # Rules no realistic planted bug can trip, and why (flux.sim.checker.RULES says so too).
 NO_PLANT: dict[str, str] = {}
