@@ -240,9 +240,10 @@ class SimDisk:
     def _synced_len(inode: _Inode) -> int:
         return min(inode.dirty_from, inode.lost_from, len(inode.durable), len(inode.data))
 
-    def fail_next_syncs(self, count: int = 1) -> None:
-        """Make the next ``count`` file fsyncs fail with EIO."""
-        self._fail_syncs += count
+    def fail_next_syncs(self, count: int = 1, *, cancel: bool = False) -> None:
+        """Make the next ``count`` file fsyncs fail with EIO (``cancel``: instead of those
+        armed before and not met yet)."""
+        self._fail_syncs = count if cancel else self._fail_syncs + count
 
     def refuse_new_files(self, directory: str | None) -> None:
         """Make every file creation under ``directory`` fail with EIO (None: none does)."""
