@@ -19,9 +19,11 @@ import errno
 import os
 import random
 import secrets
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -37,6 +39,10 @@ class Host(Protocol):
     name: str
     random: random.Random
     disk: Disk  # the file system disk topics keep their logs on
+    # a directory (reached through ``disk``) on another file system than the data, that
+    # outlives a process but need not outlive a reboot: where a log leaves the marker of
+    # a failed fsync when its own directory takes no new file (G9)
+    runtime_dir: str
 
     def now(self) -> float:
         """Seconds on the monotonic clock (trio's clock; fake in the simulator)."""
@@ -80,6 +86,17 @@ class Host(Protocol):
         ...
 
 
+def runtime_dir() -> Path:
+    """``$FLUX_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/flux``, else a per-user temp dir."""
+    explicit = os.environ.get("FLUX_RUNTIME_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and Path(xdg).is_dir():
+        return Path(xdg) / "flux"
+    return Path(tempfile.gettempdir()) / f"flux-{os.getuid()}"
+
+
 def wall_clock() -> float:
     """The one place Flux reads the wall clock."""
     return time.time()  # seam-ok: the host's wall-time seam itself
@@ -92,6 +109,7 @@ class RealHost:
         self.name = name
         self.random = random.Random(seed if seed is not None else os.urandom(16))
         self.disk: Disk = RealDisk()
+        self.runtime_dir = str(runtime_dir())
         self._slow: trio.CapacityLimiter | None = None
 
     def now(self) -> float:

@@ -119,13 +119,64 @@ def test_a_full_batch_of_acks_goes_at_once() -> None:
 
 
 @pytest.mark.parametrize(("code", "exc"), [(61, errors.SubscriptionInactive),
-                                           (62, errors.SubscriptionTakenOver)])
+                                           (62, errors.SubscriptionTakenOver),
+                                           (80, errors.NotAuthorized)])
 def test_sub_ended_raises_its_typed_error(code: int, exc: type[Exception]) -> None:
     core, conn, sub, sid = warm_subscription()
     deliver(core, conn, sid, (0, 1))
     core.receive(conn.id, [P.SUB_ENDED, sid, code, "over"], 0.0)
     for _ in range(2):
         with pytest.raises(exc):
+            core.next_message(sub)
+
+
+def test_sub_ended_storage_unavailable_resubscribes_by_itself_through_busy() -> None:
+    """SUB_ENDED 42 (the topic's log is recovered after damage was read back, §6.8) is
+    retryable: the iterator never raises it; the client subscribes again after a
+    backoff with the generation it knows and its resume point, retries while the
+    shard answers Busy, and the user's acks of an earlier session are kept (G4)."""
+    core, conn, sub, sid = warm_subscription()
+    deliver(core, conn, sid, (0, 1), (1, 1), (2, 1))
+    m0, m1 = core.next_message(sub), core.next_message(sub)
+    assert m0 is not None and m1 is not None
+    core.ack(sub, m1, 1.0)  # 0 unacked, 1 acked (not yet sent), 2 unconsumed
+    core.receive(conn.id, [P.SUB_ENDED, sid, errors.StorageUnavailable.code, "recovering"], 1.0)
+    assert core.next_message(sub) is None and sub.status == "waiting"  # never raised
+    assert out(core, conn, 1.0) == []  # not at once: after a backoff
+    at = core.next_deadline()
+    assert 1.0 < at <= 1.2
+    core.tick(at)
+    [again] = out(core, conn, at)
+    assert again[0] == P.SUBSCRIBE and again[2] != sid
+    assert (again[3]["name"], again[3]["generation"], again[3]["from_offset"]) == ("s", GEN, 0)
+    core.receive(conn.id, [P.ERROR, again[1], errors.Busy.code, "recovering", {}], at)
+    assert core.next_message(sub) is None and sub.status == "waiting"
+    later = core.next_deadline()
+    assert later > at
+    core.tick(later)
+    [third] = out(core, conn, later)
+    assert third[0] == P.SUBSCRIBE and third[3]["generation"] == GEN
+    core.receive(conn.id, [P.SUBSCRIBED, third[1], third[2], {
+        "created": False, "start_offset": 0, "cursor": 0, "generation": GEN, "clamped": False,
+        "reset": False, "next_offset": 3, "max_in_flight": 1000}], later)
+    deliver(core, conn, third[2], (0, 1), (1, 1), (2, 1))
+    assert [m.offset for m in iter(lambda: core.next_message(sub), None)] == [0, 2]
+    core.tick(later + 0.005)
+    assert [f[4:] for f in out(core, conn, later + 0.005) if f[0] == P.ACK] == [[[1], -1]]
+
+
+def test_sub_ended_storage_unavailable_follows_on_reset_raise() -> None:
+    """A resubscribe that finds a new generation (the recovery cut acked records) with
+    ``on_reset="raise"`` ends the subscription with TopicReset (G7)."""
+    core, conn, sub, sid = warm_subscription(on_reset="raise")
+    core.receive(conn.id, [P.SUB_ENDED, sid, errors.StorageUnavailable.code, "recovering"], 1.0)
+    core.tick(core.next_deadline())
+    [again] = out(core, conn, 2.0)
+    assert again[3]["on_reset"] == "raise" and again[3]["generation"] == GEN
+    core.receive(conn.id, [P.ERROR, again[1], errors.TopicReset.code, "reset",
+                           {"old": GEN, "new": 99}], 2.0)
+    for _ in range(2):
+        with pytest.raises(errors.TopicReset):
             core.next_message(sub)
 
 

@@ -43,6 +43,24 @@ async def _fail_a_group(disk: SimDisk) -> int:
     return kept.end
 
 
+async def _unsynced_records() -> SimDisk:
+    """A disk whose log holds three records written, never synced, by a process that
+    crashed (recovery fsyncs them)."""
+    disk = _disk()
+    table, _ = await recover(disk, DIR, owner="orders")
+    writer = LogWriter(disk, table, owner="orders", generation=7, boot_id=disk.boot_id(),
+                       fsync=FsyncMode.NEVER)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.sync()
+        for _ in range(3):
+            await writer.wait_durable(writer.append(1, b"written").end)
+        nursery.cancel_scope.cancel()
+    writer.table.close()
+    disk.crash()
+    return disk
+
+
 def test_the_marker_name_says_both_marks() -> None:
     name = fsync_failed_name(120, 340)
     assert parse_fsync_failed(name) == (120, 340)
@@ -158,18 +176,7 @@ async def test_a_crash_in_recovery_before_the_cut_is_made_finds_the_marker_again
 
 async def test_after_recovery_s_own_fsync_fails_the_next_copies_the_last_segment_to_fresh_pages(
         autojump_clock: trio.testing.MockClock) -> None:
-    disk = _disk()
-    table, _ = await recover(disk, DIR, owner="orders")
-    writer = LogWriter(disk, table, owner="orders", generation=7, boot_id=disk.boot_id(),
-                       fsync=FsyncMode.NEVER)
-    async with trio.open_nursery() as nursery:   # records written, never synced
-        await nursery.start(writer.run)
-        await writer.sync()
-        for _ in range(3):
-            await writer.wait_durable(writer.append(1, b"written").end)
-        nursery.cancel_scope.cancel()
-    writer.table.close()
-    disk.crash()
+    disk = await _unsynced_records()
     disk.fail_next_syncs(1)   # recovery's fsync of what the crash left unsynced
     with pytest.raises(OSError):
         await _recover(disk)
@@ -182,3 +189,77 @@ async def test_after_recovery_s_own_fsync_fails_the_next_copies_the_last_segment
     records, writer, report = await _recover(disk)
     writer.table.close()
     assert [r.body for r in records].count(b"written") == 3 and not report.rewritten
+
+
+SPARE = "/run/flux/fsync-failed/orders"
+
+
+async def _fail_a_group_on_a_dead_disk(disk: SimDisk, spare: str | None) -> tuple[int, LogWriter]:
+    """As :func:`_fail_a_group`, but the log's directory takes no new file when the
+    fsync fails (the marker cannot be made there); the disk recovers after the crash."""
+    _, writer, _ = await _recover(disk)
+    writer.spare = spare
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        kept = writer.append(1, b"kept")
+        await writer.wait_durable(kept.end)
+        disk.fail_next_syncs(1)
+        disk.refuse_new_files("/data")
+        group = [writer.append(1, b"lost") for _ in range(5)]
+        with pytest.raises(LogFailed) as failed:
+            await writer.wait_durable(group[-1].end)
+    writer.table.close()
+    disk.crash()
+    disk.refuse_new_files(None)
+    marked = "recovery in this boot cuts the log at" if spare else "leaving the marker"
+    assert marked in str(failed.value), failed.value
+    return kept.end, writer
+
+
+async def test_a_marker_the_log_directory_cannot_take_goes_to_the_spare_one_and_is_honoured(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A dead disk takes no marker: the writer leaves it in its spare directory (another
+    file system, kept for the boot), and a restart in the same boot cuts the log there
+    as it would for the marker in the log's directory, then removes it."""
+    disk = _disk()
+    mark, failed = await _fail_a_group_on_a_dead_disk(disk, SPARE)
+    assert not failed.unmarked
+    assert not any(parse_fsync_failed(n) for n in disk.listdir(DIR))
+    assert disk.listdir(SPARE) == [fsync_failed_name(mark, mark)]
+    records: list[Record] = []
+    table, report = await recover(disk, DIR, owner="orders", on_record=records.append,
+                                  boot_id=disk.boot_id(), spare=SPARE)
+    table.close()
+    assert [r.body for r in records] == [b"kept"] and table.end == mark
+    assert report.synced_mark == mark and report.unsynced_bytes > 0
+    assert disk.listdir(SPARE) == []   # the cut is durable: the marker went
+    disk.power_loss()
+    records, writer, _ = await _recover(disk)
+    writer.table.close()
+    assert [r.body for r in records] == [b"kept"]
+
+
+async def test_without_a_spare_directory_a_dead_disk_leaves_the_log_unmarked(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = _disk()
+    _, failed = await _fail_a_group_on_a_dead_disk(disk, None)
+    assert failed.unmarked   # the shard logs CRITICAL: a restart would trust the page cache
+    records, writer, _ = await _recover(disk)
+    writer.table.close()
+    assert [r.body for r in records].count(b"lost") == 5
+
+
+async def test_recovery_s_own_marker_goes_to_the_spare_directory_on_a_dead_disk(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = await _unsynced_records()
+    disk.fail_next_syncs(1)   # recovery's fsync of what the crash left unsynced
+    disk.refuse_new_files(DIR)
+    with pytest.raises(OSError):
+        await recover(disk, DIR, owner="orders", boot_id=disk.boot_id(), spare=SPARE)
+    assert disk.listdir(SPARE) == ["fsync-failed.recovery"]
+    disk.crash()
+    disk.refuse_new_files(None)
+    table, report = await recover(disk, DIR, owner="orders", boot_id=disk.boot_id(),
+                                  spare=SPARE)
+    table.close()
+    assert report.rewritten and disk.listdir(SPARE) == []

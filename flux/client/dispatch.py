@@ -83,7 +83,7 @@ class Dispatch(Pushes):
             if kind == P.DELIVER:
                 self._on_deliver(conn, frame)
             elif kind == P.SUB_ENDED:
-                self._on_sub_ended(conn, frame)
+                self._on_sub_ended(conn, frame, now)
             else:
                 rid = frame[1]
                 entry = conn.pending.pop(rid, None) if type(rid) is int else None

@@ -73,12 +73,24 @@ class Pushes(Routing):
         if sub.credit_owed or (sub.session is not None and sub.session.queued):
             self._dirty(sub)
 
-    def _on_sub_ended(self, conn: Conn, frame: list[Any]) -> None:
+    def _on_sub_ended(self, conn: Conn, frame: list[Any], now: float) -> None:
+        """The shard detached a session (PROTOCOL.md §6.8). After a retryable end
+        (StorageUnavailable: its topic's log is being recovered) the subscription
+        resumes as after a lost connection: SUBSCRIBE again after a backoff, with
+        the generation it knows, retried while the shard answers Busy; the user's
+        unacked messages come again (G4; G7 on a new generation). Any other end
+        is the user's: the iterator raises it."""
         sid = frame[1]
         sub = conn.subs.pop(sid, None)
         if sub is None or sub.sid != sid or sub.status not in ("active", "subscribing"):
             return
-        sub.end(errors.from_code(int(frame[2]), str(frame[3])))
+        error = errors.from_code(int(frame[2]), str(frame[3]))
+        if retryable(error):
+            sub.detached()
+            sub.last_error = error
+            sub.retry_at = now + backoff(self.rng, sub.attempts)
+            return
+        sub.end(error)
         self._forget_sub(sub)
         self._wake(sub)
 

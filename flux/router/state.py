@@ -15,9 +15,10 @@ import json
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Protocol
+
+from flux.host import runtime_dir
 
 log = logging.getLogger("flux.router")
 
@@ -54,17 +55,6 @@ class MemoryStateStore:
 
     def clear(self) -> None:
         self.state = None
-
-
-def runtime_dir() -> Path:
-    """``$FLUX_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/flux``, else a per-user temp dir."""
-    explicit = os.environ.get("FLUX_RUNTIME_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and Path(xdg).is_dir():
-        return Path(xdg) / "flux"
-    return Path(tempfile.gettempdir()) / f"flux-{os.getuid()}"
 
 
 class FileStateStore:

@@ -408,10 +408,16 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
     def refuse(self, name: str, why: str) -> None:
         """Refuse every request naming disk topic ``name`` from now on (StorageUnavailable,
         saying ``why``): its log directory holds what is not its log, which the shell
-        leaves untouched (G9). The shard's other topics serve on."""
+        leaves untouched (G9) and looks at again when a request names it
+        (:attr:`on_refused`) until :meth:`serve_again`. The shard's other topics serve on."""
         self.refused[name] = why
         self.down.pop(name, None)
         self._taken_down.pop(name, None)
+
+    def serve_again(self, name: str) -> None:
+        """Refused topic ``name`` (or a refused directory's path) is refused no more: a
+        look again found its log (adopted, :meth:`adopt_recovered`) or no directory."""
+        self.refused.pop(name, None)
 
     def bring_up(self, name: str) -> None:
         """``name`` (adopted again, :meth:`adopt_recovered`) serves again. In the same

@@ -11,7 +11,10 @@ shard count is refused with an error naming the path and what to do; nothing in
 it is ever wiped. A topic's directory that holds what is not that topic's log (a
 file of another program, another format version, another owner's log) refuses
 that topic alone: it is never written, requests for it get StorageUnavailable,
-and the shard serves its other topics. Each topic's writer runs as a task of the
+and the shard serves its other topics. A request naming a refused topic has its
+directory looked at again (at most every ``RECHECK`` seconds, by the same
+recovery): once an operator has moved what was not its log away, the topic
+serves again without a restart. Each topic's writer runs as a task of the
 shard and hands every move of its durable mark to the core itself
 (``ShardCore.storage_progress``, called from the writer task as its fsync returns:
 no other task wakes up for it).
@@ -65,6 +68,7 @@ NAME_MAX = 255     # bytes of a file name (most file systems)
 HASHED = "~"       # a topic directory named by hash starts so (no topic name does)
 OWNER = "topic "   # what a disk topic's segment headers name: OWNER + the topic
 ROOM_CHECK = 1.0   # seconds between two looks at the data directory's free room
+RECHECK = 5.0      # seconds: a refused topic's directory is looked at again at most so often
 
 
 def directory_of_topic(name: str) -> str:
@@ -170,13 +174,21 @@ class ShardStorage:
         self.root = config.storage.dir
         self.shard_count = shard_count
         self.directory = posixpath.join(self.root, f"shard-{index}")
+        # where a log leaves the marker of a failed fsync when its own directory takes no
+        # new file (a dead disk): the host's runtime directory, on another file system,
+        # in a directory of this boot and of this data directory (G9 "fsyncgate")
+        root_id = hashlib.sha256(self.root.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        self.spare = posixpath.join(host.runtime_dir, "fsync-failed", self.disk.boot_id(),
+                                    root_id, f"shard-{index}")
         self.new_generation = new_generation
         self.journals: dict[str, TopicJournal] = {}
         self.writers: dict[str, LogWriter] = {}
         self.recovered: list[Recovered] = []
         # topic directories (entries) that hold what is not their topic's log, and why:
-        # never written, their topics refused until the shard restarts
+        # never written, their topics refused until a look again finds their log
+        # (:meth:`recheck`); and when each was last looked at (host clock)
         self.refused: dict[str, str] = {}
+        self._looked_at: dict[str, float] = {}
         self.failure: LogFailed | None = None
         self.failed_what = f"the disk topics in {self.directory}"  # what ``failure`` hit
         self._unsettled: list[LogWriter] = []  # logs of new generations to sync first
@@ -199,6 +211,7 @@ class ShardStorage:
         if self._core is not None:  # every log of the shard counts in one histogram (STATS)
             writer.stats.sync_times = self._core.fsync_times
         writer.on_full = lambda reason: self._check_room()
+        writer.spare = posixpath.join(self.spare, directory_of_topic(name))
         return writer
 
     async def check(self) -> None:
@@ -217,6 +230,7 @@ class ShardStorage:
             await self.check()
         self._core = core
         core.open_journal = self.open_new
+        core.on_refused = self.recheck
         names = self.disk.listdir(self.directory)
         read = 0
         for i, name in enumerate(names):
@@ -251,7 +265,8 @@ class ShardStorage:
         try:
             table, report = await recover(self.disk, path, owner=f"{OWNER}{name}",
                                           on_record=replay.feed, now=host.now,
-                                          boot_id=self.disk.boot_id())
+                                          boot_id=self.disk.boot_id(),
+                                          spare=posixpath.join(self.spare, entry))
         except ForeignLog as exc:
             self._refuse(core, entry, name, exc)
             return
@@ -323,9 +338,15 @@ class ShardStorage:
 
     def _refuse(self, core: ShardCore, entry: str, topic: str, exc: ForeignLog) -> None:
         """Leave topic directory ``entry`` as it is and refuse ``topic`` (its name, or the
-        directory's path when it names none): what is in it is not that topic's log."""
+        directory's path when it names none): what is in it is not that topic's log.
+        Logged once (a look again that still finds it so says nothing more)."""
+        again = entry in self.refused
         self.refused[entry] = str(exc)
+        self._looked_at[entry] = self.host.now()
         core.refuse(topic, str(exc))
+        if again:
+            log.debug("shard %d: %s is still refused: %s", core.index, entry, exc)
+            return
         log.error("shard %d: %s is refused and its directory left untouched (the shard serves"
                   " its other topics): %s", core.index,
                   "a topic" if topic == exc.path else f"topic {topic!r}", exc)
@@ -377,16 +398,73 @@ class ShardStorage:
             if name in core.refused:   # its directory no longer holds its log
                 self._dispatch()
                 return
-            writer = self.writers[name]
-            self._nursery.start_soon(self._serve_log, self.journals[name], writer)
-            if writer in self._unsettled:   # a new generation: on disk before anyone hears
-                self._unsettled.remove(writer)
-                await writer.sync()
+            await self._start_recovered(name)
         except (OSError, StorageError, ReplayError) as exc:
             self.recovery_failed(exc)
             return
         core.bring_up(name)
         self._dispatch()
+
+    async def _start_recovered(self, name: str) -> None:
+        """Run the log of ``name``, recovered while the shard serves; a new generation's
+        first snapshot is synced before anyone hears of it."""
+        assert self._nursery is not None
+        writer = self.writers[name]
+        self._nursery.start_soon(self._serve_log, self.journals[name], writer)
+        if writer in self._unsettled:
+            self._unsettled.remove(writer)
+            await writer.sync()
+
+    def recheck(self, name: str) -> None:
+        """A request named disk topic ``name``, refused because its directory held what
+        is not its log: look at that directory again in the background, at most once
+        every ``RECHECK`` seconds (the request itself is refused meanwhile)."""
+        entry = directory_of_topic(name)
+        if entry not in self.refused or self._nursery is None:
+            return
+        now = self.host.now()
+        if now < self._looked_at.get(entry, -RECHECK) + RECHECK:
+            return
+        self._looked_at[entry] = now
+        self._nursery.start_soon(self._look_again, entry)
+
+    async def _look_again(self, entry: str) -> None:
+        """Run recovery on refused topic directory ``entry`` again, through the disk seam
+        and by the same rules as at start (14.2 rule 3: what is not this topic's log
+        refuses it again, left untouched). Once it holds the topic's log, or nothing,
+        the topic serves again; a directory that is empty or gone lets it be made anew
+        (a hashed one names its topic only in its segments' headers)."""
+        core = self._core
+        assert core is not None and self._nursery is not None
+        path = posixpath.join(self.directory, entry)
+        name = topic_of_directory(entry)
+        key = path if name is None else name   # how the core knows the refusal
+        try:
+            if not self.disk.exists(path) or not self.disk.listdir(path):
+                self._serve_again(entry, key)
+                log.warning("shard %d: refused topic directory %s is empty or gone now: its"
+                            " topic is served again, made anew when a request names it",
+                            core.index, path)
+                return
+            await self._recover_topic(core, entry)
+            name = next((n for n in self.journals if directory_of_topic(n) == entry), None)
+            if name is None:
+                return   # still not its log: refused again
+            await self._start_recovered(name)
+        except (OSError, StorageError, ReplayError) as exc:
+            self.recovery_failed(exc)
+            return
+        self._serve_again(entry, key)
+        log.warning("shard %d: topic %r serves again: its directory %s now holds its log",
+                    core.index, name, path)
+        self._dispatch()
+
+    def _serve_again(self, entry: str, key: str) -> None:
+        """Refused directory ``entry`` (``key`` in the core's refusals) is refused no more."""
+        assert self._core is not None
+        self.refused.pop(entry, None)
+        self._looked_at.pop(entry, None)
+        self._core.serve_again(key)
 
     def _boot_changed(self, report: RecoveryReport) -> bool:
         """Whether the log's unsynced tail may be gone: it was written before the
@@ -399,6 +477,7 @@ class ShardStorage:
         entry = directory_of_topic(name)
         path = posixpath.join(self.directory, entry)
         if entry in self.refused:   # never write where another program's data is
+            self.recheck(name)
             raise StorageUnavailable(f"topic {name!r} cannot be served: {self.refused[entry]}")
         try:
             self.disk.makedirs(path)
@@ -516,10 +595,11 @@ class ShardStorage:
             log.error("shard %d: the log of topic %r failed: %s", core.index, journal.topic, exc)
             if writer.unmarked:
                 log.critical("shard %d: an fsync of topic %r's log failed and no marker could"
-                             " be left in %s: a restart in this boot would read back records"
-                             " that may not be on disk; check the disk, and cut the log at"
-                             " position %d or reboot the machine before restarting",
-                             core.index, journal.topic, writer.table.directory, writer.synced)
+                             " be left in %s nor in %s: a restart in this boot would read back"
+                             " records that may not be on disk; check the disk, and cut the"
+                             " log at position %d or reboot the machine before restarting",
+                             core.index, journal.topic, writer.table.directory, writer.spare,
+                             writer.synced)
             core.storage_stopped(journal, str(exc), self.host.now())
             self._dispatch()
             if self.failure is None:

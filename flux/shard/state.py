@@ -168,6 +168,9 @@ class ShardState:
         # that says so; requests naming one get StorageUnavailable. A hashed directory
         # that names no topic is keyed by its path
         self.refused: dict[str, str] = {}
+        # told the name of each refused topic a request names (the shell looks at its
+        # directory again, ``ShardStorage.recheck``)
+        self.on_refused: Callable[[str], None] | None = None
         # why disk topics take no publishes now (the data directory's disk is short of
         # ``storage.reserved_bytes``, or a write found it full); None: they do
         self.disk_full: str | None = None
@@ -249,6 +252,8 @@ class ShardState:
             raise errors.Busy(f"topic {name!r} is recovering its log ({self.down[name]});"
                               " retry shortly")
         if self.refused and name in self.refused:
+            if self.on_refused is not None:
+                self.on_refused(name)
             raise errors.StorageUnavailable(f"topic {name!r} cannot be served:"
                                             f" {self.refused[name]}")
         return name

@@ -6,10 +6,12 @@ Faults: :meth:`SimDisk.crash` (a process dies: everything written survives),
 :meth:`SimDisk.power_loss` (unsynced bytes and entries are lost; a file's unsynced
 tail may survive cut at a random byte, with zeros after the cut), :meth:`SimDisk.flip_bit`
 (in a synced block), a capacity (``ENOSPC``), slow fsyncs and failing fsyncs
-(``EIO``). A failed fsync behaves as Linux's: the pages it could not write are marked
-clean anyway (a later fsync succeeds and writes nothing of them) yet still read back
-from the page cache, until a power loss drops them (they never reached the medium).
-Every delay is a trio sleep, so the simulator's clock drives it; there
+(``EIO``), and a part of the namespace that takes no new file (``EIO``: a dying
+disk, :meth:`SimDisk.refuse_new_files`). A failed fsync behaves as Linux's: the
+pages it could not write are marked clean anyway (a later fsync succeeds and
+writes nothing of them) yet still read back from the page cache, until a power
+loss drops them (they never reached the medium). Every delay is a trio sleep, so
+the simulator's clock drives it; there
 are no threads. Directories themselves are durable as soon as they are made.
 """
 
@@ -78,6 +80,7 @@ class SimDisk:
         self._epoch = 0
         self._fail_syncs = 0
         self._full = False
+        self._no_new_files: str | None = None   # a directory in which no file can be made
         self.slow = 0            # slow spells under way (see :meth:`_sync_delay`)
 
     # -- the Disk protocol -----------------------------------------------------------
@@ -90,6 +93,10 @@ class SimDisk:
                 raise FileNotFoundError(errno.ENOENT, "no such file", path)
             if posixpath.dirname(path) not in self._dirs:
                 raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+            dead = self._no_new_files
+            if dead is not None and (path + "/").startswith(dead + "/"):
+                self.events.append(f"{path}: not made (EIO)")
+                raise OSError(errno.EIO, "the disk takes no new file", path)
             inode = self._files[path] = _Inode()
         return SimDiskFile(self, path, inode, self._epoch)
 
@@ -233,9 +240,14 @@ class SimDisk:
     def _synced_len(inode: _Inode) -> int:
         return min(inode.dirty_from, inode.lost_from, len(inode.durable), len(inode.data))
 
-    def fail_next_syncs(self, count: int = 1) -> None:
-        """Make the next ``count`` file fsyncs fail with EIO."""
-        self._fail_syncs += count
+    def fail_next_syncs(self, count: int = 1, *, cancel: bool = False) -> None:
+        """Make the next ``count`` file fsyncs fail with EIO (``cancel``: instead of those
+        armed before and not met yet)."""
+        self._fail_syncs = count if cancel else self._fail_syncs + count
+
+    def refuse_new_files(self, directory: str | None) -> None:
+        """Make every file creation under ``directory`` fail with EIO (None: none does)."""
+        self._no_new_files = None if directory is None else posixpath.normpath(directory)
 
     def set_full(self, full: bool) -> None:
         """Make every write fail with ENOSPC (True) or follow the capacity again (False)."""

@@ -29,10 +29,14 @@ from dataclasses import dataclass
 #   eio       the next fsync on a shard machine's disk fails (EIO): the log stops, the
 #             shard exits and the router restarts it (G9); as on Linux, what it did not
 #             write still reads back, until a power loss
+#   nofiles   a shard machine's data directory takes no new file for `duration` (EIO):
+#             drawn only with an eio at the same moment (``FaultMix.nofiles_with_eio``:
+#             scenario dead-disk),
+#             so the failed fsync's marker cannot be made in the log's directory
 #   full      a shard machine's disk is full for `duration`: every write fails (ENOSPC)
 #   slowdisk  a shard machine's fsyncs take 0.2-2 s each for `duration`
 KINDS = ("crash", "pause", "router", "partition", "stall", "reset", "slow", "power", "flip",
-         "eio", "full", "slowdisk", "rot")
+         "eio", "full", "slowdisk", "rot", "nofiles")
 SHARD_INSTANT = ("crash", "power", "flip", "eio", "rot")   # instant faults of a shard machine
 SHARD_SPAN = ("pause", "full", "slowdisk")            # ... and those that last a while
 
@@ -110,6 +114,10 @@ class FaultMix:
     # so a seed's other faults stay what they were
     power_after_eio: float = 0.0
     power_delay: tuple[float, float] = (2.0, 10.0)
+    # chance that an eio comes with a "nofiles" spell of this many seconds on its machine
+    # (drawn after the power losses, so they stay what they were)
+    nofiles_with_eio: float = 0.0
+    nofiles: tuple[float, float] = (0.5, 4.0)
     links: tuple[tuple[str, float], ...] = (
         ("client<->shard", 1.0), ("client<->router", 1.0), ("router<->shard", 1.0))
 
@@ -148,6 +156,10 @@ def draw_plan(rng: random.Random, mix: FaultMix, *, shards: int, clients: Sequen
             if rng.random() < mix.power_after_eio:
                 at = round(fault.at + rng.uniform(*mix.power_delay), 3)
                 faults.append(Fault(min(at, end), "power", fault.target))
+    if mix.nofiles_with_eio:
+        for fault in [f for f in faults if f.kind == "eio"]:
+            if rng.random() < mix.nofiles_with_eio:
+                faults.append(Fault(fault.at, "nofiles", fault.target, _dur(rng, mix.nofiles)))
     return FaultPlan(tuple(sorted(faults)))
 
 

@@ -342,6 +342,15 @@ def disk_errors(rng: random.Random) -> Workload:
                                 count=(3, 10), pause=(0.5, 4.0), power_after_eio=0.5))
 
 
+def dead_disk(rng: random.Random) -> Workload:
+    """``disk-errors`` on a dying disk: every fsync error comes with a spell in which the
+    data directory takes no new file, so the failed fsync's marker cannot be made in
+    the log's directory; it goes to the runtime directory, and the router's restart of
+    the shard in the same boot must still cut the log there (G9 "fsyncgate")."""
+    w = disk_errors(rng)
+    return replace(w, scenario="dead-disk", mix=replace(w.mix, nofiles_with_eio=1.0))
+
+
 def auth(rng: random.Random) -> Workload:
     """Auth on (G13): the workload's clients log in as "app" (a token) or "ops" (a
     password: the router's login and session tokens), and an intruder whose user may
@@ -498,6 +507,6 @@ SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
-    "disk-errors": disk_errors, "auth": auth, "delays": delays, "delays-disk": delays_disk, "shared": shared,
-    "deadletters": dead_letters,
+    "disk-errors": disk_errors, "dead-disk": dead_disk, "auth": auth, "delays": delays,
+    "delays-disk": delays_disk, "shared": shared, "deadletters": dead_letters,
 }

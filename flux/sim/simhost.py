@@ -20,6 +20,7 @@ from flux.sim.network import Network, SimStream
 
 T = TypeVar("T")
 EPOCH = 1_700_000_000.0  # wall time of simulated time 0
+RUNTIME_DIR = "/run/flux"   # a simulated machine's runtime directory (SimHost.runtime_dir)
 
 
 def derive_seed(*parts: object) -> int:
@@ -56,6 +57,7 @@ class SimHost:
         self.name = name
         # the machine's disk, which outlives the process (a fresh one if none is given)
         self.disk: Disk = disk if disk is not None else SimDisk(derive_seed(seed, name, "disk"))
+        self.runtime_dir = RUNTIME_DIR   # on the same disk here, under its own faults
         self.network = network
         self.incarnation = incarnation
         self.random = random.Random(derive_seed(seed, name, incarnation))

@@ -32,12 +32,15 @@ from flux.sim.world import World
 ROUTER_URL = "flux://127.0.0.1:7070"
 ROUTER_PORT = 7070
 
-# Errors after which a subscriber subscribes again (StorageUnavailable: its topic's log
-# is being recovered after damage was read back, G9).
+# Errors after which a subscriber subscribes again. Not StorageUnavailable: a push
+# subscription ended with it (its topic's log is recovered after damage was read back,
+# G9) is resumed by the client itself (PROTOCOL.md §6.8), so the user never sees it; a
+# subscriber that does stops there, as a user's loop would, and the liveness rules
+# notice the subscription that silently stopped.
 ENDED = (errors.SubscriptionInactive, errors.SubscriptionTakenOver, errors.TopicReset,
          errors.NotDelivered, errors.UnknownSubscription, errors.OffsetOutOfRange,
          errors.InvalidRequest, errors.RetryDeadlineExceeded, errors.ConnectionLost,
-         errors.RequestTimeout, errors.StorageUnavailable)
+         errors.RequestTimeout)
 
 # Subscriber behaviours; "live" ones must have everything delivered (pullers: read and
 # committed) after the heal.
@@ -47,6 +50,10 @@ BEHAVIOURS = ("ack", "slow", "never", "flaky", "unsub", "strict", "window", "rea
 # Errors after which a pull reader subscribes again (its subscription is gone, or of
 # another generation) before it reads on.
 PULL_ENDED = (errors.TopicReset, errors.UnknownSubscription, errors.OffsetOutOfRange)
+
+
+class _GaveUp(Exception):
+    """A subscriber stops: its push subscription ended with a retryable error."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +311,8 @@ class Actors:
                 try:
                     async with self._client(host) as client:
                         await self._subscribe_loop(client, spec, rng, connection)
+                except _GaveUp:
+                    return  # the client gave up a subscription it should resume (see ENDED)
                 except (errors.FluxError, OSError):
                     pass
             # disconnected (on purpose or not): come back after a while
@@ -321,6 +330,8 @@ class Actors:
                         prefetch=spec.prefetch, on_reset=spec.on_reset, shared=spec.shared,
                         key_ordered=spec.key_ordered) as sub:
                     ended = await self._consume(sub, spec, rng, churn)
+                    if isinstance(ended, errors.StorageUnavailable):
+                        raise _GaveUp(ended)
                     if ended is not None:
                         raise ended
                     if spec.behaviour in ("flaky", "takeover") and not self.healed.is_set():
@@ -345,7 +356,7 @@ class Actors:
                             trio.current_time(), spec.subscriber, msg.topic, msg.generation,
                             msg.offset, msg.id, msg.attempt))
                         await self._handle(msg, spec, rng, acks)
-            except ENDED as exc:
+            except (*ENDED, errors.StorageUnavailable) as exc:
                 return exc
             finally:
                 acks.cancel_scope.cancel()

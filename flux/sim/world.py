@@ -124,7 +124,7 @@ class World:
         if self._healed:
             return  # due at the very moment of the heal, and started after it: too late
         kind, target, net = fault.kind, fault.target, self.network
-        if kind in ("eio", "full", "slowdisk", "rot"):
+        if kind in ("eio", "full", "slowdisk", "rot", "nofiles"):
             await self._disk_fault(fault)
             return
         if kind in ("crash", "pause", "power", "flip"):
@@ -189,6 +189,14 @@ class World:
                                         if flipped is None else f"{flipped[0]}@{flipped[1]}"))
             return
         self.record(h.FaultInjected(now(), fault.kind, fault.target, "begin"))
+        if fault.kind == "nofiles":
+            try:   # the data directory only: the host's runtime directory still takes files
+                disk.refuse_new_files(self.config.storage.dir)
+                await trio.sleep(fault.duration)
+            finally:   # a heal ends it too
+                disk.refuse_new_files(None)
+            self.record(h.FaultInjected(now(), fault.kind, fault.target, "end"))
+            return
         full = fault.kind == "full"
         spells = self._full_spells
         try:
@@ -207,10 +215,14 @@ class World:
         self.record(h.FaultInjected(now(), fault.kind, fault.target, "end"))
 
     def heal(self) -> None:
-        """End every fault at once: links healed, shards resumed, the router running."""
+        """End every fault at once: links healed, shards resumed, the router running, and
+        an fsync error no fsync met yet dropped (it would stop a shard long after the
+        heal, at its clean stop with fsync never)."""
         self._healed = True
         if self._faults is not None:
             self._faults.cancel_scope.cancel()
+        for disk in self.disks.values():
+            disk.fail_next_syncs(0, cancel=True)
         self.network.heal_all()
         for host, _shard in self.shards.values():
             host.gate.open()

@@ -30,6 +30,11 @@ cut). When one of its own steps fails it leaves the marker ``fsync-failed.recove
 the next recovery copies the last segment into a fresh file, fsyncs it and renames
 it over the old one, instead of trusting an fsync of pages a failed one may have
 marked clean.
+
+Markers the log's directory could not take (a dead disk) are in its *spare*
+directory (on another file system, kept for the rest of the machine's boot:
+``recover(spare=...)``); recovery reads them there by the same rules and removes
+them with the others once the cut is durable.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from flux.storage.segment import (
     parse_name,
 )
 from flux.storage.table import OpenSegment, SegmentTable
+from flux.storage.writer import leave_marker
 
 CHUNK = 4 * 1024 * 1024   # bytes a scan reads at once (a record boundary starts each read)
 RESYNC_TRIES = 1 << 20      # candidate record starts tried after a bad spot before giving up
@@ -117,7 +123,7 @@ class RecoveryReport:
     damaged_generations: set[int] = dataclasses.field(default_factory=set)
     removed: list[str] = dataclasses.field(default_factory=list)   # empty, half-made segments
     ignored: list[str] = dataclasses.field(default_factory=list)   # files that are not segments
-    # markers of failed fsyncs found (and removed), the lowest synced mark they name
+    # paths of the markers of failed fsyncs found (and removed), the lowest synced mark they name
     # (where the log was cut), and whether anything past it was exposed (durable with
     # fsync interval or never: acked, so the cut lost acked records)
     fsync_failed: list[str] = dataclasses.field(default_factory=list)
@@ -130,9 +136,12 @@ class RecoveryReport:
 async def recover(disk: Disk, directory: str, *, owner: str,
                   on_record: Callable[[Record], None] | None = None,
                   now: Callable[[], float] = trio.current_time,
-                  boot_id: str | None = None) -> tuple[SegmentTable, RecoveryReport]:
+                  boot_id: str | None = None,
+                  spare: str | None = None) -> tuple[SegmentTable, RecoveryReport]:
     """Recover the log in ``directory`` (made if missing), calling ``on_record`` for each
     good record in order. Returns the open segments (hand them to a LogWriter) and the report.
+    ``spare``: the directory of the markers the log's directory could not take (the
+    writer's :attr:`~flux.storage.writer.LogWriter.spare`), read like its own.
 
     ``boot_id``: the machine's current boot. A last segment written in this same boot
     cannot have a torn tail (a process crash leaves every written byte in the page
@@ -143,28 +152,36 @@ async def recover(disk: Disk, directory: str, *, owner: str,
     leaves the marker that makes the next recovery rewrite the last segment).
     """
     try:
-        return await _recover(disk, directory, owner, on_record, now, boot_id)
+        return await _recover(disk, directory, owner, on_record, now, boot_id, spare)
     except OSError:
         try:
             file = disk.open(posixpath.join(directory, REWRITE), create=True)
-            try:
-                await file.sync()
-            finally:
-                file.close()
+        except OSError:   # the directory takes no file: the spare one, if any, does
+            await leave_marker(disk, spare, REWRITE)
+            raise
+        try:
+            await file.sync()
             await disk.sync_dir(directory)
         except OSError:
-            pass   # a restart in this boot may then trust the page cache (README)
+            pass   # made: a restart in this boot sees it in the page cache
+        finally:
+            file.close()
         raise
 
 
 async def _recover(disk: Disk, directory: str, owner: str,
                    on_record: Callable[[Record], None] | None, now: Callable[[], float],
-                   boot_id: str | None) -> tuple[SegmentTable, RecoveryReport]:
+                   boot_id: str | None, spare: str | None) -> tuple[SegmentTable, RecoveryReport]:
     started = now()
     disk.makedirs(directory)
     report = RecoveryReport(directory)
     names: list[tuple[int, str]] = []
+    if spare is not None and disk.exists(spare):
+        for name in disk.listdir(spare):
+            _note_marker(report, spare, name)
     for name in disk.listdir(directory):
+        if _note_marker(report, directory, name):
+            continue
         first = parse_name(name)
         if first is not None:
             names.append((first, name))
@@ -175,14 +192,6 @@ async def _recover(disk: Disk, directory: str, owner: str,
             generation = _generation_of(disk, posixpath.join(directory, name))
             if generation is not None:
                 report.damaged_generations.add(generation)
-        elif name == REWRITE:
-            report.fsync_failed.append(name)
-            report.rewritten = True
-        elif (marks := parse_fsync_failed(name)) is not None:
-            report.fsync_failed.append(name)
-            report.synced_mark = min(marks[0], report.synced_mark if report.synced_mark
-                                     is not None else marks[0])
-            report.exposed_past_mark = report.exposed_past_mark or marks[1] > marks[0]
         elif UNSYNCED not in name:
             report.ignored.append(name)
     names.sort()
@@ -269,9 +278,10 @@ async def _recover(disk: Disk, directory: str, owner: str,
             await table.last.file.sync()
         await disk.sync_dir(directory)
     if report.fsync_failed:   # the cut is durable: the markers have done their work
-        for name in report.fsync_failed:
-            disk.remove(posixpath.join(directory, name))
-        await disk.sync_dir(directory)
+        for path in report.fsync_failed:
+            disk.remove(path)
+        for parent in sorted({posixpath.dirname(p) for p in report.fsync_failed}):
+            await disk.sync_dir(parent)
     report.segments = len(table.segments)
     report.start = table.start
     report.end = table.end
@@ -280,6 +290,21 @@ async def _recover(disk: Disk, directory: str, owner: str,
         report.boot_id = table.last.header.boot_id
     report.seconds = now() - started
     return table, report
+
+
+def _note_marker(report: RecoveryReport, directory: str, name: str) -> bool:
+    """Whether ``name`` in ``directory`` is the marker of a failed fsync (noted in
+    ``report``: where the log ends, whether the last segment is copied afresh)."""
+    if name == REWRITE:
+        report.rewritten = True
+    elif (marks := parse_fsync_failed(name)) is not None:
+        report.synced_mark = min(marks[0], report.synced_mark if report.synced_mark
+                                 is not None else marks[0])
+        report.exposed_past_mark = report.exposed_past_mark or marks[1] > marks[0]
+    else:
+        return False
+    report.fsync_failed.append(posixpath.join(directory, name))
+    return True
 
 
 def _generation_of(disk: Disk, path: str) -> int | None:

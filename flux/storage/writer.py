@@ -18,6 +18,9 @@ A failed fsync first leaves a marker in the log's directory naming the synced an
 durable marks (:func:`~flux.storage.segment.fsync_failed_name`): the kernel may have
 dropped the pages it could not write while reads still return them, so recovery
 must not trust what lies past the synced mark (:mod:`~flux.storage.recovery`).
+When that directory takes no new file (a dead disk), the marker goes to the log's
+*spare* directory instead (:attr:`LogWriter.spare`, on another file system, kept for
+the rest of the machine's boot), which recovery reads too.
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ class LogWriter:
         self.durable = table.end    # the durable mark (G9)
         self.failed: LogFailed | None = None
         self.unmarked = False   # an fsync failed and no marker could be left for recovery
+        # where the marker goes when the log's own directory takes none (None: nowhere)
+        self.spare: str | None = None
         self.full: str | None = None   # why the last write found the disk full (retried)
         self.full_retry = 0.25         # seconds between tries while the disk is full
         self.on_full: Callable[[str | None], None] = lambda reason: None  # told of changes
@@ -437,9 +442,14 @@ class LogWriter:
         try:
             file = self.disk.open(path, create=True)
         except OSError as e:
+            spare = await leave_marker(self.disk, self.spare, posixpath.basename(path))
+            if spare is not None:
+                return (f"; the log's directory took no marker ({e}): it is {spare} instead,"
+                        f" and recovery in this boot cuts the log at {self.synced}")
             self.unmarked = True
-            return (f"; leaving the marker {path} failed too ({e}): a restart in this boot"
-                    f" would count records past position {self.synced} as durable")
+            return (f"; leaving the marker {path} failed too ({e}), and in {self.spare}:"
+                    f" a restart in this boot would count records past position"
+                    f" {self.synced} as durable")
         try:
             await file.sync()
             await self.disk.sync_dir(self.table.directory)
@@ -448,3 +458,26 @@ class LogWriter:
         finally:
             file.close()
         return f"; recovery cuts the log at {self.synced} ({path})"
+
+
+async def leave_marker(disk: Disk, directory: str | None, name: str) -> str | None:
+    """Make the empty marker ``name`` in ``directory`` (made if missing), synced best
+    effort; its path, or None if there is no directory or it takes no file."""
+    if directory is None:
+        return None
+    path = posixpath.join(directory, name)
+    try:
+        disk.makedirs(directory)
+        disk.open(path, create=True).close()
+    except OSError:
+        return None
+    try:   # a restart in this boot finds it whether or not this reaches the medium
+        file = disk.open(path)
+        try:
+            await file.sync()
+        finally:
+            file.close()
+        await disk.sync_dir(directory)
+    except OSError:
+        pass
+    return path

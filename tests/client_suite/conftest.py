@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -89,6 +90,19 @@ def crash_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     factory = _factory(tmp_path_factory, "crash")
     try:
         yield factory()
+    finally:
+        factory.close()
+
+
+@pytest.fixture(scope="package")
+def disk_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    """One shard, every topic on disk, no payload cache (every delivery reads its record
+    back from the log): the broker and its data directory."""
+    factory = _factory(tmp_path_factory, "disk")
+    data = tmp_path_factory.mktemp("disk-data")
+    try:
+        yield factory("storage.cache_bytes=0", "message.ttl=600", shards=1,
+                      args=("--data-dir", str(data))), data
     finally:
         factory.close()
 

@@ -1,11 +1,13 @@
 """Failures, identical in every flavour: a lost reply is retried under the same id, a
 dropped connection is reopened and subscriptions resume, a killed shard is followed
-to its new generation (or raises TopicReset when asked to)."""
+to its new generation (or raises TopicReset when asked to), and a subscription the
+shard ended while it recovers a damaged log resumes by itself."""
 
 from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -109,3 +111,46 @@ async def test_on_reset_raise_raises_topic_reset_after_a_shard_restart(
                     await take(sub, 1)
     assert after.generation != before.generation
     crash_broker.note_pids()
+
+
+async def test_a_subscription_ended_by_damage_read_back_resumes_by_itself(
+        flavour: Flavour, disk_broker: tuple[Any, Path], topic: str) -> None:
+    """G9 "Corruption" read back while the shard serves: the shard ends the topic's
+    sessions with SUB_ENDED StorageUnavailable while it recovers that log alone; the
+    client subscribes again by itself (Busy until the recovery is over) and follows
+    the new generation (on_reset="earliest"). The iterator never raises, and nothing
+    it yields differs from what was published."""
+    broker, data = disk_broker
+    sent: dict[str, bytes] = {}
+    with anyio.fail_after(TIMEOUT):
+        async with flavour.connect(broker.url, retry_deadline=30) as client:
+            for group in range(8):
+                ids = [f"g{group}m{i}" for i in range(50)]
+                payloads = [(b"%s|" % i.encode()) * 40 for i in ids]
+                acks = await client.publish_many(topic, payloads, ids=ids)
+                sent.update(zip(ids, payloads, strict=True))
+            generation = acks[0].generation
+            [segment] = sorted((data / "shard-0" / topic).glob("*.log"))
+            middle = segment.stat().st_size // 2
+            with open(segment, "r+b") as f:  # a payload byte of a group in the middle
+                f.seek(middle)
+                byte = f.read(1)
+                f.seek(middle)
+                f.write(bytes([byte[0] ^ 0x04]))
+            seen: list[Any] = []
+            async with client.subscribe(topic, name="survivor", read_old=True,
+                                        prefetch=20) as sub:
+                async for msg in sub:
+                    seen.append(msg)
+                    await msg.ack()
+                    if msg.generation != generation:
+                        break
+                after = await client.publish(topic, b"after", id="after")
+                async for msg in sub:
+                    seen.append(msg)
+                    await msg.ack()
+                    if msg.id == "after":
+                        break
+    assert after.generation != generation  # the damage cut acked messages: new generation
+    assert all(m.payload == sent[m.id] for m in seen if m.id != "after")
+    assert (seen[-1].generation, seen[-1].offset) == (after.generation, after.offset)

@@ -340,7 +340,9 @@ async def test_a_topic_directory_holding_a_foreign_file_is_refused_and_left_unto
     """G9: a topic directory holding what is not Flux's log (here an SQLite file planted
     as its first segment) is never wiped, written or ignored silently: the shard logs
     it once, serves its other topics, refuses that topic's requests with
-    StorageUnavailable and shows it in STATS; the file is the same bytes after."""
+    StorageUnavailable and shows it in STATS; the file is the same bytes after. Once the
+    operator has moved the directory away, the topic serves again without a restart
+    (a request has its directory looked at again)."""
     data = tmp_path / "data"
     broker = broker_factory("message.ttl=600", shards=1, args=("--data-dir", str(data)))
     foreign, spared = "foreign.log", "spared.log"
@@ -368,12 +370,19 @@ async def test_a_topic_directory_holding_a_foreign_file_is_refused_and_left_unto
             assert str(planted) in stats["topics_refused"][foreign]
             await client.publish(spared, b"after", id="s1")
             await trio.sleep(1)
-    assert _restarts(broker) == 1
+            assert planted.read_bytes() == content
+            moved = tmp_path / "moved"
+            planted.parent.rename(moved)   # the operator moves the directory away
+            again = await client.publish(foreign, b"now", id="f2")   # retried: looked at again
+            assert again.offset == 0 and not again.duplicate
+            assert foreign not in (await client.stats())[0]["topics_refused"]
+    assert _restarts(broker) == 1   # served again without a restart
     assert broker.stop() == 0
-    assert planted.read_bytes() == content
-    assert sorted(p.name for p in planted.parent.iterdir()) == [planted.name]
+    assert (moved / planted.name).read_bytes() == content
+    assert sorted(p.name for p in moved.iterdir()) == [planted.name]
     text = broker.router.log_text()
     assert text.count("is refused and its directory left untouched") == 1, text
+    assert "is empty or gone now" in text, text
 
 async def _topic_stats(client: object, shard: int, topic: str) -> dict[str, object]:
     stats = await client.stats()  # type: ignore[attr-defined]

@@ -846,6 +846,28 @@ def resubscribe_forgotten() -> contextlib.AbstractContextManager[Any]:
     return _wrap(Dispatch, "_close", make)
 
 
+def storage_end_surfaced() -> contextlib.AbstractContextManager[Any]:
+    """Liveness: the client ends a push subscription the shard ended with SUB_ENDED
+    StorageUnavailable (its topic's log recovered after damage was read back) and its
+    iterator raises, instead of subscribing again by itself; its user stops there.
+    Flux did this before the client resumed such subscriptions."""
+    from flux.client.pushes import Pushes
+
+    def make(f: Any) -> Any:
+        def ended(self: Pushes, conn: Any, frame: list[Any], now: float) -> None:
+            sub = conn.subs.get(frame[1])
+            if frame[2] != errors.StorageUnavailable.code or sub is None \
+                    or sub.sid != frame[1] or sub.status not in ("active", "subscribing"):
+                f(self, conn, frame, now)
+                return
+            del conn.subs[frame[1]]
+            sub.end(errors.from_code(int(frame[2]), str(frame[3])))
+            self._forget_sub(sub)
+            self._wake(sub)
+        return ended
+    return _wrap(Pushes, "_on_sub_ended", make)
+
+
 def credit_over_window_refused() -> contextlib.AbstractContextManager[Any]:
     """Liveness: SUBSCRIBE refuses a credit larger than the subscription's window
     (InvalidRequest) instead of taking it, so a client with the default prefetch can
@@ -1152,6 +1174,18 @@ def page_cache_trusted() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(recovery, "parse_fsync_failed", lambda name: None)
 
 
+def marker_lost_on_a_dead_disk() -> contextlib.AbstractContextManager[Any]:
+    """G9 ("fsyncgate"): when the log's directory takes no marker after a failed fsync,
+    the writer leaves none elsewhere either (only a CRITICAL line), so the router's
+    restart of the shard in the same boot trusts the page cache. Flux did this before
+    the runtime directory kept the marker."""
+    from flux.storage import writer
+
+    async def nowhere(disk: Any, directory: str | None, name: str) -> str | None:
+        return None
+    return mock.patch.object(writer, "leave_marker", nowhere)
+
+
 def new_generation_at_every_start() -> contextlib.AbstractContextManager[Any]:
     """G9: recovery draws a new generation for every disk topic, as a memory topic's."""
     from flux.shard import disk
@@ -1216,6 +1250,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "span-cache-ignores-topic": span_cache_ignores_topic,
     "drain-when-orphaned": drain_when_orphaned,
     "resubscribe-forgotten": resubscribe_forgotten,
+    "storage-end-surfaced": storage_end_surfaced,
     "credit-over-window-refused": credit_over_window_refused,
     "commit-last-read": commit_last_read,
     "fetch-unknown-sub-unchecked": fetch_unknown_sub_unchecked,
@@ -1235,6 +1270,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "generation-kept-after-power-loss": generation_kept_after_power_loss,
     "new-generation-at-every-start": new_generation_at_every_start,
     "page-cache-trusted": page_cache_trusted,
+    "marker-lost-on-a-dead-disk": marker_lost_on_a_dead_disk,
 }
 
 # The scenario that exercises each bug's code path most (default otherwise): each is
@@ -1248,6 +1284,7 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "duplicate-not-flagged": "backpressure", "subscribed-echoes-generation": "crashes",
             "fetch-unknown-sub-unchecked": "crashes", "reset-starts-at-next": "crashes",
             "restart-forgets-shards": "crashes", "resubscribe-forgotten": "crashes",
+            "storage-end-surfaced": "storage-faults",
             "ack-before-durable": "disk", "no-checksum-on-read": "storage-faults",
             "torn-tail-kept": "storage-faults", "dedup-not-recovered": "disk-errors",
             "compaction-ignores-held": "disk",
@@ -1257,7 +1294,7 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
             "cursor-record-ahead": "disk", "replay-payloads-rotated": "disk",
             "generation-kept-after-power-loss": "disk",
             "new-generation-at-every-start": "disk",
-            "page-cache-trusted": "disk-errors"}
+            "page-cache-trusted": "disk-errors", "marker-lost-on-a-dead-disk": "dead-disk"}
 
 # The rule(s) of flux.sim.checker.RULES each bug must trip (every one of them, within
 # MAX_SEEDS seeds of its scenario; other rules may fire too).
@@ -1307,6 +1344,7 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "span-cache-ignores-topic": ("G2/unexpected", "G2/fetch-unexpected"),
     "drain-when-orphaned": ("liveness/publish-stuck",),
     "resubscribe-forgotten": ("liveness/stale-generation",),
+    "storage-end-surfaced": ("liveness/stale-generation",),
     "credit-over-window-refused": ("liveness/never-subscribed",),
     "commit-last-read": ("liveness/pull-behind",),
     "through-refuses-acked": ("G1/ack-refused",),
@@ -1325,6 +1363,7 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "generation-kept-after-power-loss": ("G1/offset-reused",),
     "new-generation-at-every-start": ("G9/generation-kept",),
     "page-cache-trusted": ("G9/generation-kept",),
+    "marker-lost-on-a-dead-disk": ("G9/generation-kept",),
     "repush-reversed": ("G1/repush-order",),
     "generation-from-index": ("G1/offset-reused",),
     "ack-moves-cursor-early": ("G6/cursor-past-unacked",),
@@ -1348,7 +1387,9 @@ EXPECT: dict[str, tuple[str, ...]] = {
 # dedup-not-recovered: disk-errors caught it at seed 7 while recovery trusted a failed
 # fsync's page cache (a retry of the failed group's ids hit the rebuilt window); now
 # that group is cut, and retries rightly store it again: the first catch is seed 188
-FIRST_SEED = {"trim-past-exposed": 150, "dedup-not-recovered": 188}
+# storage-end-surfaced: a live subscriber's topic must rot while it reads evicted
+# payloads back; storage-faults first has one at seed 32
+FIRST_SEED = {"trim-past-exposed": 150, "dedup-not-recovered": 188, "storage-end-surfaced": 30}
 
 # Rules no realistic planted bug can trip, and why (flux.sim.checker.RULES says so too).
 NO_PLANT: dict[str, str] = {}

@@ -33,10 +33,11 @@ LATENT_ALWAYS = ("rot",)
 
 
 # storage faults that may make a shard's log fail (it exits; the router restarts it):
-# an fsync error and a power loss (which, like a crash, ends every open file). Not a
+# an fsync error, a data directory that takes no new file (a new segment cannot be
+# made) and a power loss (which, like a crash, ends every open file). Not a
 # full disk: that refuses publishes and makes writes wait; nor damage (flip, rot): a
 # damaged record read back is its topic's alone, recovered while the others serve (G9).
-FAILING = ("eio", "power")
+FAILING = ("eio", "power", "nofiles")
 
 
 # seconds within which a record appended by a shard is durable in every fsync mode with
