@@ -189,7 +189,8 @@ class TopicReplay:
     def build(self, generation: int, now: float, *, reset: bool = False) -> Topic:
         """The recovered topic at ``now`` (monotonic), of ``generation``. ``reset``: a new
         generation (G9: after a power loss or damage) in which the old one's acks mean
-        nothing to clients, so each subscription starts over at the oldest message held."""
+        nothing to clients, so each subscription starts over at the oldest message held
+        (``log.lowest``: a kept delayed message below the oldest in line counts)."""
         log = self.log
         if log is None or log.next_offset < self.next_offset:
             log = TopicLog(max(self.next_offset, log.next_offset if log else 0), placed=True)
@@ -200,8 +201,9 @@ class TopicReplay:
         topic = Topic(self.name, log, self.dedup, self.settings, generation=generation,
                       delayed=delayed)
         for name, (mode, start, created, cursor, acked) in self.subs.items():
-            if reset:
-                cursor, start, acked = log.oldest, log.oldest, set()
+            if reset:  # from the oldest message held, a kept one below the oldest in line
+                # included (G12: carried into the new generation, it is delivered there)
+                cursor, start, acked = log.lowest, log.lowest, set()
             shared = mode in ("shared", "shared-keyed")  # (journal_mode)
             sub = Subscription(topic=self.name, name=name, ephemeral=False,
                                mode="push" if shared else mode,
