@@ -563,13 +563,19 @@ def test_a_released_kept_message_stays_gone_after_a_recovery() -> None:
     assert rebuilt.log.get(0) is None and rebuilt.log.lowest == 3
 
 
-def test_a_kept_message_held_at_a_cursor_goes_once_the_subscription_acks_it() -> None:
+def _subscribed_disk_shard() -> tuple[Shard, Disk, Client]:
+    """A disk topic (ttl 5 s) with a push subscription "s" (sid 1) that never times out."""
     long = 1e4
     shard, disk, client = _disk_shard(**{"message.ttl": 5.0, "subscriber.heartbeat": long,
                                          "subscriber.timeout": long,
                                          "limits.hello_timeout": long})
     client.send([P.SUBSCRIBE, client.rid(), 1, {"topic": TOPIC, "name": "s"}])
     disk.sync()
+    return shard, disk, client
+
+
+def test_a_kept_message_held_at_a_cursor_goes_once_the_subscription_acks_it() -> None:
+    shard, disk, client = _subscribed_disk_shard()
     client.send([P.PUBLISH, client.rid(), [[TOPIC, ["d"], [b"d"], {"delay": [20.0]}]]])
     _publish(client, "a", "b")
     disk.sync()
@@ -653,12 +659,7 @@ def test_a_kept_message_leaves_memory_and_is_delivered_and_fetched_from_its_keep
         ) -> None:
     """Once its KEEP record is durable, a kept message holds only its key in memory; its
     push when due and a FETCH read it back from that record (G12 with G9 "Space")."""
-    long = 1e4
-    shard, disk, client = _disk_shard(**{"message.ttl": 5.0, "subscriber.heartbeat": long,
-                                         "subscriber.timeout": long,
-                                         "limits.hello_timeout": long})
-    client.send([P.SUBSCRIBE, client.rid(), 1, {"topic": TOPIC, "name": "s"}])
-    disk.sync()
+    shard, disk, client = _subscribed_disk_shard()
     client.send([P.PUBLISH, client.rid(), [[TOPIC, ["d"], [b"pending"],
                                             {"delay": [20.0], "keys": ["k"],
                                              "headers": [{"h": "v"}]}]]])

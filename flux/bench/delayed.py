@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -80,24 +80,17 @@ def fill(count: int, group: int, delayed: bool) -> MemoryFigures:
     core.receive(conn, [P.SUBSCRIBE, 1, 1, {"topic": TOPIC, "name": "workers", "mode": "push",
                                             "credit": 0}], 0.0)
     core.take_output()
-    payload = bytes(PAYLOAD)
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     started = time.perf_counter()  # seam-ok: a benchmark's own wall time
-    rid = 1
-    for first in range(0, count, group):
-        n = min(group, count - first)
-        ids = [f"{first + i:0{ID_CHARS}x}" for i in range(n)]
-        item: list[Any] = [TOPIC, ids, [payload] * n]
-        if delayed:  # due in one to two hours, every message at its own time
-            item.append({"delay": [3600.0 + ((first + i) * 7919 % count) * 3600.0 / count
-                                   for i in range(n)]})
-        rid += 1
-        core.receive(conn, [P.PUBLISH, rid, [item]], 1.0)
-        core.take_output()
+
+    def due_in_an_hour_or_two(first: int, n: int) -> dict[str, Any]:
+        return {"delay": [3600.0 + ((first + i) * 7919 % count) * 3600.0 / count
+                          for i in range(n)]}
+
+    _publish_all(core, conn, count, group, due_in_an_hour_or_two if delayed else None, 1.0)
     spent = time.perf_counter() - started  # seam-ok
-    del ids, item
     gc.collect()
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
@@ -105,6 +98,23 @@ def fill(count: int, group: int, delayed: bool) -> MemoryFigures:
     if held != count:
         raise AssertionError(f"the core holds {held} messages, not {count}")
     return MemoryFigures(count, group, delayed, used / count, spent / count * 1e6)
+
+
+def _publish_all(core: ShardCore, conn: int, count: int, group: int,
+                 options: Callable[[int, int], dict[str, Any]] | None, now: float) -> None:
+    """Publish ``count`` messages of ``PAYLOAD`` bytes in groups of ``group``, each group's
+    options (a PUBLISH group's fourth field) ``options(first, n)`` if given."""
+    payload = bytes(PAYLOAD)
+    rid = 1
+    for first in range(0, count, group):
+        n = min(group, count - first)
+        item: list[Any] = [TOPIC, [f"{first + i:0{ID_CHARS}x}" for i in range(n)],
+                           [payload] * n]
+        if options is not None:
+            item.append(options(first, n))
+        rid += 1
+        core.receive(conn, [P.PUBLISH, rid, [item]], now)
+        core.take_output()
 
 
 class FileLog:
@@ -149,19 +159,11 @@ def kept(count: int, group: int) -> MemoryFigures:
         core.open_journal = lambda name, start: TopicJournal(name, log, exposed=start,
                                                               reader=log)
         conn = core.connect(0.0)
-        payload = bytes(PAYLOAD)
         gc.collect()
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
         started = time.perf_counter()  # seam-ok: a benchmark's own wall time
-        rid = 1
-        for first in range(0, count, group):
-            n = min(group, count - first)
-            ids = [f"{first + i:0{ID_CHARS}x}" for i in range(n)]
-            rid += 1
-            core.receive(conn, [P.PUBLISH, rid, [[TOPIC, ids, [payload] * n,
-                                                  {"delay": 86400.0}]]], 0.0)
-            core.take_output()
+        _publish_all(core, conn, count, group, lambda first, n: {"delay": 86400.0}, 0.0)
         now = 0.0
         while True:  # every message ttl old and its id out of the window: cleanup keeps them
             now = max(now + 0.5, core.next_deadline())
@@ -172,7 +174,6 @@ def kept(count: int, group: int) -> MemoryFigures:
                     and now > 10.0:
                 break
         spent = time.perf_counter() - started  # seam-ok
-        del ids
         gc.collect()
         used = tracemalloc.get_traced_memory()[0] - base
         tracemalloc.stop()
