@@ -10,9 +10,11 @@ When the writer's durable mark moves, the shell calls
 ``ShardCore.storage_progress`` and :meth:`TopicJournal.advance` releases
 everything the mark now covers, in order.
 
-Record bodies are MessagePack arrays; their layout is PROTOCOL.md §14.3. A PUBLISH
+Record bodies are MessagePack arrays; their layout is PROTOCOL.md §14.4. A PUBLISH
 record is also where an evicted chunk's payloads come back from
-(:meth:`TopicJournal.read_payloads`, :mod:`flux.shard.cache`).
+(:meth:`TopicJournal.read_payloads`, :mod:`flux.shard.cache`), and a KEEP record
+where its kept delayed messages do (:meth:`TopicJournal.read_kept`,
+:mod:`flux.shard.kept`).
 """
 
 from __future__ import annotations
