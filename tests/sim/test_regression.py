@@ -181,6 +181,9 @@ FOUND = [
     ("delays-disk", 3, "power:shard-1@3.947"),
     ("delays-disk", 39, "power:shard-0@6.256"),
     ("delays-disk", 4, "power:shard-0@20.584"),
+    # the same start made G2/lost want of a pull reader the offsets cleaned up between
+    # that kept message and the oldest in line before its reset made it (a checker bug)
+    ("kept-disk", 99, "power:shard-1@17.584"),
 ]
 
 CASES = [(scenario, seed, None) for scenario in SCENARIOS
