@@ -147,8 +147,9 @@ class Incarnation:
     # where in the history the oracle says its shard deleted it (an index into
     # ``history.events``: a trim at the same instant may come before or after that)
     deleted_event: int | None = None
-    # first seen by a reset's SUBSCRIBED: its start is the oldest message held, which may
-    # be a kept delayed message below offsets cleaned up before it was made (G12)
+    # made by a reset's SUBSCRIBE: its start is the oldest message held, which may be a
+    # kept delayed message below offsets of its generation cleaned up before it was made
+    # (G12; one a recovery carried into a new generation has gaps only of the old one's)
     reset_start: bool = False
 
     @property
@@ -272,7 +273,7 @@ class Index:
             elif sub.created or inc is None:
                 inc = Incarnation(sub.topic, sub.generation, sub.name,
                                   sub.start if sub.created else sub.cursor, sub.t, sub.created,
-                                  reset_start=sub.reset)
+                                  reset_start=sub.reset and sub.created)
                 self._current[key] = inc
                 self.incarnations.append(inc)
         else:
