@@ -574,7 +574,9 @@ def _subscribed_disk_shard() -> tuple[Shard, Disk, Client]:
     return shard, disk, client
 
 
-def test_a_kept_message_held_at_a_cursor_goes_once_the_subscription_acks_it() -> None:
+def _kept_at_the_cursor() -> tuple[Shard, Disk, Client]:
+    """:func:`_subscribed_disk_shard` where "s" acked 1 and 2 but not 0 (due at 20), and
+    cleanup kept 0 out of line at 10."""
     shard, disk, client = _subscribed_disk_shard()
     client.send([P.PUBLISH, client.rid(), [[TOPIC, ["d"], [b"d"], {"delay": [20.0]}]]])
     _publish(client, "a", "b")
@@ -583,6 +585,11 @@ def test_a_kept_message_held_at_a_cursor_goes_once_the_subscription_acks_it() ->
     disk.sync()
     shard.advance(10.0)  # 1 and 2 acked and ttl old: they go, though 0 is at the cursor
     disk.sync()
+    return shard, disk, client
+
+
+def test_a_kept_message_held_at_a_cursor_goes_once_the_subscription_acks_it() -> None:
+    shard, disk, client = _kept_at_the_cursor()
     topic = shard.core.topics[TOPIC]
     assert (topic.log.lowest, topic.log.oldest) == (0, 3)
     shard.advance(40.0)  # due at 20 and ttl past it, but not acked: still kept
@@ -691,3 +698,31 @@ def test_a_damaged_keep_record_read_back_is_never_served_and_recovers_its_topic(
     reply = shard.connect().fetch(offset=0)
     assert reply[0] == P.ERROR and reply[2] == errors.StorageUnavailable.code
     assert len(disk.damage) == 1 and f"position {keep.position}" in disk.damage[0]
+
+
+def test_a_new_generation_starts_its_subscriptions_at_a_kept_message() -> None:
+    """A recovery that starts a new generation (G9, damage) starts each subscription at
+    the oldest message held, a kept delayed message below the oldest in line included:
+    carried into the new generation, it is delivered there (G12, G7)."""
+    shard, disk, _ = _kept_at_the_cursor()
+    replay = TopicReplay(TOPIC, shard.core.topics[TOPIC].settings, epoch=0.0, now=shard.now)
+    for rec in disk.writer().records:
+        replay.feed(rec)
+    rebuilt = replay.build(GEN + 1, now=shard.now, reset=True)
+    assert (rebuilt.log.lowest, rebuilt.log.oldest) == (0, 3)
+    sub = rebuilt.subs["s"]
+    assert (sub.start_offset, sub.cursor, len(sub.acked)) == (0, 0, 0)
+
+
+def test_a_subscribe_that_resets_starts_at_a_kept_message() -> None:
+    shard, disk, _ = _keep_one_pending()
+    reader = shard.connect()
+
+    def subscribed(sid: int, **opts: Any) -> dict[str, Any]:
+        reader.send([P.SUBSCRIBE, reader.rid(), sid, {"topic": TOPIC, **opts}])
+        disk.sync()  # (SUBSCRIBED waits for its SUBSCRIPTION record, G9)
+        return dict(reader.take(P.SUBSCRIBED)[-1][3])
+
+    reply = subscribed(1, name="late", generation=GEN + 1)  # it knew another generation
+    assert reply["reset"] and reply["created"] and reply["start_offset"] == 0
+    assert subscribed(2, name="old", read_old=True)["start_offset"] == 3
