@@ -8,7 +8,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from test_core_support import GEN, TOPIC, Client, Shard
+from test_core_support import GEN, TOPIC, Client, Shard, deliver_messages
 
 from flux import errors
 from flux import protocol as P
@@ -483,12 +483,19 @@ def test_a_topic_recovered_alone_in_its_generation_keeps_its_inactive_clocks(
     else:
         assert subs["idle"].inactive_since == subs["live"].inactive_since == 6.0
 
-def _replayed(shard: Shard, records: list[Record]) -> tuple[TopicReplay, Any]:
-    """The topic the records rebuild (and the replay that rebuilt it)."""
+def _replayed(shard: Shard, records: list[Record], disk: Disk | None = None
+              ) -> tuple[TopicReplay, Any]:
+    """The topic the records rebuild (and the replay that rebuilt it); with ``disk``, its
+    payloads and kept messages read back from the records ``disk`` wrote."""
     replay = TopicReplay(TOPIC, shard.core.topics[TOPIC].settings, epoch=0.0, now=shard.now)
     for rec in records:
         replay.feed(rec)
-    return replay, replay.build(GEN, now=shard.now)
+    topic = replay.build(GEN, now=shard.now)
+    if disk is not None:
+        writer = disk.writer()
+        journal = TopicJournal(TOPIC, writer, exposed=topic.log.next_offset, reader=writer)
+        topic.log.store = TopicPayloads(PayloadCache(1 << 20), topic, journal)
+    return replay, topic
 
 
 def _keep_one_pending(**overrides: Any) -> tuple[Shard, Disk, Client]:
@@ -514,7 +521,7 @@ def test_a_trim_past_a_pending_message_writes_it_whole_in_a_keep_record_first() 
     assert msgpack.unpackb(keep.body) == [[0, "d", 0.0, b"pending", "k", {"h": "v"}, 100.0]]
     assert disk.journals[TOPIC].kept == {0: keep.position}
     # a recovery holds it out of line, due when it was, with its key and headers
-    replay, rebuilt = _replayed(shard, disk.writer().records)
+    replay, rebuilt = _replayed(shard, disk.writer().records, disk)
     assert (rebuilt.log.lowest, rebuilt.log.oldest, rebuilt.log.next_offset) == (0, 3, 3)
     assert rebuilt.log.get(0) == ("d", b"pending", 0.0)
     assert rebuilt.log.meta_of(0) == ("k", {"h": "v"}, 100.0)
@@ -531,7 +538,7 @@ def test_a_kept_message_comes_back_from_its_keep_record_alone() -> None:
     records = disk.writer().records
     snap = Record(0, *shard.core._snapshot(topic))
     tail = [r for r in records if r.type in (J.KEEP, J.TRIM)]
-    _, rebuilt = _replayed(shard, [snap, *tail])
+    _, rebuilt = _replayed(shard, [snap, *tail], disk)
     assert rebuilt.log.get(0) == ("d", b"pending", 0.0)
     assert rebuilt.log.oldest == 3
     # deliveries carry its key and headers (no message in line has any)
@@ -556,13 +563,21 @@ def test_a_released_kept_message_stays_gone_after_a_recovery() -> None:
     assert rebuilt.log.get(0) is None and rebuilt.log.lowest == 3
 
 
-def test_a_kept_message_held_at_a_cursor_goes_once_the_subscription_acks_it() -> None:
+def _subscribed_disk_shard() -> tuple[Shard, Disk, Client]:
+    """A disk topic (ttl 5 s) with a push subscription "s" (sid 1) that never times out."""
     long = 1e4
     shard, disk, client = _disk_shard(**{"message.ttl": 5.0, "subscriber.heartbeat": long,
                                          "subscriber.timeout": long,
                                          "limits.hello_timeout": long})
     client.send([P.SUBSCRIBE, client.rid(), 1, {"topic": TOPIC, "name": "s"}])
     disk.sync()
+    return shard, disk, client
+
+
+def _kept_at_the_cursor() -> tuple[Shard, Disk, Client]:
+    """:func:`_subscribed_disk_shard` where "s" acked 1 and 2 but not 0 (due at 20), and
+    cleanup kept 0 out of line at 10."""
+    shard, disk, client = _subscribed_disk_shard()
     client.send([P.PUBLISH, client.rid(), [[TOPIC, ["d"], [b"d"], {"delay": [20.0]}]]])
     _publish(client, "a", "b")
     disk.sync()
@@ -570,6 +585,11 @@ def test_a_kept_message_held_at_a_cursor_goes_once_the_subscription_acks_it() ->
     disk.sync()
     shard.advance(10.0)  # 1 and 2 acked and ttl old: they go, though 0 is at the cursor
     disk.sync()
+    return shard, disk, client
+
+
+def test_a_kept_message_held_at_a_cursor_goes_once_the_subscription_acks_it() -> None:
+    shard, disk, client = _kept_at_the_cursor()
     topic = shard.core.topics[TOPIC]
     assert (topic.log.lowest, topic.log.oldest) == (0, 3)
     shard.advance(40.0)  # due at 20 and ttl past it, but not acked: still kept
@@ -606,7 +626,8 @@ def test_a_kept_message_is_written_again_before_its_keep_record_may_be_dropped()
     assert journal.judge(release) is False
     # what is left once the log before ``droppable`` is dropped still holds it
     snap = Record(0, *shard.core._snapshot(shard.core.topics[TOPIC]))
-    _, rebuilt = _replayed(shard, [snap, *(r for r in records if r.position >= journal.droppable)])
+    _, rebuilt = _replayed(shard, [snap, *(r for r in records if r.position >= journal.droppable)],
+                           disk)
     assert rebuilt.log.get(0) == ("d", b"pending", 0.0)
 
 
@@ -639,3 +660,69 @@ def test_kept_messages_go_in_keep_records_of_about_keep_bytes_each() -> None:
     assert [len(msgpack.unpackb(r.body)) for r in writer.records] == [2, 2, 1]
     assert list(journal.kept) == [0, 1, 2, 3, 4]
     assert [journal.kept[o] for o in (0, 2, 4)] == [r.position for r in writer.records]
+
+
+def test_a_kept_message_leaves_memory_and_is_delivered_and_fetched_from_its_keep_record(
+        ) -> None:
+    """Once its KEEP record is durable, a kept message holds only its key in memory; its
+    push when due and a FETCH read it back from that record (G12 with G9 "Space")."""
+    shard, disk, client = _subscribed_disk_shard()
+    client.send([P.PUBLISH, client.rid(), [[TOPIC, ["d"], [b"pending"],
+                                            {"delay": [20.0], "keys": ["k"],
+                                             "headers": [{"h": "v"}]}]]])
+    _publish(client, "a", "b")
+    disk.sync()
+    assert client.deliveries(1) == [(1, 1), (2, 1)]
+    client.send([P.ACK, client.rid(), 1, GEN, [1, 2], -1])
+    disk.sync()
+    shard.advance(10.0)  # 1 and 2 go; 0 is kept, whole in memory until its KEEP is durable
+    log = shard.core.topics[TOPIC].log
+    assert (log.lowest, log.oldest) == (0, 3) and log.held_bytes == 1 + 7 + 3
+    disk.sync()
+    assert log.held_bytes == len("k")
+    reads = disk.writer().reads
+    shard.advance(20.0)  # due: pushed, read back from its KEEP record
+    pushed = [deliver_messages(f) for f in client.take(P.DELIVER)]
+    assert [m[:3] for m in pushed[0]] == [(0, "d", b"pending")]
+    assert disk.writer().reads == reads + 1 and log.held_bytes == len("k")
+    fetched = shard.connect().fetch(offset=0)
+    assert fetched[3] == [0] and fetched[4] == ["d"] and fetched[5] == [b"pending"]
+    assert fetched[7]["keys"] == ["k"] and fetched[7]["headers"] == [{"h": "v"}]
+
+
+def test_a_damaged_keep_record_read_back_is_never_served_and_recovers_its_topic() -> None:
+    shard, disk, _ = _keep_one_pending()
+    writer = disk.writer()
+    keep = next(r for r in writer.records if r.type == J.KEEP)
+    writer.data[keep.position + 20] ^= 0x40  # a bit rots in its payload
+    reply = shard.connect().fetch(offset=0)
+    assert reply[0] == P.ERROR and reply[2] == errors.StorageUnavailable.code
+    assert len(disk.damage) == 1 and f"position {keep.position}" in disk.damage[0]
+
+
+def test_a_new_generation_starts_its_subscriptions_at_a_kept_message() -> None:
+    """A recovery that starts a new generation (G9, damage) starts each subscription at
+    the oldest message held, a kept delayed message below the oldest in line included:
+    carried into the new generation, it is delivered there (G12, G7)."""
+    shard, disk, _ = _kept_at_the_cursor()
+    replay = TopicReplay(TOPIC, shard.core.topics[TOPIC].settings, epoch=0.0, now=shard.now)
+    for rec in disk.writer().records:
+        replay.feed(rec)
+    rebuilt = replay.build(GEN + 1, now=shard.now, reset=True)
+    assert (rebuilt.log.lowest, rebuilt.log.oldest) == (0, 3)
+    sub = rebuilt.subs["s"]
+    assert (sub.start_offset, sub.cursor, len(sub.acked)) == (0, 0, 0)
+
+
+def test_a_subscribe_that_resets_starts_at_a_kept_message() -> None:
+    shard, disk, _ = _keep_one_pending()
+    reader = shard.connect()
+
+    def subscribed(sid: int, **opts: Any) -> dict[str, Any]:
+        reader.send([P.SUBSCRIBE, reader.rid(), sid, {"topic": TOPIC, **opts}])
+        disk.sync()  # (SUBSCRIBED waits for its SUBSCRIPTION record, G9)
+        return dict(reader.take(P.SUBSCRIBED)[-1][3])
+
+    reply = subscribed(1, name="late", generation=GEN + 1)  # it knew another generation
+    assert reply["reset"] and reply["created"] and reply["start_offset"] == 0
+    assert subscribed(2, name="old", read_old=True)["start_offset"] == 3

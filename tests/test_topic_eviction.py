@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flux import errors
+from flux.shard.kept import Resident
 from flux.shard.topic import TopicLog
 
 
@@ -19,6 +21,7 @@ class Store:
 
     def __init__(self) -> None:
         self.records: dict[int, bytes] = {}
+        self.keeps: dict[int, dict[int, Resident]] = {}  # KEEP records: position -> rows
         self.durable_mark = 0
         self.resident: dict[int, int] = {}
         self.reads = 0
@@ -26,6 +29,13 @@ class Store:
     def read(self, position: int, end: int, first: int) -> bytes:
         self.reads += 1
         return self.records[position]
+
+    def read_kept(self, position: int, offsets: Any) -> dict[int, Resident]:
+        self.reads += 1
+        rows = self.keeps.get(position, {})
+        if any(o not in rows for o in offsets):
+            raise errors.StorageUnavailable(f"no KEEP record of {offsets} at {position}")
+        return {o: rows[o] for o in offsets}
 
     def durable(self) -> int:
         return self.durable_mark
@@ -108,6 +118,63 @@ def test_a_trim_whose_kept_message_cannot_be_read_back_stops_before_its_chunk() 
         errors.StorageUnavailable("damaged"))
     assert log.trim(3, 0.0, keep=lambda start, stop: [o for o in (2,) if start <= o < stop]) == 1
     assert (log.lowest, log.oldest) == (1, 1)
+
+
+def _kept_on_disk(store: Store) -> TopicLog:
+    """A placed log whose message 1 a trim kept, written in a KEEP record at position 100
+    .. 150 (not durable yet)."""
+    log = _placed(store)
+    _extend(log, store, ["a", "bb", "c"], [b"x", b"yyyy", b"z"])
+    assert log.trim(3, 0.0, keep=lambda start, stop: [1]) == 3
+    store.keeps[100] = {1: log.kept(1)}
+    log.kept_written([1], 100, 150)
+    return log
+
+
+def test_a_kept_message_leaves_memory_once_its_keep_record_is_durable() -> None:
+    """G12 on a disk topic: only its key, size and where its KEEP record is stay in memory
+    (:mod:`flux.shard.kept`); reads bring the rest back from the record."""
+    store = Store()
+    log = _kept_on_disk(store)
+    assert log.held_bytes == 2 + 4
+    assert not log.settle_kept(149)  # the record not durable yet: it stays whole
+    assert log.settle_kept(150) and log.held_bytes == 0
+    assert log.kept_size(1) == 6 and log.keys_of([1]) == [None] and store.reads == 0
+    assert log.get(1) == ("bb", b"yyyy", 0.0) and store.reads == 1
+    assert log.columns([1])[:2] == (["bb"], [b"yyyy"])
+    assert store.reads == 1  # (what a read brought back stays at hand for the push)
+    log.recall_kept([1])  # about to be written again: whole in memory until that is durable
+    assert log.held_bytes == 6 and store.reads == 1
+    store.keeps[200] = {1: log.kept(1)}
+    log.kept_written([1], 160, 180)
+    log.kept_written([1], 200, 250)  # written again before the first became durable
+    assert not log.settle_kept(180)  # an older record places nothing
+    assert log.held_bytes == 6
+    assert log.settle_kept(250) and log.held_bytes == 0
+    del store.keeps[100]
+    log.release(lambda o: False)
+    assert log.get(1) == ("bb", b"yyyy", 0.0)  # from the latest record
+    assert log.release(lambda o: True) == [1] and log.held_bytes == 0 and log.lowest == 3
+
+
+def test_a_kept_message_that_cannot_be_read_back_is_never_served() -> None:
+    store = Store()
+    log = _kept_on_disk(store)
+    log.settle_kept(150)
+    del store.keeps[100]  # damage: the read fails
+    with pytest.raises(errors.StorageUnavailable):
+        log.columns([1])
+    with pytest.raises(errors.StorageUnavailable):
+        log.recall_kept([1])
+    assert log.held_bytes == 0 and log.holds(1)
+
+
+def test_a_memory_topics_kept_message_stays_whole() -> None:
+    log = TopicLog()
+    log.extend(["a", "bb"], [b"x", b"yyyy"], 0.0)
+    log.trim(2, 0.0, keep=lambda start, stop: [1])
+    log.kept_written([1], 0, 10)  # (no store: nothing to read it back from)
+    assert not log.settle_kept(10) and log.held_bytes == 6
 
 
 def test_a_chunk_without_a_position_is_never_evicted() -> None:

@@ -11,6 +11,12 @@ memory after a full collection, the frames' own garbage gone), divided by the co
 the difference is what a pending message costs beyond an ordinary held one. Each
 fill runs in a process of its own.
 
+Kept on disk (``--kept N``): the same core with a disk topic whose log is a plain file
+(every record durable once written), filled with ``N`` messages each due a day away, then
+``ttl`` and the dedup window let pass and cleanup run until every message is kept out of
+line (G12: in KEEP records at the log's tail). The figure is the bytes Python holds
+for them then (traced as above, the file not counted), per kept message.
+
 Lateness: a real ``flux serve`` (one shard, memory topics) on loopback; a producer
 publishes messages ``lead`` seconds ahead of their due times (``deliver_at``), due
 at ``rate`` a second for ``seconds``; a subscriber (the asyncio client, auto-ack)
@@ -27,16 +33,21 @@ import contextlib
 import gc
 import json
 import math
+import os
 import subprocess
 import sys
+import tempfile
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from flux import protocol as P
 from flux.config import Config
 from flux.shard.core import ShardCore
+from flux.shard.journal import TopicJournal
+from flux.storage import Appended, Record
+from flux.storage import record as R
 
 TOPIC = "bench.delayed"
 PAYLOAD = 100
@@ -69,24 +80,17 @@ def fill(count: int, group: int, delayed: bool) -> MemoryFigures:
     core.receive(conn, [P.SUBSCRIBE, 1, 1, {"topic": TOPIC, "name": "workers", "mode": "push",
                                             "credit": 0}], 0.0)
     core.take_output()
-    payload = bytes(PAYLOAD)
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     started = time.perf_counter()  # seam-ok: a benchmark's own wall time
-    rid = 1
-    for first in range(0, count, group):
-        n = min(group, count - first)
-        ids = [f"{first + i:0{ID_CHARS}x}" for i in range(n)]
-        item: list[Any] = [TOPIC, ids, [payload] * n]
-        if delayed:  # due in one to two hours, every message at its own time
-            item.append({"delay": [3600.0 + ((first + i) * 7919 % count) * 3600.0 / count
-                                   for i in range(n)]})
-        rid += 1
-        core.receive(conn, [P.PUBLISH, rid, [item]], 1.0)
-        core.take_output()
+
+    def due_in_an_hour_or_two(first: int, n: int) -> dict[str, Any]:
+        return {"delay": [3600.0 + ((first + i) * 7919 % count) * 3600.0 / count
+                          for i in range(n)]}
+
+    _publish_all(core, conn, count, group, due_in_an_hour_or_two if delayed else None, 1.0)
     spent = time.perf_counter() - started  # seam-ok
-    del ids, item
     gc.collect()
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
@@ -94,6 +98,95 @@ def fill(count: int, group: int, delayed: bool) -> MemoryFigures:
     if held != count:
         raise AssertionError(f"the core holds {held} messages, not {count}")
     return MemoryFigures(count, group, delayed, used / count, spent / count * 1e6)
+
+
+def _publish_all(core: ShardCore, conn: int, count: int, group: int,
+                 options: Callable[[int, int], dict[str, Any]] | None, now: float) -> None:
+    """Publish ``count`` messages of ``PAYLOAD`` bytes in groups of ``group``, each group's
+    options (a PUBLISH group's fourth field) ``options(first, n)`` if given."""
+    payload = bytes(PAYLOAD)
+    rid = 1
+    for first in range(0, count, group):
+        n = min(group, count - first)
+        item: list[Any] = [TOPIC, [f"{first + i:0{ID_CHARS}x}" for i in range(n)],
+                           [payload] * n]
+        if options is not None:
+            item.append(options(first, n))
+        rid += 1
+        core.receive(conn, [P.PUBLISH, rid, [item]], now)
+        core.take_output()
+
+
+class FileLog:
+    """A disk topic's log as one plain file, each record durable once written (no
+    segments, no fsync): the writer and reader a shard core's journal needs."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.generation = 1
+        self.appended = self.durable = self.synced = 0
+        self.snapshot: Any = None
+
+    @property
+    def size(self) -> int:
+        return self.appended
+
+    def append(self, rtype: int, body: bytes) -> Appended:
+        data = R.encode(rtype, bytes(body))
+        position = self.appended
+        os.pwrite(self.fd, data, position)
+        self.appended = self.durable = self.synced = position + len(data)
+        return Appended(position, self.appended)
+
+    def read(self, position: int, size_hint: int = 0) -> Record:
+        head = os.pread(self.fd, R.HEADER_SIZE, position)
+        length = R.body_length(head, 0)
+        return R.decode(os.pread(self.fd, R.HEADER_SIZE + length, position), 0, position)
+
+
+def kept(count: int, group: int) -> MemoryFigures:
+    """Fill a disk topic with ``count`` messages due a day away and let cleanup keep them
+    all out of line; the bytes Python holds for them then, traced, per message."""
+    import time
+
+    config = Config().replace(**{"message.ttl": 1.0, "message.dedup_window": 1.0,
+                                 "message.cleanup_time": 1.0, "message.max_delay": 7 * 86400.0,
+                                 "storage.dir": "/unused", "storage.kind": "disk",
+                                 "shard.max_memory": 1 << 40, "topic.max_bytes": 1 << 40})
+    core = ShardCore(config, now=0.0)
+    with tempfile.TemporaryDirectory() as directory:
+        log = FileLog(os.path.join(directory, "log"))
+        core.open_journal = lambda name, start: TopicJournal(name, log, exposed=start,
+                                                              reader=log)
+        conn = core.connect(0.0)
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        started = time.perf_counter()  # seam-ok: a benchmark's own wall time
+        _publish_all(core, conn, count, group, lambda first, n: {"delay": 86400.0}, 0.0)
+        now = 0.0
+        while True:  # every message ttl old and its id out of the window: cleanup keeps them
+            now = max(now + 0.5, core.next_deadline())
+            core.tick(now)
+            core.take_output()
+            topic = core.topics[TOPIC]
+            if topic.log.oldest == topic.log.next_offset and not len(topic.dedup) \
+                    and now > 10.0:
+                break
+        spent = time.perf_counter() - started  # seam-ok
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        held = core.stats(now)["topics"][TOPIC]["held"]
+        if held != count or topic.log.lowest != 0:
+            raise AssertionError(f"the core holds {held} messages, not {count} kept")
+        os.close(log.fd)
+    return MemoryFigures(count, group, True, used / count, spent / count * 1e6)
+
+
+def kept_line(f: MemoryFigures) -> str:
+    return (f"kept on disk, {f.count:,} messages of {PAYLOAD} B with {ID_CHARS}-char ids due a"
+            f" day away, all kept out of line: {f.bytes_per_message:.1f} B/msg in memory")
 
 
 def memory(count: int, group: int) -> tuple[MemoryFigures, MemoryFigures]:
@@ -230,6 +323,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="messages pending an hour away during the lateness run")
     parser.add_argument("--skip", choices=("memory", "lateness"), default=None,
                         help="leave one figure out")
+    parser.add_argument("--kept", type=int, default=None,
+                        help="only the kept-on-disk memory figure, with this many messages")
     parser.add_argument("--fill", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--delayed", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--produce", default=None, help=argparse.SUPPRESS)
@@ -237,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.fill is not None:  # one fill, in this process: its figures as JSON
         print(json.dumps(asdict(fill(args.fill, args.group, args.delayed))))
+        return
+    if args.kept is not None:
+        print(kept_line(kept(args.kept, args.group)))
         return
     if args.produce is not None:  # the lateness run's producer
         produce(args.produce, args.start, args.rate, args.seconds, args.group)

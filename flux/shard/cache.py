@@ -2,7 +2,9 @@
 
 A disk topic keeps every held message's id, offset and store time in memory, but
 a chunk's payloads (one PUBLISH group's) may leave memory once its record is
-durable: a later read (a delivery, a redelivery, FETCH) reads the record back by
+durable (and a kept delayed message, G12, all but its key once its KEEP record is:
+:mod:`flux.shard.kept`, read back through :meth:`TopicPayloads.read_kept`, never
+cached): a later read (a delivery, a redelivery, FETCH) reads the record back by
 its position (:meth:`flux.shard.journal.TopicJournal.read_payloads`, checksum
 verified) and caches it again. :class:`PayloadCache` holds the resident chunks of
 every disk topic of the shard in least-recently-used order and evicts past its
@@ -14,7 +16,10 @@ is in memory). Chunks whose record is not durable yet are never evicted.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from flux.shard.kept import Entry, Resident
 
 if TYPE_CHECKING:
     from flux.shard.journal import TopicJournal
@@ -25,18 +30,29 @@ class TopicPayloads:
     """One disk topic's side of the cache: the :class:`~flux.shard.topic.ChunkStore` its
     log reads evicted payloads back through."""
 
-    __slots__ = ("cache", "journal", "topic")
+    __slots__ = ("cache", "epoch", "journal", "topic")
 
-    def __init__(self, cache: PayloadCache, topic: Topic, journal: TopicJournal) -> None:
+    def __init__(self, cache: PayloadCache, topic: Topic, journal: TopicJournal,
+                 epoch: float = 0.0) -> None:
         self.cache = cache
         self.topic = topic
         self.journal = journal
+        self.epoch = epoch  # wall minus monotonic time: a KEEP row's times are wall times
 
     def read(self, position: int, end: int, first: int) -> bytes:
         self.cache.reads += 1
         data = self.journal.read_payloads(position, end, first)
         self.cache.read_bytes += end - position
         return data
+
+    def read_kept(self, position: int, offsets: Sequence[int]) -> dict[int, Resident]:
+        self.cache.reads += 1
+        rows, size = self.journal.read_kept(position, offsets)
+        self.cache.read_bytes += size
+        epoch = self.epoch
+        return {row[0]: (Entry(row[1], row[3], row[2] - epoch),
+                         (row[4], row[5], None if row[6] is None else row[6] - epoch))
+                for row in rows}
 
     def durable(self) -> int:
         return self.journal.writer.durable

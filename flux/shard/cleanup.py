@@ -105,7 +105,7 @@ class Cleanup(DeadLetters):
                         # kept ones stay held (their KEEP records first: G12)
                         kept = log.kept_from(first)
                         if kept:
-                            journal.keep(self._keep_rows(topic, kept))
+                            self._write_kept(topic, kept)
                         journal.trim(log.oldest)
                     self._recount(topic)
                     for start, count in _runs(first, dropped, keep.kept if keep else ()):
@@ -119,7 +119,7 @@ class Cleanup(DeadLetters):
             if topic.journal is not None:  # whole log segments with nothing live may go
                 moved = topic.journal.retain(log.oldest, self.epoch + now - dedup.window)
                 if moved:  # kept messages whose KEEP record would go with them
-                    topic.journal.keep(self._keep_rows(topic, moved))
+                    self._write_kept(topic, moved)
             if not topic.subs and not len(log) and not len(dedup) and topic.journal is None:
                 self._retire(topic)
             pending.pop()

@@ -359,9 +359,11 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         ready, moved = journal.advance()
         if ready:
             self._pushes_sent(self._release(ready), now)
-        if moved:
-            topic = self.topics.get(journal.topic)
-            if topic is not None and topic.journal is journal:
+        topic = self.topics.get(journal.topic)
+        if topic is not None and topic.journal is journal:
+            if topic.log.settle_kept(journal.writer.durable):  # kept messages leave memory
+                self._recount(topic)
+            if moved:
                 for sub in topic.subs.values():
                     if sub.pushing:
                         self._dirty[id(sub)] = sub

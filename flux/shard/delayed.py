@@ -187,16 +187,29 @@ class Delays(ShardState):
         self._forget_gone(topic)
         return KeepDelayed(topic.delayed, now - topic.settings.ttl)
 
-    def _keep_rows(self, topic: Topic, offsets: list[int]) -> list[list[Any]]:
-        """The kept messages at ``offsets`` as a disk topic's KEEP record carries them:
-        ``[offset, id, wall time, payload, key, headers, wall due]`` each."""
-        epoch, log = self.epoch, topic.log
+    def _write_kept(self, topic: Topic, offsets: list[int]) -> None:
+        """Write the kept messages at ``offsets`` of a disk topic whole in KEEP records
+        (those already out of memory are read back first, their old record still in the
+        log); each leaves memory once its record is durable. The rows go in (due,
+        offset) order, so that messages due together are read back together. Damage read
+        back writes nothing (its topic's log is recovered)."""
+        journal, log = topic.journal, topic.log
+        assert journal is not None
+        try:
+            log.recall_kept(offsets)
+        except errors.StorageUnavailable:
+            return
+        epoch = self.epoch
         rows: list[list[Any]] = []
         for o in offsets:
             entry, (key, headers, due) = log.kept(o)
             rows.append([o, entry.id, epoch + entry.stored_at, entry.payload, key, headers,
                          None if due is None else epoch + due])
-        return rows
+        rows.sort(key=lambda row: (math.inf if row[6] is None else row[6], row[0]))
+        for written in journal.keep(rows):
+            log.kept_written(*written)
+        if log.settle_kept(journal.writer.durable):  # (durable once written: fsync never)
+            self._recount(topic)
 
     def _past_kept(self, topic: Topic, sub: Subscription, limit: float, stop: int) -> int:
         """Where cleanup of a topic may trim up to for ``sub`` (at most ``stop``):

@@ -10,9 +10,11 @@ When the writer's durable mark moves, the shell calls
 ``ShardCore.storage_progress`` and :meth:`TopicJournal.advance` releases
 everything the mark now covers, in order.
 
-Record bodies are MessagePack arrays; their layout is PROTOCOL.md §14.3. A PUBLISH
+Record bodies are MessagePack arrays; their layout is PROTOCOL.md §14.4. A PUBLISH
 record is also where an evicted chunk's payloads come back from
-(:meth:`TopicJournal.read_payloads`, :mod:`flux.shard.cache`).
+(:meth:`TopicJournal.read_payloads`, :mod:`flux.shard.cache`), and a KEEP record
+where its kept delayed messages do (:meth:`TopicJournal.read_kept`,
+:mod:`flux.shard.kept`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ KEEP = 9           # [[offset, id, wall time, payload, key, headers, wall due], 
                    # messages a trim passed, held out of line whole (G12)
 RELEASE = 10       # [offset, ...]: kept messages cleaned up
 
-KEEP_BYTES = 1 << 20  # a KEEP record takes no more messages once its payloads reach this
+# a KEEP record takes no more messages once its payloads reach this: a kept message is
+# read back with its whole record (the checksum covers the record), so records stay small
+KEEP_BYTES = 1 << 16
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -187,6 +191,30 @@ class TopicJournal:
             raise self._damage(f"the record at position {position} is not the PUBLISH record"
                                f" of offsets from {first}: {exc}") from None
 
+    def read_kept(self, position: int, offsets: Sequence[int]) -> tuple[list[list[Any]], int]:
+        """The rows of the kept messages ``offsets`` (G12) in the KEEP record at
+        ``position``, and the record's size. Every read verifies the checksum; a record
+        that cannot be read intact, is not a KEEP record or lacks one of them is damage
+        (as :meth:`read_payloads`)."""
+        if self.reader is None:
+            raise errors.StorageUnavailable(
+                f"the log of topic {self.topic!r} cannot be read back")
+        try:
+            rec = self.reader.read(position)
+        except (StorageError, OSError, ValueError) as exc:  # damage, or an I/O error
+            raise self._damage(f"reading position {position} back failed: {exc}") from None
+        wanted = set(offsets)
+        try:
+            if rec.type != KEEP:
+                raise ValueError(f"a record of type {rec.type}")
+            rows = [row for row in msgpack.unpackb(rec.body, raw=False) if row[0] in wanted]
+            if len(rows) != len(wanted) or any(len(row) != 7 for row in rows):
+                raise ValueError(f"it holds {sorted(row[0] for row in rows)} of them")
+        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+            raise self._damage(f"the record at position {position} is not the KEEP record"
+                               f" of kept offsets {sorted(wanted)}: {exc}") from None
+        return rows, rec.end - position
+
     def _damage(self, reason: str) -> errors.StorageUnavailable:
         """Damage read back: log and report it; the error to answer with."""
         log.error("topic %r: %s; not delivered (its log is recovered, which sets the"
@@ -207,10 +235,12 @@ class TopicJournal:
         self.trimmed_to = oldest
         self.append(TRIM, [oldest])
 
-    def keep(self, rows: Sequence[list[Any]]) -> None:
+    def keep(self, rows: Sequence[list[Any]]) -> list[tuple[list[int], int, int]]:
         """Append KEEP records of these kept messages (a row each, offset first: see KEEP),
-        about ``KEEP_BYTES`` of payloads a record; each offset's latest record is there."""
+        about ``KEEP_BYTES`` of payloads a record; each offset's latest record is there.
+        Returns where each record went: (its offsets, position, end)."""
         kept = self.kept
+        written: list[tuple[list[int], int, int]] = []
         start = 0
         while start < len(rows):
             end, size = start, 0
@@ -218,12 +248,14 @@ class TopicJournal:
                 size += len(rows[end][3])
                 end += 1
             batch = rows[start:end]
-            self.append(KEEP, list(batch))
+            record_end = self.append(KEEP, list(batch))
             if self.last_position >= 0:
                 for row in batch:
                     kept.pop(row[0], None)  # (moved to the end: positions stay in order)
                     kept[row[0]] = self.last_position
+                written.append(([row[0] for row in batch], self.last_position, record_end))
             start = end
+        return written
 
     def release(self, offsets: Sequence[int]) -> None:
         """Append a RELEASE record: these kept messages were cleaned up."""

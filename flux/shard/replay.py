@@ -8,7 +8,8 @@ with its cursor and acks, inactive until a client resumes it (its
 ``inactive_time`` counts from the recovery). Payloads are not kept: each run of
 messages remembers where its PUBLISH record is, and the shard reads payloads back
 when they are first wanted (:mod:`flux.shard.cache`), so recovering a log bigger
-than memory holds only ids in memory.
+than memory holds only ids in memory; a kept delayed message (G12) stays in its latest
+KEEP record the same way (:mod:`flux.shard.kept`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from flux.policies import TopicSettings
 from flux.shard import journal as J
 from flux.shard.dedup import DedupWindow
 from flux.shard.due_index import TopicDelays
+from flux.shard.kept import Placed
 from flux.shard.publish_record import read_publish
 from flux.shard.sharing import Group
 from flux.shard.state import Topic
 from flux.shard.subscription import Subscription
-from flux.shard.topic import Entry, TopicLog
+from flux.shard.topic import TopicLog
 from flux.storage import Record
 
 
@@ -65,9 +67,10 @@ class TopicReplay:
         self.published: list[tuple[int, int, float]] = []  # (end, next offset, wall) each
         self.delayed = TopicDelays()  # the runs of delayed messages
         self.pushes: dict[str, dict[int, int]] = {}  # name -> offset -> pushes used (G11)
-        # kept messages (G12: delayed ones a trim passed), by offset: their KEEP row and
-        # the position of their latest KEEP record
-        self.kept: dict[int, tuple[list[Any], int]] = {}
+        # kept messages (G12: delayed ones a trim passed), by offset: where their latest
+        # KEEP record is, their size and key (their payloads stay in the log), whether
+        # they have a key or headers, and their wall due time
+        self.kept: dict[int, tuple[Placed, bool, float | None]] = {}
 
     def feed(self, rec: Record) -> None:
         """Apply one record (in log order)."""
@@ -99,8 +102,10 @@ class TopicReplay:
         elif rtype == J.TRIM:
             self.oldest = max(self.oldest, body[0])
         elif rtype == J.KEEP:
-            for row in body:
-                self.kept[row[0]] = (row, rec.position)
+            position = rec.position
+            for offset, message_id, _, payload, key, headers, due in body:
+                self.kept[offset] = (Placed(position, len(message_id) + len(payload), key),
+                                     key is not None or headers is not None, due)
         elif rtype == J.RELEASE:
             for o in body:
                 self.kept.pop(o, None)
@@ -162,17 +167,16 @@ class TopicReplay:
         """Hold the kept messages below the log's oldest out of line (those at or above it
         are in line: a TRIM after their KEEP record was lost); the topic's index of
         delayed messages, theirs included."""
-        kept = sorted((o, row) for o, (row, _) in self.kept.items() if o < log.oldest)
+        kept = sorted((o, v) for o, v in self.kept.items() if o < log.oldest)
         self.kept = {o: v for o, v in self.kept.items() if o < log.oldest}
         if not kept:
             self.delayed.forget_below(log.oldest)
             return self.delayed
         epoch = self.epoch
         dues: dict[int, float | None] = {}
-        for o, (_, message_id, wall, payload, key, headers, due) in kept:
-            due = None if due is None else due - epoch
-            log.hold_kept(o, Entry(message_id, payload, wall - epoch), key, headers, due)
-            dues[o] = due
+        for o, (placed, meta, due) in kept:  # (recovery counts its KEEP records durable)
+            log.hold_placed(o, placed, meta)
+            dues[o] = None if due is None else due - epoch
         # the index takes offsets in increasing order: the kept ones, then those in line
         dues.update((o, due) for o, due in self.delayed.items() if o >= log.oldest)
         delayed = TopicDelays()
@@ -183,13 +187,14 @@ class TopicReplay:
     def kept_positions(self) -> dict[int, int]:
         """Each kept message's offset -> the position of its latest KEEP record, in the
         order of those positions (for the topic's journal; after :meth:`build`)."""
-        return dict(sorted(((o, position) for o, (_, position) in self.kept.items()),
+        return dict(sorted(((o, placed.position) for o, (placed, _, _) in self.kept.items()),
                            key=lambda item: item[1]))
 
     def build(self, generation: int, now: float, *, reset: bool = False) -> Topic:
         """The recovered topic at ``now`` (monotonic), of ``generation``. ``reset``: a new
         generation (G9: after a power loss or damage) in which the old one's acks mean
-        nothing to clients, so each subscription starts over at the oldest message held."""
+        nothing to clients, so each subscription starts over at the oldest message held
+        (``log.lowest``: a kept delayed message below the oldest in line counts)."""
         log = self.log
         if log is None or log.next_offset < self.next_offset:
             log = TopicLog(max(self.next_offset, log.next_offset if log else 0), placed=True)
@@ -200,8 +205,9 @@ class TopicReplay:
         topic = Topic(self.name, log, self.dedup, self.settings, generation=generation,
                       delayed=delayed)
         for name, (mode, start, created, cursor, acked) in self.subs.items():
-            if reset:
-                cursor, start, acked = log.oldest, log.oldest, set()
+            if reset:  # from the oldest message held, a kept one below the oldest in line
+                # included (G12: carried into the new generation, it is delivered there)
+                cursor, start, acked = log.lowest, log.lowest, set()
             shared = mode in ("shared", "shared-keyed")  # (journal_mode)
             sub = Subscription(topic=self.name, name=name, ephemeral=False,
                                mode="push" if shared else mode,

@@ -290,7 +290,7 @@ class ShardState:
         journal's records, through the shard's cache (if the journal can read records)."""
         journal = topic.journal
         if journal is not None and journal.reader is not None and topic.log.placed:
-            topic.log.store = TopicPayloads(self.cache, topic, journal)
+            topic.log.store = TopicPayloads(self.cache, topic, journal, self.epoch)
 
     def _settle_cache(self) -> None:
         """Recount the disk topics whose resident payloads changed, and evict the least

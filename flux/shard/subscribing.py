@@ -104,8 +104,11 @@ class Subscribing(Sharing):
                 start = log.oldest
             else:
                 start = end
-            if start < log.oldest:
-                start, clamped = log.oldest, True
+            # a reset starts at the oldest message held, a kept delayed message below
+            # the oldest in line included (G12: carried into a new generation, G9)
+            floor = log.lowest if reset else log.oldest
+            if start < floor:
+                start, clamped = floor, True
             sub = Subscription(topic=name, name=key, ephemeral=sub_name is None, mode=mode,
                                cursor=start, start_offset=start, created_at=now,
                                group=Group(key_ordered) if shared else None)

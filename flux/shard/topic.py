@@ -16,13 +16,14 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
 from operator import add
-from typing import Any, NamedTuple, Protocol, cast
+from typing import Any, Protocol, cast
 
 import msgpack
 
 from flux import errors
 from flux import protocol as P
-from flux.message_meta import Meta, columns, meta_size
+from flux.message_meta import Meta, columns
+from flux.shard.kept import Entry, KeptMessages, Placed, Resident
 from flux.shard.packed_ids import PackedIds
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -68,6 +69,11 @@ class ChunkStore(Protocol):
         """The chunk at ``first`` no longer holds payloads in memory (trimmed or evicted)."""
         ...
 
+    def read_kept(self, position: int, offsets: Sequence[int]) -> dict[int, Resident]:
+        """The kept messages at ``offsets`` whole, read back from the KEEP record at
+        ``position``. Raises a FluxError (StorageUnavailable) if it cannot be read intact."""
+        ...
+
 
 class DueTimes(Protocol):
     """Where a log finds its messages' due times (:class:`flux.shard.due_index.TopicDelays`)."""
@@ -79,14 +85,6 @@ class DueTimes(Protocol):
     def due_of(self, offset: int) -> float | None:
         """The due time (monotonic) of the message at ``offset`` (None: not delayed)."""
         ...
-
-
-class Entry(NamedTuple):
-    """A held message. ``stored_at`` is on the shard's monotonic clock."""
-
-    id: str
-    payload: bytes
-    stored_at: float
 
 
 class TopicLog:
@@ -108,7 +106,7 @@ class TopicLog:
     """
 
     __slots__ = ("_at", "_first", "_head", "_ids", "_kept", "_lens", "_meta", "_next",
-                 "_packed", "_skip", "_where", "dues", "held_bytes", "metas", "store")
+                 "_packed", "_skip", "_store", "_where", "dues", "held_bytes", "metas")
 
     def __init__(self, start: int = 0, *, placed: bool = False) -> None:
         """An empty log whose first message gets offset ``start`` (a topic retired
@@ -125,7 +123,7 @@ class TopicLog:
         # ... in the record at (position, end) of the topic's log on disk, its payloads
         # taking this many bytes (placed logs; position -1: not known yet, never evicted)
         self._where: list[tuple[int, int, int]] | None = [] if placed else None
-        self.store: ChunkStore | None = None  # set once the topic's log can be read back
+        self._store: ChunkStore | None = None  # set once the topic's log can be read back
         self._head = 0       # index of the oldest chunk still held
         self._skip = 0       # messages of the head chunk already trimmed
         self._next = start   # the offset the next message gets
@@ -134,8 +132,19 @@ class TopicLog:
         self.dues: DueTimes | None = None  # its messages' due times (set by its topic)
         # messages trimmed from the chunks but still held, below ``oldest``, by offset (in
         # increasing order): delayed messages not yet ``ttl`` past their due time (G12, G5
-        # per message), with their (key, headers, due)
-        self._kept: dict[int, tuple[Entry, tuple[Any, Any, Any]]] = {}
+        # per message), with their (key, headers, due); a placed log's leave memory once
+        # their KEEP record is durable
+        self._kept = KeptMessages()
+
+    @property
+    def store(self) -> ChunkStore | None:
+        """Where a placed log's evicted payloads (and kept messages) come back from."""
+        return self._store
+
+    @store.setter
+    def store(self, store: ChunkStore | None) -> None:
+        self._store = store
+        self._kept.reader = store.read_kept if store is not None else None
 
     @property
     def oldest(self) -> int:
@@ -155,32 +164,59 @@ class TopicLog:
     @property
     def lowest(self) -> int:
         """The lowest held offset, a kept one included (``oldest`` when none is kept)."""
-        return next(iter(self._kept)) if self._kept else self.oldest
+        return self._kept.first() if self._kept else self.oldest
 
     def kept_from(self, offset: int) -> list[int]:
         """The kept offsets at or above ``offset`` (all below ``oldest``), increasing."""
         return [o for o in self._kept if o >= offset] if self._kept else []
 
-    def kept(self, offset: int) -> tuple[Entry, tuple[Any, Any, Any]]:
-        """The kept message at ``offset``: its entry and (key, headers, due)."""
-        return self._kept[offset]
+    def kept(self, offset: int) -> Resident:
+        """The kept message at ``offset``: its entry and (key, headers, due), read back
+        from its KEEP record if it left memory (StorageUnavailable if that fails)."""
+        return self._kept.get(offset)
+
+    def kept_size(self, offset: int) -> int:
+        """The id and payload bytes of the kept message at ``offset`` (never read back)."""
+        return self._kept.size(offset)
 
     def hold_kept(self, offset: int, entry: Entry, key: str | None,
                   headers: dict[str, str] | None, due: float | None) -> None:
-        """Hold a message out of line below ``oldest`` (recovery: one a KEEP record carries),
-        in increasing offset order; its bytes count as held."""
-        self._kept[offset] = (entry, (key, headers, due))
-        self.held_bytes += len(entry.id) + len(entry.payload) + meta_size(key, headers)
+        """Hold a message out of line below ``oldest``, whole, in increasing offset order;
+        its bytes count as held."""
+        self.held_bytes += self._kept.hold(offset, (entry, (key, headers, due)))
         if key is not None or headers is not None:
             self.metas += 1  # (reads look for keys and headers only once some message has)
 
-    def release(self, done: Any) -> list[int]:
+    def hold_placed(self, offset: int, placed: Placed, meta: bool) -> None:
+        """Hold a message out of line below ``oldest`` that stays in its durable KEEP record
+        (recovery), in increasing offset order; ``meta``: it has a key or headers."""
+        self.held_bytes += self._kept.hold_placed(offset, placed)
+        if meta:
+            self.metas += 1
+
+    def release(self, done: Callable[[int], bool]) -> list[int]:
         """Drop the kept messages whose offset ``done(offset)`` is true; returns them."""
-        gone = [o for o in self._kept if done(o)]
-        for o in gone:
-            entry, (key, headers, _) = self._kept.pop(o)
-            self.held_bytes -= len(entry.id) + len(entry.payload) + meta_size(key, headers)
+        gone, freed = self._kept.release(done)
+        self.held_bytes += freed
         return gone
+
+    def kept_written(self, offsets: Sequence[int], position: int, end: int) -> None:
+        """These kept messages are written whole in the KEEP record at ``position`` ..
+        ``end``: they leave memory once it is durable (:meth:`settle_kept`)."""
+        if self._store is not None:
+            self._kept.written(offsets, position, end)
+
+    def settle_kept(self, durable: int) -> bool:
+        """Let the kept messages whose latest KEEP record ends at or below ``durable``
+        leave memory; whether any did."""
+        freed = self._kept.settle(durable)
+        self.held_bytes += freed
+        return freed != 0
+
+    def recall_kept(self, offsets: Iterable[int]) -> None:
+        """Hold these kept messages in memory again (read back: they are written anew).
+        Raises StorageUnavailable if one cannot be read back intact."""
+        self.held_bytes += self._kept.recall(offsets)
 
     def oldest_at(self) -> float:
         """When the oldest held message was stored (``inf`` when none is held)."""
@@ -328,7 +364,7 @@ class TopicLog:
         """The key, headers and due time (monotonic; None: due when stored) of the held
         message at ``offset``."""
         if offset < self.oldest and offset in self._kept:
-            return self._kept[offset][1]
+            return self._kept.get(offset)[1]
         due = self.dues.due_of(offset) if self.dues else None
         if not self.metas:
             return None, None, due
@@ -348,13 +384,16 @@ class TopicLog:
             return None
         keys: list[str | None] = []
         headers: list[dict[str, str] | None] = []
-        if self.metas and type(offsets) is range and offsets.start >= self.oldest:
-            keys, headers = self._meta_run(offsets.start, offsets.stop)
+        kept, oldest = self._kept, self.oldest
+        held: dict[int, Any] = {}
+        if kept and not (type(offsets) is range and offsets.start >= oldest):
+            held = kept.load([o for o in offsets if o < oldest and o in kept])
+        if self.metas and type(offsets) is range and offsets.start >= oldest:
+            keys, headers = self._meta_run(offsets.start, offsets.stop)  # (none kept)
         elif self.metas:
             for meta, i, o in self._metas_at(offsets):
                 if meta is None:
-                    key, header = (self._kept[o][1][:2] if o in self._kept
-                                   else (None, None))
+                    key, header = held[o][1][:2] if o in held else (None, None)
                 else:
                     key = meta.keys[i] if meta.keys is not None else None
                     header = meta.headers[i] if meta.headers is not None else None
@@ -363,11 +402,11 @@ class TopicLog:
         else:
             keys = [None] * len(offsets)
             headers = [None] * len(offsets)
-        due_times, kept, oldest = self.dues, self._kept, self.oldest
+        due_times = self.dues
         dues: list[float | None] = [None] * len(offsets)
         if due_times:
             for j, o in enumerate(offsets):
-                due = kept[o][1][2] if o < oldest and o in kept else due_times.due_of(o)
+                due = held[o][1][2] if o in held else due_times.due_of(o)
                 if due is not None:
                     dues[j] = epoch + due
         return columns(keys, headers, dues)
@@ -381,7 +420,7 @@ class TopicLog:
         out: list[str | None] = []
         for meta, i, o in self._metas_at(offsets):
             if meta is None:
-                out.append(self._kept[o][1][0] if o in self._kept else None)
+                out.append(self._kept.key(o) if o in self._kept else None)
             else:
                 out.append(meta.keys[i] if meta.keys is not None else None)
         return out
@@ -435,9 +474,7 @@ class TopicLog:
         for o in keep(first + a, first + b):
             i = o - first
             entry = Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])
-            key, headers, due = self.meta_of(o)
-            self._kept[o] = (entry, (key, headers, due))
-            self.held_bytes += len(entry.id) + len(entry.payload) + meta_size(key, headers)
+            self.held_bytes += self._kept.hold(o, (entry, self.meta_of(o)))
 
     def _chunk(self, offset: int) -> int:
         """Index of the chunk holding ``offset`` (held, or the newest chunk's next)."""
@@ -469,7 +506,7 @@ class TopicLog:
     def stored_at(self, offset: int) -> float:
         """When the message at ``offset`` (held) was stored."""
         if offset < self.oldest and offset in self._kept:
-            return self._kept[offset][0].stored_at
+            return self._kept.get(offset)[0].stored_at
         return self._at[self._chunk(offset)]
 
     def columns(self, offsets: Sequence[int], epoch: float = 0.0
@@ -481,12 +518,13 @@ class TopicLog:
         payloads: list[bytes] = []
         times: list[float] = []
         oldest, end, n = self.oldest, self._next, len(offsets)
+        kept = self._kept
+        held = kept.load([o for o in offsets if o < oldest]) if kept else {}
         i = 0
         while i < n:
             o = offsets[i]
             if not oldest <= o < end:
-                entry = self.get(o)
-                assert entry is not None, o  # the caller makes sure it is held
+                entry = held[o][0]  # the caller makes sure it is held
                 ids.append(entry.id)
                 payloads.append(entry.payload)
                 times.append(epoch + entry.stored_at)
@@ -518,8 +556,7 @@ class TopicLog:
     def get(self, offset: int) -> Entry | None:
         """The entry at ``offset`` if it is held."""
         if not self.oldest <= offset < self._next:
-            kept = self._kept.get(offset) if self._kept else None
-            return kept[0] if kept is not None else None
+            return self._kept.get(offset)[0] if offset in self._kept else None
         k = self._chunk(offset)
         i = offset - self._first[k]
         return Entry(self._ids[k][i], self._payloads(k, i, i + 1)[0], self._at[k])

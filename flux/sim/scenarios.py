@@ -434,6 +434,22 @@ def delays_disk(rng: random.Random) -> Workload:
     return replace(w, scenario="delays-disk", config=config, producers=producers)
 
 
+def kept_disk(rng: random.Random) -> Workload:
+    """Kept delayed messages on disk topics through many segments (G12 with G9): small
+    segments, a short dedup window and delays of up to 20 s, so whole segments go while
+    a kept message waits, its KEEP record is copied forward before the segment holding
+    it goes, and its push reads it back from the copy; with the faults of delays-disk."""
+    w = delays_disk(rng)
+    config = dict(w.config)
+    config["storage"] = {**w.config["storage"], "segment_bytes": 4096}  # type: ignore[dict-item]
+    config["message"] = {**w.config["message"], "dedup_window": 4.0}  # type: ignore[dict-item]
+    # busier producers: segments fill in seconds, so they go while kept messages wait
+    producers = tuple(replace(p, delay=20.0, count=p.count * 3, gap=p.gap / 3)
+                      for p in w.producers)
+    return replace(w, scenario="kept-disk", config=config, producers=producers,
+                   request_timeout=0.5, retry_deadline=1.5, give_up_after=3.0)
+
+
 def _group(rng: random.Random, first: int, topic: str, name: str,
            key_ordered: bool) -> list[SubscriberSpec]:
     """1-5 members of the shared subscription ``name`` on ``topic``, each on its own
@@ -508,5 +524,6 @@ SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
     "disk-errors": disk_errors, "dead-disk": dead_disk, "auth": auth, "delays": delays,
-    "delays-disk": delays_disk, "shared": shared, "deadletters": dead_letters,
+    "delays-disk": delays_disk, "kept-disk": kept_disk, "shared": shared,
+    "deadletters": dead_letters,
 }

@@ -1561,6 +1561,34 @@ def released_back_at_restart() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(journal.TopicJournal, "release", release)
 
 
+def reset_skips_kept() -> contextlib.AbstractContextManager[Any]:
+    """G12 with G9 and G7: a recovery that starts a new generation starts each
+    subscription over at the oldest message in line, past the kept delayed messages
+    below it: carried into the new generation, they are never delivered there."""
+    def make(f: Any) -> Any:
+        def build(self: TopicReplay, generation: int, now: float, *, reset: bool = False) -> Any:
+            topic = f(self, generation, now, reset=reset)
+            if reset:
+                for sub in topic.subs.values():
+                    sub.cursor = sub.start_offset = topic.log.oldest
+            return topic
+        return build
+    return _wrap(TopicReplay, "build", make)
+
+
+def kept_not_copied_forward() -> contextlib.AbstractContextManager[Any]:
+    """G12 with G9: retention lets the log ahead of a kept message's latest KEEP record go
+    without writing the message again first, so the segment holding its only copy goes:
+    its push reads back nothing (damage, then a recovery without it) and a restart loses
+    it."""
+    def make(f: Any) -> Any:
+        def retain(self: journal.TopicJournal, oldest: int, forgotten_before: float) -> list[int]:
+            f(self, oldest, forgotten_before)
+            return []
+        return retain
+    return _wrap(journal.TopicJournal, "retain", make)
+
+
 PLANTED["delayed-pushed-at-once"] = delayed_pushed_at_once
 EXPECT["delayed-pushed-at-once"] = ("G12/pushed-early",)
 SCENARIO["delayed-pushed-at-once"] = "delays"
@@ -1579,6 +1607,12 @@ SCENARIO["kept-lost-at-restart"] = "delays-disk"
 PLANTED["released-back-at-restart"] = released_back_at_restart
 EXPECT["released-back-at-restart"] = ("G9/trim-undone",)
 SCENARIO["released-back-at-restart"] = "delays-disk"
+PLANTED["reset-skips-kept"] = reset_skips_kept
+PLANTED["kept-not-copied-forward"] = kept_not_copied_forward
+EXPECT["kept-not-copied-forward"] = ("G2/lost",)
+SCENARIO["kept-not-copied-forward"] = "kept-disk"
+EXPECT["reset-skips-kept"] = ("G7/reset-start",)
+SCENARIO["reset-skips-kept"] = "delays-disk"
 
 
 def repush_copies_to_another_member() -> contextlib.AbstractContextManager[Any]:

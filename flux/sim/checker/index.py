@@ -147,6 +147,10 @@ class Incarnation:
     # where in the history the oracle says its shard deleted it (an index into
     # ``history.events``: a trim at the same instant may come before or after that)
     deleted_event: int | None = None
+    # made by a reset's SUBSCRIBE: its start is the oldest message held, which may be a
+    # kept delayed message below offsets of its generation cleaned up before it was made
+    # (G12; one a recovery carried into a new generation has gaps only of the old one's)
+    reset_start: bool = False
 
     @property
     def key(self) -> tuple[str, int, str | None]:
@@ -268,11 +272,13 @@ class Index:
                 inc.created_at = sub.t
             elif sub.created or inc is None:
                 inc = Incarnation(sub.topic, sub.generation, sub.name,
-                                  sub.start if sub.created else sub.cursor, sub.t, sub.created)
+                                  sub.start if sub.created else sub.cursor, sub.t, sub.created,
+                                  reset_start=sub.reset and sub.created)
                 self._current[key] = inc
                 self.incarnations.append(inc)
         else:
-            inc = Incarnation(sub.topic, sub.generation, None, sub.start, sub.t, True)
+            inc = Incarnation(sub.topic, sub.generation, None, sub.start, sub.t, True,
+                              reset_start=sub.reset)
             self.incarnations.append(inc)
         session = Session(sub, inc)
         inc.sessions.append(session)

@@ -15,7 +15,8 @@ from typing import Any
 
 from flux.sim import history as h
 from flux.sim.checker import Report
-from flux.sim.checker.index import Index, Session
+from flux.sim.checker.delayed import delayed_topics
+from flux.sim.checker.index import Incarnation, Index, Session
 
 SETTLE = 5.0   # seconds before the end after which a publish need not be acked yet
 
@@ -54,6 +55,26 @@ def check(index: Index, report: Report) -> None:
                 and e.generation not in index.shard_generations:
             latest_topic_generation[e.topic] = e.generation  # a disk topic's own (G9)
     received = consumed if consumed else delivered
+    delayed = delayed_topics(index)
+    oracle = bool(history.meta.get("oracle", False))
+    trimmed: dict[tuple[str, int], dict[int, float]] = {}  # first deletion of each offset
+    for e in history.of(h.Trimmed):
+        first = trimmed.setdefault((e.topic, e.generation), {})
+        for o in range(e.first, e.first + e.count):
+            first.setdefault(o, e.t)
+
+    def gone_first(inc: Incarnation) -> set[int]:
+        """What a subscription a reset made never held, on a topic that carries delayed
+        messages: a reset starts at the oldest message held, which may be a kept delayed
+        message below offsets cleaned up already (G12). Those the oracle deleted before
+        its SUBSCRIBED arrived (without the oracle: every offset acked before it)."""
+        if not (inc.reset_start and inc.topic in delayed):
+            return set()
+        if oracle:
+            return {o for o, t in trimmed.get((inc.topic, inc.generation), {}).items()
+                    if t < inc.created_at}
+        return {o for o, message_id in acked.get((inc.topic, inc.generation), {}).items()
+                if acked_at.get((inc.topic, message_id), inc.created_at) < inc.created_at}
 
     def newest(session: Session) -> int:
         """The generation a live session should have reached: its shard's latest, or
@@ -103,10 +124,11 @@ def check(index: Index, report: Report) -> None:
         # a dead letter (G11) settles a message whose pushes all went to sessions that
         # lost them: the subscription need never get it (a term was of one it got)
         settled = index.settled(inc)
+        never_held = gone_first(inc)
         report.examine("G2", "lost", sum(1 for o in acked.get((topic, generation), {})
                                          if o >= inc.start))
         missing = sorted(o for o in acked.get((topic, generation), {}) if o >= inc.start
-                         and o not in got and o not in settled)
+                         and o not in got and o not in settled and o not in never_held)
         if missing:
             shown = ", ".join(str(o) for o in missing[:8]) + (" ..." if len(missing) > 8 else "")
             report.add("G2", "lost", index.end_at,

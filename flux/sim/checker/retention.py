@@ -157,8 +157,10 @@ def _check_gone(index: Index, report: Report) -> None:
             continue
         judged[(topic, generation)] = oldest
         ttl = index.params_for(topic).ttl
+        # (a reset's start may be a kept delayed message above offsets gone before it)
         holders = [inc for inc in by_topic.get((topic, generation), ())
-                   if inc.known_start and inc.created_at <= e.t] if oracle else []
+                   if inc.known_start and inc.created_at <= e.t
+                   and not (inc.reset_start and topic in delayed)] if oracle else []
         for offset in range(low, oldest):
             report.examine("G5", "gone-before-ttl")
             known = ids.get((topic, generation, offset))
@@ -210,9 +212,11 @@ def _held_for(index: Index, inc: Incarnation, offset: int, t: float, position: i
     # the stop and had not made durable (a deletion of this subscription, the trim) may
     # have been lost with it, the subscription and the messages coming back at recovery
     # (G9). Otherwise it held the offset at ``t``: it starts at or above what was held
-    # when it was made, and a trimmed offset never comes back without a stop
-    if inc.created_at > t and index.stopped_between(inc.sessions[0].sub.shard, t,
-                                                    inc.created_at):
+    # when it was made, and a trimmed offset never comes back without a stop. Not a
+    # reset's start (the oldest held, perhaps a kept delayed message below offsets gone
+    # before it was made, G12): that says so only if it was made before ``t``
+    if inc.created_at > t and (inc.reset_start or index.stopped_between(
+            inc.sessions[0].sub.shard, t, inc.created_at)):
         return False
     if inc.name is not None:
         return True

@@ -1,7 +1,8 @@
-"""Checks on where a new subscription starts, from what clients saw alone (G6, G7, G2):
-the default start is the next offset, ``read_old`` the oldest message still held
-(and a message is held for ``message.ttl``), ``from_offset`` that offset unless
-it was cleaned up, and a reset (on_reset="earliest") offset 0 of the new generation."""
+"""Checks on where a new subscription starts, from what clients saw (G6, G7, G2): the
+default start is the next offset, ``read_old`` the oldest message still held (and a
+message is held for ``message.ttl``), ``from_offset`` that offset unless it was cleaned
+up, and a reset (on_reset="earliest") offset 0 of the new generation, or the oldest
+message it holds: below no message the oracle deletes in that generation later."""
 
 from __future__ import annotations
 
@@ -23,7 +24,20 @@ def check(index: Index, report: Report) -> None:
             acked.setdefault((e.topic, e.generation), []).append((e.t, e.offset))
             stored.setdefault((e.topic, e.generation), []).append(
                 (first_try.get((e.topic, e.id), e.t), e.t, e.offset))
+    # (topic, generation) -> offset -> when the oracle deleted it (a trim, or a kept
+    # delayed message released, G12): it was held until then
+    deleted: dict[tuple[str, int], dict[int, float]] = {}
+    for e in index.history.of(h.Trimmed):
+        gone = deleted.setdefault((e.topic, e.generation), {})
+        for o in range(e.first, e.first + e.count):
+            gone.setdefault(o, e.t)
+    seen: set[tuple[str, int, str]] = set()  # named subscriptions heard of per generation
     for sub in index.history.of(h.Subscribed):
+        first = sub.name is None or (sub.topic, sub.generation, sub.name) not in seen
+        if sub.name is not None:
+            seen.add((sub.topic, sub.generation, sub.name))
+        if sub.reset and sub.on_reset == "earliest" and first:
+            _check_reset_below_held(sub, deleted.get((sub.topic, sub.generation), {}), report)
         if not sub.created:
             continue
         p = index.params_for(sub.topic)
@@ -68,3 +82,27 @@ def check(index: Index, report: Report) -> None:
         if later and min(later) < sub.start and not sub.read_old and sub.from_offset is None:
             report.add("G6", "start-past-new", sub.t,
                        f"{where}, past offset {min(later)} first published after it subscribed")
+
+
+def _check_reset_below_held(sub: h.Subscribed, deleted: dict[int, float],
+                            report: Report) -> None:
+    """G7 (with G9 and G12): a reset with on_reset=earliest starts the subscription at the
+    oldest message the new generation holds (a kept delayed message below the oldest in
+    line included), whether the SUBSCRIBE makes it or finds it carried into a disk
+    topic's new generation by a recovery (which starts every subscription over there):
+    no message below its start is held when the shard answers. Judged at the first
+    SUBSCRIBED of the subscription in that generation (a later one may find it made
+    there by a SUBSCRIBE without a reset). A message the oracle deletes after the
+    SUBSCRIBED arrived was held when the shard answered (a deletion is final within a
+    generation, and an offset below the start was stored before it); a subscription's
+    start never changes once made. Unsound only where the first SUBSCRIBE of a name in a
+    generation, without a reset, lost its reply and a reset one found it."""
+    report.examine("G7", "reset-start")
+    below = [o for o, t in deleted.items() if o < sub.start and t > sub.t]
+    if below:
+        name = sub.name if sub.name is not None else "(ephemeral)"
+        report.add("G7", "reset-start", sub.t,
+                   f"{sub.subscriber} {'created' if sub.created else 'resumed'}"
+                   f" {sub.topic}/{name} after a reset at offset {sub.start}, past offset"
+                   f" {min(below)}, which generation {sub.generation:#x} held until"
+                   f" {deleted[min(below)]:.3f}; on_reset=earliest starts at the oldest held")
