@@ -507,9 +507,11 @@ class Sharing(Delivery):
         holder, pushes, in_flight, late = group.holder, group.pushes, m.in_flight, m.late
         by_count: dict[int, Sequence[int]] = {}
         if offsets and (not pushes or pushes.keys().isdisjoint(offsets)):
-            # first pushes all (the usual case), often a run (a block of new keys)
+            # first pushes all (the usual case), often a run in line (a block of new keys;
+            # not kept ones below the oldest: a span reads in-line messages only)
             first, last, n = offsets[0], offsets[-1], len(offsets)
             by_count[1] = (range(first, last + 1) if last - first == n - 1
+                           and first >= log.oldest
                            and all(map(lt, offsets, islice(offsets, 1, None))) else offsets)
             in_flight.update(dict.fromkeys(offsets, 1))
         else:

@@ -111,6 +111,10 @@ FOUND = [
     # picks came in due order, the lowest not first, and a message waiting as a hand-off
     # was pushed twice at once, as attempt 2 and attempt 1 (G4/early-redelivery)
     ("shared", 437, None),
+    # a member's first pushes, consecutive but kept out of line below the oldest message
+    # (delayed ones a trim passed, due now), were read as one in-line span of the log:
+    # the shard crashed (a member's run is read as a span only from the oldest on)
+    ("shared", 10, None),
     ("disk-errors", 0, "eio:shard-0@30.128"),
     # "fsyncgate": a failed fsync's pages read back from the page cache at the restart,
     # recovery's own fsync "succeeded" without writing them, and it counted them as
