@@ -137,6 +137,16 @@ class _LoopLag:
         return out
 
 
+def _settle_heap() -> None:
+    """Move what start-up made (modules, the client, its connection) out of the collector's
+    reach, as a latency-minded application does: a full collection then walks only what
+    the run made since. (Without it a consumer's full collection took 30-80 ms every few
+    minutes, 6 ms at most with it; at 80 % load the backlog a pause leaves takes several
+    times as long to drain.)"""
+    gc.collect()
+    gc.freeze()
+
+
 def say(event: str, **fields: Any) -> None:
     sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
     sys.stdout.flush()
@@ -156,6 +166,7 @@ async def produce(spec: dict[str, Any]) -> None:
     async with connect(spec["url"], retry_deadline=30.0) as client:
         for topic in topics:
             await client.publish(topic, STAMP.pack(time.perf_counter_ns()))
+        _settle_heap()
         say("ready")
         await trio.to_thread.run_sync(sys.stdin.readline)
         stop = trio.Event()
@@ -223,6 +234,7 @@ async def consume(spec: dict[str, Any]) -> None:
         subs = [client.subscribe(t, "soak", read_old=True, prefetch=2000) for t in topics]
         for sub in subs:
             await sub.__aenter__()
+        _settle_heap()
         say("ready")
         await trio.to_thread.run_sync(sys.stdin.readline)
         stop = trio.Event()
