@@ -26,6 +26,14 @@ async def _recover(disk: SimDisk) -> tuple[list[Record], LogWriter, RecoveryRepo
                               boot_id=disk.boot_id()), report
 
 
+async def _after_power_loss(disk: SimDisk) -> list[bytes]:
+    """The bodies a recovery finds after the machine loses its power."""
+    disk.power_loss()
+    records, writer, _ = await _recover(disk)
+    writer.table.close()
+    return [r.body for r in records]
+
+
 async def _fail_a_group(disk: SimDisk) -> int:
     """Make one record durable, then fail the fsync of the next group, and the process
     dies (the page cache keeps the group); returns the synced mark."""
@@ -106,10 +114,7 @@ async def test_without_the_marker_recovery_would_trust_the_page_cache(
     records, writer, _ = await _recover(disk)
     writer.table.close()
     assert [r.body for r in records].count(b"lost") == 5
-    disk.power_loss()
-    records, writer, _ = await _recover(disk)
-    writer.table.close()
-    assert [r.body for r in records] == [b"kept"]
+    assert await _after_power_loss(disk) == [b"kept"]
 
 
 async def test_with_fsync_interval_the_marker_says_acked_records_were_past_the_mark(
@@ -233,10 +238,7 @@ async def test_a_marker_the_log_directory_cannot_take_goes_to_the_spare_one_and_
     assert [r.body for r in records] == [b"kept"] and table.end == mark
     assert report.synced_mark == mark and report.unsynced_bytes > 0
     assert disk.listdir(SPARE) == []   # the cut is durable: the marker went
-    disk.power_loss()
-    records, writer, _ = await _recover(disk)
-    writer.table.close()
-    assert [r.body for r in records] == [b"kept"]
+    assert await _after_power_loss(disk) == [b"kept"]
 
 
 async def test_without_a_spare_directory_a_dead_disk_leaves_the_log_unmarked(
