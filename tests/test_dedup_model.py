@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import gc
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from flux.shard import serial_index
 from flux.shard.dedup import EXPIRE_SLICE, SCALAR_IDS, DedupWindow
 
 WINDOW = 5.0
@@ -116,10 +118,37 @@ class DedupModel(RuleBasedStateMachine):
 TestDedupModel = DedupModel.TestCase
 TestDedupModel.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 
+_BUILT = serial_index.fast
+
+
+class DedupModelNumpy(DedupModel):
+    """The same, with the index walked by numpy (Flux built without a C compiler)."""
+
+    def __init__(self) -> None:
+        serial_index.fast = None
+        super().__init__()
+
+    def teardown(self) -> None:
+        serial_index.fast = _BUILT
+
+
+TestDedupModelNumpy = DedupModelNumpy.TestCase
+TestDedupModelNumpy.settings = settings(max_examples=150, stateful_step_count=60,
+                                        deadline=None)
+
+
+@pytest.fixture(params=["c", "numpy"])
+def walks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    serial_index.fast = _BUILT if request.param == "c" else None
+    yield request.param
+    serial_index.fast = _BUILT
+
 
 @given(n=st.integers(0, 3000), compact_ids=st.integers(1, 64), seed=st.integers(0, 2**32),
        min_room=st.sampled_from([1, 16, 1024]), group=st.sampled_from([7, SCALAR_IDS + 40]))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # (one toggle a run)
+@pytest.mark.usefixtures("walks")
 def test_many_ids_turn_the_window_compact_and_each_keeps_its_offset(
         n: int, compact_ids: int, seed: int, min_room: int, group: int) -> None:
     dedup = DedupWindow(WINDOW, compact_ids=compact_ids, min_room=min_room)

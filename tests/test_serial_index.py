@@ -17,6 +17,23 @@ from flux.shard import serial_index
 from flux.shard.dedup import EXPIRE_SLICE, SCALAR_IDS, DedupWindow
 from flux.shard.serial_index import MASK64, PAD, SerialIndex, fingerprints
 
+_BUILT = serial_index.fast
+
+
+@pytest.fixture(autouse=True, scope="module", params=["c", "numpy"])
+def walks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Every test here twice: with the C walks, and with numpy's (Flux without a C
+    compiler)."""
+    serial_index.fast = _BUILT if request.param == "c" else None
+    yield request.param
+    serial_index.fast = _BUILT
+
+
+def test_the_c_walks_are_built() -> None:
+    """``make venv`` builds them (a C compiler is part of the supported set-up): a run
+    that fell back to numpy unnoticed would be ten times slower."""
+    assert _BUILT is not None
+
 
 def _bulk(index: SerialIndex, hashes: list[int], first: int) -> None:
     unsigned = np.array(hashes, np.uint64)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from flux.shard import serial_index
 from flux.shard.serial_index import MASK64, MIN_ROOM, SerialIndex, fingerprints
 
 EXPIRE_SLICE = 1024  # most dedup ids one publish or lookup forgets on its way
@@ -26,8 +27,9 @@ EXPIRE_SLICE = 1024  # most dedup ids one publish or lookup forgets on its way
 # 4 ms); a smaller one keeps a dict of its ids, the fastest for small windows
 COMPACT_IDS = 8192
 # a large window looks up groups of at most this many ids one by one (numpy's calls
-# cost more than a few scalar probes)
+# cost more than a few scalar probes; the C walks, than one)
 SCALAR_IDS = 24
+SCALAR_IDS_FAST = 2
 
 class DedupWindow:
     """Message ids accepted in the last ``window`` seconds, with their offsets.
@@ -155,7 +157,7 @@ class DedupWindow:
             return not self._index.keys().isdisjoint(ids)
         if not isinstance(ids, Sequence | dict):
             ids = list(ids)
-        if len(ids) <= SCALAR_IDS:
+        if len(ids) <= self._scalar_ids():
             find = self._find
             return any(find(message_id) is not None for message_id in ids)
         probe = self._probe(ids)
@@ -204,12 +206,19 @@ class DedupWindow:
         if not self._serial and self._count > self.compact_ids:
             self._make_compact()
 
+    def _scalar_ids(self) -> int:
+        return SCALAR_IDS if serial_index.fast is None else SCALAR_IDS_FAST
+
     def _probe(self, ids: Iterable[str]) -> tuple[Any, Any]:
-        """``hasher`` of each id as unsigned 64-bit numbers, and their fingerprints."""
+        """``hasher`` of each id as unsigned 64-bit numbers, and their fingerprints (None
+        where the C walks make them as they go)."""
+        fast = serial_index.fast
+        if fast is not None and self._hash is hash:
+            return np.frombuffer(fast.hashes(ids), np.uint64), None
         if not isinstance(ids, Sequence | dict):
             ids = list(ids)
         hashes = np.fromiter(map(self._hash, ids), np.int64, len(ids)).view(np.uint64)
-        return hashes, fingerprints(hashes)
+        return hashes, None if fast is not None else fingerprints(hashes)
 
     def _find(self, message_id: str) -> int | None:
         """The serial of ``message_id`` if a compact window remembers it."""
@@ -238,7 +247,7 @@ class DedupWindow:
         self._serial.append(serial)
         self._next_serial = serial + n
         if len(keys) == n:
-            if n <= SCALAR_IDS:
+            if n <= self._scalar_ids():
                 add, hasher = self._serials.add, self._hash
                 for i, message_id in enumerate(ids):
                     add(hasher(message_id) & MASK64, serial + i)
@@ -292,7 +301,7 @@ class DedupWindow:
         self._next_serial = serial
         self._index = {}
         unsigned = np.array(hashes, np.int64).view(np.uint64)
-        self._serials.add_all(unsigned, fingerprints(unsigned), np.array(serials, np.int64))
+        self._serials.add_all(unsigned, None, np.array(serials, np.int64))
 
     def _blank(self, keys: dict[str, int]) -> int:
         """Ids past their window, accepted again: take them out of their old marks;

@@ -18,16 +18,27 @@ runs forward from the id's home slot (the hash's low 32 bits scaled to the table
 into a padding past the table's homes and never wraps; the last slot stays empty,
 so every probe ends. Tables are anonymous mappings in small pages (see
 :func:`_zeros`).
+
+The walks themselves run in C (:data:`fast`, ``flux/shard/_serial_probe.c``, built
+with Flux where a C compiler is) or, without it, in numpy: a step of every id of a
+group per numpy call, some ten times slower.
 """
 
 from __future__ import annotations
 
 import mmap
 from collections.abc import Callable
+from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
+
+fast: ModuleType | None  # the walks in C; None: numpy's (tests run both)
+try:
+    from flux.shard import _serial_probe as fast
+except ImportError:  # pragma: no cover (built with Flux where a C compiler is)
+    fast = None
 
 MASK64 = (1 << 64) - 1
 MIN_ROOM = 1 << 15  # ids the smallest table takes (it has twice as many slots)
@@ -70,8 +81,8 @@ def _zeros(size: int) -> mmap.mmap:
 class _Table:
     """Serials ``first`` .. ``stop - 1`` (at most ``room`` of them), placed by hash."""
 
-    __slots__ = ("count", "first", "fps", "fpv", "homes", "homes64", "last_slot", "pages",
-                 "rels", "relv", "room", "rows", "stop")
+    __slots__ = ("count", "first", "fp_area", "fps", "fpv", "homes", "homes64", "last_slot",
+                 "pages", "rel_area", "rels", "relv", "room", "rows", "stop")
 
     def __init__(self, first: int, room: int) -> None:
         self.first = self.stop = first
@@ -82,6 +93,7 @@ class _Table:
         # a batch probe may read a WINDOW past the last slot (never written)
         slots = self.last_slot + 1 + WINDOW
         fps, rels = _zeros(2 * slots), _zeros(4 * slots)
+        self.fp_area, self.rel_area = fps, rels
         # given back to the kernel a slice at a time once dead: (mapping, bytes given back)
         self.pages = [(fps, 0), (rels, 0)]
         self.fps = np.frombuffer(fps, np.uint16)
@@ -116,9 +128,14 @@ class _Table:
         self.stop = serial + 1
         return True
 
-    def put_all(self, hashes: Hashes, fps: Prints, serials: npt.NDArray[np.int64]) -> list[int]:
+    def put_all(self, hashes: Hashes, fps: Prints | None,
+                serials: npt.NDArray[np.int64]) -> list[int]:
         """Place serials (ascending, within this table's room) in bulk; returns the
         indices of those it could not place (rare: the table then takes no more)."""
+        if fast is not None:
+            return self._place(hashes, serials)
+        if fps is None:
+            fps = fingerprints(hashes)
         fp_slots, rel_slots = self.fps, self.rels
         starts = self.homes_of(hashes)
         rels = (serials - self.first).astype(np.uint32)
@@ -165,13 +182,32 @@ class _Table:
         return sorted(left)
 
 
+    def _place(self, hashes: Hashes, serials: npt.NDArray[np.int64]) -> list[int]:
+        """:meth:`put_all` in C: one after another, up to the first that does not fit."""
+        assert fast is not None
+        n = len(serials)
+        placed: int = fast.place(self.fp_area, self.rel_area, self.homes, self.last_slot,
+                            self.first, np.ascontiguousarray(hashes, np.uint64),
+                            np.ascontiguousarray(serials, np.int64))
+        self.count += placed
+        if placed:
+            self.stop = max(self.stop, int(serials[placed - 1]) + 1)
+        if placed < n:
+            self.room = self.count  # full: the rest open the next table
+        return list(range(placed, n))
+
+
 class SerialIndex:
     """Hash -> serial for the ids of a large dedup window (see the module's doc)."""
 
-    __slots__ = ("_tables", "dying", "min_room", "oldest")
+    __slots__ = ("_areas", "_tables", "dying", "min_room", "oldest")
 
     def __init__(self, min_room: int = MIN_ROOM) -> None:
         self._tables: list[_Table] = []
+        # the tables' areas as the C walks take them: (fps, homes) and (fps, rels, homes,
+        # first) of each (kept in step with _tables)
+        self._areas: tuple[list[tuple[mmap.mmap, int]],
+                           list[tuple[mmap.mmap, mmap.mmap, int, int]]] = ([], [])
         # dead tables whose pages are still being given back: freeing a big table's
         # pages at once costs its size (20 ms for 300 MB), so each call gives back
         # RELEASE_BYTES of them (MADV_DONTNEED; unmapping them after is cheap)
@@ -195,7 +231,12 @@ class SerialIndex:
         room = max(self.min_room, -(-live // step) * step)  # (rounded up)
         table = _Table(serial, room)
         tables.append(table)
+        self._areas_changed()
         return table
+
+    def _areas_changed(self) -> None:
+        self._areas = ([(t.fp_area, t.homes) for t in self._tables],
+                       [(t.fp_area, t.rel_area, t.homes, t.first) for t in self._tables])
 
     def add(self, h: int, serial: int) -> None:
         """Place one serial (above every serial placed before)."""
@@ -203,22 +244,29 @@ class SerialIndex:
         while not self._table_for(serial).put(h, fp, serial):
             pass
 
-    def add_all(self, hashes: Hashes, fps: Prints, serials: npt.NDArray[np.int64]) -> None:
+    def add_all(self, hashes: Hashes, fps: Prints | None,
+                serials: npt.NDArray[np.int64]) -> None:
         """Place ``serials`` (ascending, above every serial placed before) in bulk;
-        ``fps``: :func:`fingerprints` of ``hashes``."""
+        ``fps``: :func:`fingerprints` of ``hashes`` (None: made when needed)."""
         done, n = 0, len(serials)
         while done < n:
             table = self._table_for(int(serials[done]))
             # the serials this table still has room for
             stop = int(np.searchsorted(serials, table.first + table.room, "left"))
             stop = min(stop, done + table.room - table.count)
-            left = table.put_all(hashes[done:stop], fps[done:stop], serials[done:stop])
+            left = table.put_all(hashes[done:stop], None if fps is None else fps[done:stop],
+                                 serials[done:stop])
             for i in left:  # the table is full now: these open the next one
                 self.add(int(hashes[done + i]), int(serials[done + i]))
             done = stop
 
     def find(self, h: int, accept: Callable[[int, str], bool], key: str) -> int | None:
         """The newest live serial with hash ``h`` that ``accept(serial, key)``."""
+        if fast is not None:
+            for serial in fast.find(self._areas[1], h, self.oldest):
+                if accept(serial, key):
+                    return int(serial)
+            return None
         fp = fingerprint(h)
         oldest = self.oldest
         for table in reversed(self._tables):
@@ -247,10 +295,16 @@ class SerialIndex:
                         return
                     i += 1
 
-    def maybe(self, hashes: Hashes, fps: Prints) -> npt.NDArray[np.bool_]:
+    def maybe(self, hashes: Hashes, fps: Prints | None) -> npt.NDArray[np.bool_]:
         """For each hash, whether some table may hold it: a slot with its fingerprint
         before the first empty one from its home (``False`` is certain: the hash is in
         no table)."""
+        if fast is not None:
+            marks = np.zeros(len(hashes), np.uint8)
+            fast.maybe(self._areas[0], np.ascontiguousarray(hashes, np.uint64), marks)
+            return marks.view(np.bool_)
+        if fps is None:
+            fps = fingerprints(hashes)
         out = np.zeros(len(hashes), bool)
         for table in self._tables:
             starts = table.homes_of(hashes)
@@ -275,6 +329,7 @@ class SerialIndex:
         while tables and tables[0].stop <= serial and (len(tables) > 1
                                                        or tables[0].count >= tables[0].room):
             self.dying.append(tables.pop(0))
+            self._areas_changed()
         if self.dying:
             self.release()
 
@@ -303,4 +358,5 @@ class SerialIndex:
     def clear(self) -> None:
         self.dying += self._tables
         self._tables.clear()
+        self._areas_changed()
         self.oldest = 0
