@@ -14,7 +14,7 @@ keeps a session's deliveries and acks the same way, for the same reason.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from operator import sub
 
@@ -122,6 +122,36 @@ class Acks:
             low, high = min(starts[i], start), max(ends[j - 1], stop)
             self._count += high - low - sum(map(sub, ends[i:j], starts[i:j]))
             starts[i:j], ends[i:j] = [low], [high]
+
+    def add_runs(self, runs: Sequence[int]) -> None:
+        """Add the runs of a flat ``[first, count, first, count, ...]`` list (as
+        :meth:`as_runs` gives them): O(1) a run when they come in increasing order past
+        every offset held, merged with what they meet otherwise. ValueError for a list of
+        odd length or a negative count."""
+        if len(runs) % 2:
+            raise ValueError(f"runs of offsets come in pairs (first, count), not {len(runs)}"
+                             " numbers")
+        add_range = self.add_range
+        for first, count in zip(runs[0::2], runs[1::2], strict=True):
+            if count < 0:
+                raise ValueError(f"a run of offsets from {first} has count {count}")
+            add_range(first, first + count)
+
+    @classmethod
+    def from_runs(cls, runs: Sequence[int]) -> Acks:
+        """The offsets a flat ``[first, count, ...]`` list of runs holds (:meth:`add_runs`)."""
+        acks = cls()
+        acks.add_runs(runs)
+        return acks
+
+    def as_runs(self) -> list[int]:
+        """Its runs as one flat list ``[first, count, first, count, ...]``, increasing:
+        what a disk topic's log stores, two numbers a run however many offsets it holds."""
+        starts = self._starts
+        flat = [0] * (2 * len(starts))
+        flat[0::2] = starts
+        flat[1::2] = map(sub, self._ends, starts)
+        return flat
 
     def min(self) -> int:
         """The lowest offset held (ValueError when empty, as ``min()`` of a set)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,3 +65,31 @@ def test_a_stream_of_acks_above_a_stuck_cursor_is_one_run() -> None:
         acks.add(o)
     assert (len(acks), acks.runs) == (100_000, 1)
     assert acks.take_run(0) == 0 and acks.take_run(1) == 100_001 and not acks
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs=st.lists(st.tuples(st.integers(0, 80), st.integers(0, 6)), max_size=20))
+def test_runs_out_and_back_give_the_same_offsets(runs: list[tuple[int, int]]) -> None:
+    """A flat [first, count, ...] list (what a disk topic's log holds) rebuilds the same
+    set; runs in any order, overlapping or touching, merge as their offsets would."""
+    flat = [x for run in runs for x in run]
+    model = {o for first, count in runs for o in range(first, first + count)}
+    acks = Acks.from_runs(flat)
+    assert acks == model and len(acks) == len(model)
+    out = acks.as_runs()
+    assert len(out) == 2 * acks.runs and out[0::2] == sorted(out[0::2])
+    assert Acks.from_runs(out) == acks and list(Acks.from_runs(out)) == sorted(model)
+
+
+def test_a_million_offsets_in_two_runs_export_as_four_numbers() -> None:
+    acks = Acks()
+    acks.add_range(1, 500_001)
+    acks.add_range(500_002, 1_000_002)
+    assert acks.as_runs() == [1, 500_000, 500_002, 500_000]
+    assert Acks.from_runs(acks.as_runs()) == acks
+
+
+@pytest.mark.parametrize("bad", [[1], [1, 2, 3], [5, -1]])
+def test_runs_of_odd_length_or_negative_count_are_refused(bad: list[int]) -> None:
+    with pytest.raises(ValueError):
+        Acks.from_runs(bad)

@@ -1,4 +1,5 @@
-"""A driver for ShardCore in tests: explicit time, frame builders, per-connection inboxes.
+"""The tests' driver for ShardCore: :mod:`flux.shard.driver` (explicit time,
+per-connection inboxes) with the tests' config, frame builders and checks.
 
 No tests live here; the test_core_* modules import it. Time only moves through
 :meth:`Shard.advance`, which runs ``tick`` at every deadline the core asks for,
@@ -7,13 +8,15 @@ so timer-driven behaviour (G4-G6) is observed at its exact moment.
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flux import protocol as P
 from flux.config import Config
-from flux.shard.core import ShardCore
+from flux.shard.driver import LocalClient, LocalShard, Received, deliver_messages
+
+__all__ = ["BASE", "GEN", "OK", "TOPIC", "Client", "Received", "Shard", "deliver_messages",
+           "fetched_messages", "group_rows", "item_rows", "make_config"]
 
 GEN = 0x5EED_F1A7
 TOPIC = "orders.eu"
@@ -40,63 +43,22 @@ def make_config(overrides: dict[str, Any] | None = None) -> Config:
     return Config().replace(**{**BASE, **(overrides or {})})
 
 
-@dataclass
-class Received:
-    at: float
-    frame: list[Any]
-
-
-class Shard:
-    """A ShardCore plus a clock and what each connection has been sent."""
+class Shard(LocalShard):
+    """A ShardCore plus a clock and what each connection has been sent (the tests'
+    config: :data:`BASE` under ``overrides``)."""
 
     def __init__(self, overrides: dict[str, Any] | None = None, *, index: int = 0,
                  shard_count: int = 1, generation: int = GEN, now: float = 0.0) -> None:
-        self.config = make_config(overrides)
-        self.core = ShardCore(self.config, index=index, shard_count=shard_count,
-                              generation=generation, now=now)
-        self.generation = generation
-        self.now = now
-        self.clients: dict[int, Client] = {}
-        self.ticks: list[float] = []
+        super().__init__(make_config(overrides), index=index, shard_count=shard_count,
+                         generation=generation, now=now)
 
     def connect(self) -> Client:
-        conn = self.core.connect(self.now)
-        client = Client(self, conn)
-        self.clients[conn] = client
+        client = super().connect()
+        assert isinstance(client, Client)
         return client
 
-    def collect(self) -> None:
-        for conn, frames, close in self.core.take_output():
-            client = self.clients.get(conn)
-            if client is None:
-                raise AssertionError(f"output for unknown connection {conn}")
-            client.inbox.extend(Received(self.now, f) for f in frames)
-            if close:
-                client.closed = True
-
-    def advance(self, to: float) -> None:
-        """Move time to ``to``, ticking at every deadline on the way (and at ``to``)."""
-        assert to >= self.now, "time never goes back"
-        while True:
-            # a deadline before now is overdue (a test moved ``now`` by hand): run it now
-            deadline = max(self.core.next_deadline(), self.now)
-            if deadline > to:
-                break
-            self.now = deadline
-            self.core.tick(deadline)
-            self.ticks.append(deadline)
-            self.collect()
-            if self.core.next_deadline() <= deadline:
-                raise AssertionError(f"tick({deadline}) left a deadline at or before it")
-        self.now = to
-        self.core.tick(to)
-        self.collect()
-
-    def after(self, dt: float) -> None:
-        self.advance(self.now + dt)
-
-    def stats(self) -> dict[str, Any]:
-        return self.core.stats(self.now)
+    def _client(self, conn: int) -> Client:
+        return Client(self, conn)
 
     def topic_stats(self, topic: str = TOPIC) -> dict[str, Any]:
         """The topic's STATS entry; a retired topic (forgotten while empty) reads as
@@ -110,55 +72,10 @@ class Shard:
 
 
 @dataclass
-class Client:
-    """One connection: sends frames at the shard's current time and keeps what it gets."""
+class Client(LocalClient):
+    """One connection (:class:`LocalClient`) with the tests' request builders."""
 
     shard: Shard
-    conn: int
-    inbox: list[Received] = field(default_factory=list)
-    closed: bool = False
-    _rids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-
-    def rid(self) -> int:
-        return next(self._rids)
-
-    # -- raw frames --------------------------------------------------------------------
-
-    def send(self, frame: list[Any]) -> list[list[Any]]:
-        """Send one frame; returns every frame this connection got because of it."""
-        before = len(self.inbox)
-        self.shard.core.receive(self.conn, frame, self.shard.now)
-        self.shard.collect()
-        return [r.frame for r in self.inbox[before:]]
-
-    def request(self, frame: list[Any]) -> list[Any]:
-        """Send a request and return its one reply (matched by rid), taking it from the inbox."""
-        rid = frame[1]
-        before = len(self.inbox)
-        self.send(frame)
-        new = self.inbox[before:]
-        replies = [r for r in new if r.frame[0] not in (P.DELIVER, P.SUB_ENDED)
-                   and r.frame[1] == rid]
-        assert len(replies) == 1, f"expected one reply to rid {rid}, got {new}"
-        self.inbox.remove(replies[0])
-        return replies[0].frame
-
-    def take(self, kind: int | None = None) -> list[list[Any]]:
-        """Remove and return received frames (of one kind, or all)."""
-        keep: list[Received] = []
-        out: list[list[Any]] = []
-        for r in self.inbox:
-            if kind is None or r.frame[0] == kind:
-                out.append(r.frame)
-            else:
-                keep.append(r)
-        self.inbox = keep
-        return out
-
-    def take_timed(self, kind: int) -> list[Received]:
-        out = [r for r in self.inbox if r.frame[0] == kind]
-        self.inbox = [r for r in self.inbox if r.frame[0] != kind]
-        return out
 
     # -- requests ----------------------------------------------------------------------
 
@@ -313,13 +230,3 @@ def fetched_messages(frame: list[Any]) -> list[list[Any]]:
     offsets, ids, payloads, times = frame[3:7]
     return [list(m) for m in zip(P.offsets_of(offsets, count), ids, payloads,
                                  P.times_of(times), strict=True)]
-
-
-def deliver_messages(frame: list[Any]) -> list[tuple[int, str, bytes, float]]:
-    """A DELIVER frame's messages as (offset, id, payload, timestamp); checks its shape."""
-    assert frame[0] == P.DELIVER, frame
-    count = P.check_deliver(frame)
-    assert count > 0, frame
-    offsets, ids, payloads, times = frame[4:8]
-    return list(zip(P.offsets_of(offsets, count), ids, payloads, P.times_of(times),
-                    strict=True))

@@ -3,12 +3,15 @@ start, and running each disk topic's log writer (the shell side of G9).
 
 Layout (``storage.dir``)::
 
-    flux-data.json             {"format": 1, "shards": N}: whose directory this is
+    flux-data.json             {"format": 2, "shards": N}: whose directory this is
     shard-<i>/<topic>/          one log per disk topic (flux.storage segments)
 
 A directory that is not Flux's, has another format, or was written with another
 shard count is refused with an error naming the path and what to do; nothing in
-it is ever wiped. A topic's directory that holds what is not that topic's log (a
+it is ever wiped. A directory of format 1 (acks recorded as offsets) is read and
+its marker moved to format 2 first (durably), so the Flux versions that read
+format 1 only refuse it from then on instead of misreading the records written
+as runs. A topic's directory that holds what is not that topic's log (a
 file of another program, another format version, another owner's log) refuses
 that topic alone: it is never written, requests for it get StorageUnavailable,
 and the shard serves its other topics. A request naming a refused topic has its
@@ -62,7 +65,11 @@ from flux.storage.table import SegmentTable
 
 log = logging.getLogger("flux.shard")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# older formats this Flux still reads: format 1 wrote a subscription's acks as offsets
+# (CURSOR_V1, SNAPSHOT_V1), format 2 as runs; the marker is moved up before anything
+# is written
+READS_FORMATS = (1,)
 MARKER = "flux-data.json"
 NAME_MAX = 255     # bytes of a file name (most file systems)
 HASHED = "~"       # a topic directory named by hash starts so (no topic name does)
@@ -99,9 +106,12 @@ def topic_of_directory(entry: str) -> str | None:
     return f"{parts[0]}{DEAD_LETTER_SEP}{unquote(parts[1])}"
 
 
-async def check_data_dir(disk: Disk, directory: str, shard_count: int) -> None:
+async def check_data_dir(disk: Disk, directory: str, shard_count: int,
+                         checker: str = "router") -> None:
     """Make ``directory`` Flux's (if it is new or empty) or check that it is, for
-    ``shard_count`` shards. Raises ConfigError naming the path and what to do."""
+    ``shard_count`` shards; a directory of an older format this Flux reads has its
+    marker moved to this format (``checker`` names the temporary file it writes:
+    the router or a shard). Raises ConfigError naming the path and what to do."""
     try:
         if not disk.exists(directory):
             disk.makedirs(directory)
@@ -127,14 +137,30 @@ async def check_data_dir(disk: Disk, directory: str, shard_count: int) -> None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError("storage.dir", f"{marker} cannot be read ({exc}); restore it from"
                                          " a backup, or give another directory") from None
-    if version != FORMAT_VERSION:
+    if version != FORMAT_VERSION and version not in READS_FORMATS:
+        readable = ", ".join(str(v) for v in (*READS_FORMATS, FORMAT_VERSION))
         raise ConfigError("storage.dir", f"{directory} has data format {version!r}; this"
-                                         f" Flux reads format {FORMAT_VERSION} only; run the"
+                                         f" Flux reads formats {readable} only; run the"
                                          " Flux version that wrote it")
     if shards != shard_count:
         raise ConfigError("storage.dir", f"{directory} was written by {shards} shards; start"
                                          f" with --shards {shards} (changing the shard count"
                                          " over existing data is not supported yet)")
+    if version != FORMAT_VERSION:
+        await _upgrade_marker(disk, marker, shard_count, checker)
+        log.warning("%s: data format %s moved to %s (its records are still read; Flux"
+                    " versions that read format %s only refuse this directory now)",
+                    directory, version, FORMAT_VERSION, version)
+
+
+async def _upgrade_marker(disk: Disk, marker: str, shard_count: int, checker: str) -> None:
+    """Replace the marker by one of this format, atomically: a new file, fsynced, renamed
+    over it, then the directory fsynced (a crash leaves the old marker or the new one,
+    never an empty one; the old one is only upgraded again)."""
+    fresh = f"{marker}.{checker}.new"
+    await _write_marker(disk, fresh, shard_count)
+    disk.rename(fresh, marker)
+    await disk.sync_dir(posixpath.dirname(marker))
 
 
 async def _write_marker(disk: Disk, marker: str, shard_count: int) -> None:
@@ -217,7 +243,8 @@ class ShardStorage:
     async def check(self) -> None:
         """Check the data directory (and make this shard's). Raises ConfigError for a
         directory that is not this broker's."""
-        await check_data_dir(self.disk, self.root, self.shard_count)
+        await check_data_dir(self.disk, self.root, self.shard_count,
+                             posixpath.basename(self.directory))
         self.disk.makedirs(self.directory)
         self._checked = True
 

@@ -39,10 +39,7 @@ log = logging.getLogger("flux.shard")
 PUBLISH = 1        # [first offset, wall time, [id, ...], [payload, ...](, {keys, headers, due})]
 SUBSCRIPTION = 2   # [name, kind (journal_mode), start offset, wall time created]
 UNSUBSCRIBED = 3   # [name]: the named subscription was deleted
-CURSOR = 4         # [name, cursor, [acked offset above the cursor, ...]]
 TRIM = 5           # [oldest]: messages below were cleaned up
-SNAPSHOT = 6       # [next offset, oldest, [[name, mode, start, created, cursor, [acked]
-                   #  (, [offset, pushes, ...])], ...]]
 IDS = 7            # [first offset, wall time, [id, ...]]: a PUBLISH record whose messages
                    # are all gone, kept by compaction for its ids (still in the dedup window)
 PUSHES = 8         # [name, pushes, [first offset, count, ...]]: these runs of offsets were
@@ -50,6 +47,14 @@ PUSHES = 8         # [name, pushes, [first offset, count, ...]]: these runs of o
 KEEP = 9           # [[offset, id, wall time, payload, key, headers, wall due], ...]: delayed
                    # messages a trim passed, held out of line whole (G12)
 RELEASE = 10       # [offset, ...]: kept messages cleaned up
+# acks above a cursor travel as runs, [first offset, count, ...] (Acks.as_runs): a record
+# costs two numbers a run, however many offsets a run holds (data format 2)
+CURSOR = 11        # [name, cursor, [first, count, ...]]: acks added since the last one
+SNAPSHOT = 12      # [next offset, oldest, [[name, mode, start, created, cursor,
+                   #  [first, count, ...](, [offset, pushes, ...])], ...](, [kept offset, ...])]
+# what data format 1 wrote instead, acks as every offset: still read, never written
+CURSOR_V1 = 4      # [name, cursor, [acked offset above the cursor, ...]]
+SNAPSHOT_V1 = 6    # as SNAPSHOT, each row's acks [acked offset, ...]
 
 # a KEEP record takes no more messages once its payloads reach this: a kept message is
 # read back with its whole record (the checksum covers the record), so records stay small
@@ -330,7 +335,8 @@ class TopicJournal:
             if wall < self.forgotten_before:
                 return False
             return True if rtype == IDS else (IDS, bytes(_pack([first, wall, ids])))
-        return rtype not in (SUBSCRIPTION, UNSUBSCRIBED, CURSOR, TRIM, PUSHES, RELEASE)
+        return rtype not in (SUBSCRIPTION, UNSUBSCRIBED, CURSOR, CURSOR_V1, TRIM, PUSHES,
+                             RELEASE)
 
     def publish_body(self, first: int, wall: float, ids: Any, packed_payloads: bytes,
                      meta: dict[str, Any] | None = None) -> bytes:
@@ -393,11 +399,11 @@ def journal_mode(sub: Any) -> str:
 
 
 def subscription_row(sub: Any, epoch: float) -> list[Any]:
-    """A named subscription as SNAPSHOT carries it (``epoch``: wall minus monotonic time);
-    a seventh field, when it has any, holds its surviving push counts (G11) as
-    ``[offset, pushes, ...]``."""
+    """A named subscription as SNAPSHOT carries it (``epoch``: wall minus monotonic time),
+    its acks above the cursor as runs; a seventh field, when it has any, holds its
+    surviving push counts (G11) as ``[offset, pushes, ...]``."""
     row = [sub.name, journal_mode(sub), sub.start_offset, epoch + sub.created_at, sub.cursor,
-           sorted(sub.acked)]
+           sub.acked.as_runs()]
     counts = getattr(sub, "push_counts", None)
     if counts:
         row.append([x for o in sorted(counts) for x in (o, counts[o])])

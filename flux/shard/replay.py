@@ -59,7 +59,8 @@ class TopicReplay:
         self.dedup = DedupWindow(settings.dedup_window)
         self.next_offset = 0        # at least this (a snapshot's, when no message is left)
         self.oldest = 0             # trims moved the head here
-        # name -> [mode, start offset, created (wall), cursor, acked offsets]
+        # name -> [mode, start offset, created (wall), cursor, acks (above the cursor, once
+        # the records before it are applied: those the cursor passed go at build)]
         self.subs: dict[str, list[Any]] = {}
         self.records = 0
         self.messages = 0
@@ -86,15 +87,21 @@ class TopicReplay:
             first, wall, ids = body
             self._ids(first, wall, ids)
             self.published.append((rec.end, first + len(ids), wall))
-        elif rtype == J.CURSOR:  # acks added since the last record: their union counts
+        elif rtype in (J.CURSOR, J.CURSOR_V1):  # acks added since the last record (as runs;
+            # format 1: as offsets): their union counts
             name, cursor, acked = body
             row = self.subs.get(name)
             if row is not None:
                 row[3] = cursor
-                row[4].update(acked)  # (those the cursor passed are left out at build)
+                if rtype == J.CURSOR:
+                    row[4].add_runs(acked)
+                else:
+                    add = row[4].add
+                    for o in acked:
+                        add(o)
         elif rtype == J.SUBSCRIPTION:
             name, mode, start, created = body
-            self.subs[name] = [mode, start, created, start, set()]
+            self.subs[name] = [mode, start, created, start, Acks()]
             self.pushes.pop(name, None)
         elif rtype == J.UNSUBSCRIBED:
             self.subs.pop(body[0], None)
@@ -116,7 +123,7 @@ class TopicReplay:
                 for o in range(first, first + count):
                     if counts.get(o, 0) < pushes:
                         counts[o] = pushes
-        elif rtype == J.SNAPSHOT:
+        elif rtype in (J.SNAPSHOT, J.SNAPSHOT_V1):
             next_offset, oldest, rows = body[:3]
             # the messages kept then (a fourth field; none without it): a KEEP record
             # before it of any other was released, its RELEASE perhaps compacted away
@@ -124,7 +131,8 @@ class TopicReplay:
             self.kept = {o: kept for o, kept in self.kept.items() if o in still}
             self.next_offset = max(self.next_offset, next_offset)
             self.oldest = max(self.oldest, oldest)
-            self.subs = {row[0]: [row[1], row[2], row[3], row[4], set(row[5])] for row in rows}
+            acks = Acks.from_runs if rtype == J.SNAPSHOT else Acks  # (format 1: offsets)
+            self.subs = {row[0]: [row[1], row[2], row[3], row[4], acks(row[5])] for row in rows}
             self.pushes = {row[0]: dict(zip(row[6][0::2], row[6][1::2], strict=True))
                            for row in rows if len(row) > 6}
         else:
@@ -207,13 +215,16 @@ class TopicReplay:
         for name, (mode, start, created, cursor, acked) in self.subs.items():
             if reset:  # from the oldest message held, a kept one below the oldest in line
                 # included (G12: carried into the new generation, it is delivered there)
-                cursor, start, acked = log.lowest, log.lowest, set()
+                cursor, start, acked = log.lowest, log.lowest, Acks()
+            else:
+                acked = acked.copy()  # (build may run again: the replay keeps its own)
+                acked.drop_below(cursor + 1)
             shared = mode in ("shared", "shared-keyed")  # (journal_mode)
             sub = Subscription(topic=self.name, name=name, ephemeral=False,
                                mode="push" if shared else mode,
                                cursor=cursor, start_offset=start,
                                created_at=created - self.epoch,
-                               acked=Acks(o for o in acked if o > cursor),
+                               acked=acked,
                                group=Group(mode == "shared-keyed") if shared else None)
             sub.inactive_since = now
             sub.last_activity = now

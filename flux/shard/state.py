@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flux import errors, protocol
+from flux.acks import Acks
 from flux.auth.identity import Identity
 from flux.auth.users import AuthConfig
 from flux.config import Config
@@ -336,18 +337,21 @@ class ShardState:
         journal the reply must wait for (None: a memory topic or an ephemeral one). The
         first record of a subscription (since it was made or recovered) carries every
         ack above the cursor, each later one only the acks added since: a message held
-        unacked for long under a stream of acks does not make each record longer."""
+        unacked for long under a stream of acks does not make each record longer. Acks
+        travel as runs (``Acks.as_runs``), so even the first costs two numbers a run."""
         journal = topic.journal
         if journal is None or sub.ephemeral:
             return None
         cursor = sub.cursor
         if sub.recording:
-            added = sorted(o for o in sub.unrecorded if o > cursor)
-            sub.unrecorded.clear()
+            added = sub.unrecorded
+            added.drop_below(cursor + 1)
+            runs = added.as_runs()
+            sub.unrecorded = Acks()
         else:
-            added = sorted(sub.acked)
+            runs = sub.acked.as_runs()
             sub.recording = True
-        journal.append(CURSOR, [sub.name, cursor, added])
+        journal.append(CURSOR, [sub.name, cursor, runs])
         return journal
 
     def _release(self, held: list[Held]) -> list[Held]:

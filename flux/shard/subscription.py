@@ -76,9 +76,9 @@ class Subscription(PushTimers):
     created_at: float
     acked: Acks = field(default_factory=Acks)
     # a disk topic's: once its cursor was journaled, the acks added to ``acked`` since
-    # the last CURSOR record (the next one carries only those)
+    # the last CURSOR record (the next one carries only those, as runs)
     recording: bool = False
-    unrecorded: list[int] = field(default_factory=list)
+    unrecorded: Acks = field(default_factory=Acks)
     # push state, valid for the attached session only (reset on attach/detach)
     session: tuple[int, int] | None = None   # (connection id, client's sid)
     epoch: int = 0
@@ -171,7 +171,7 @@ class Subscription(PushTimers):
         else:
             self.acked.add(offset)
             if self.recording:
-                self.unrecorded.append(offset)
+                self.unrecorded.add(offset)
 
     def mark_acked_all(self, offsets: Sequence[int]) -> None:
         """:meth:`mark_acked` of each of ``offsets`` (distinct, unacked, at or above the
@@ -179,15 +179,21 @@ class Subscription(PushTimers):
         ordered = sorted(offsets)
         first, last = ordered[0], ordered[-1]
         acked = self.acked
-        if last - first == len(ordered) - 1:
+        run = last - first == len(ordered) - 1
+        if run:
             acked.add_range(first, last + 1)
         else:
             for offset in ordered:
                 acked.add(offset)
-        cursor = self.cursor
-        self.cursor = acked.take_run(cursor)
-        if self.recording and last >= self.cursor:
-            self.unrecorded.extend(o for o in ordered if o >= self.cursor)
+        cursor = self.cursor = acked.take_run(self.cursor)
+        if self.recording and last >= cursor:
+            if run:
+                self.unrecorded.add_range(max(first, cursor), last + 1)
+            else:
+                unrecorded = self.unrecorded
+                for offset in ordered:
+                    if offset >= cursor:
+                        unrecorded.add(offset)
 
     def count_acked(self, offset: int) -> bool:
         """Count ``offset`` as acked whether or not it is in flight (G11: a dead letter,

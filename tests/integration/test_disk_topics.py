@@ -1,7 +1,7 @@
 """Disk topics against real ``flux serve`` processes (G9): a SIGKILL of a shard
 mid-stream loses no acked message, keeps the topic's generation, its offsets, its
 subscription cursors and its dedup window; a data directory that is not the
-broker's is refused at start."""
+broker's is refused at start, one an older Flux wrote (data format 1) is served."""
 
 from __future__ import annotations
 
@@ -9,16 +9,21 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import msgpack
 import pytest
 import trio
 
 from flux.client.trio import connect
 from flux.errors import FluxError, RetryDeadlineExceeded, StorageUnavailable
+from flux.host import RealDisk
 from flux.router.launcher import pid_alive
+from flux.shard import journal as J
+from flux.storage import FsyncMode, LogWriter, recover
 
 from .wire import owned_topic
 
@@ -448,3 +453,53 @@ async def test_a_pending_delayed_message_holds_back_no_cleanup_and_survives_a_ki
             stats = await _once_back(lambda: _topic_stats(client, victim, topic))
             broker.note_pids()
             assert stats["held"] == 0 and stats["next_offset"] == 201
+
+
+async def _format_1_log(directory: Path, topic: str, generation: int) -> None:
+    """A topic's log as data format 1 wrote it (acks as offsets): ten messages, and
+    subscription "s" at cursor 2 with 4, 5 and 7 acked above it."""
+    disk = RealDisk()
+    owner = f"topic {topic}"
+    table, _ = await recover(disk, str(directory), owner=owner)
+    writer = LogWriter(disk, table, owner=owner, generation=generation,
+                       boot_id=disk.boot_id(), fsync=FsyncMode.ALWAYS)
+    wall = time.time()
+    ids = [f"m{i}" for i in range(10)]
+    records = [(J.SNAPSHOT_V1, [0, 0, []]),
+               (J.PUBLISH, [0, wall, ids, [i.encode() for i in ids]]),
+               (J.SUBSCRIPTION, ["s", "push", 0, wall]),
+               (J.CURSOR_V1, ["s", 2, [4, 5, 7]])]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        for rtype, body in records:
+            writer.append(rtype, msgpack.packb(body, use_bin_type=True))
+        await writer.close()
+
+
+async def test_a_log_of_data_format_1_recovers_and_its_directory_moves_to_format_2(
+        broker_factory: BrokerFactory, tmp_path: Path) -> None:
+    """A data directory an older Flux wrote (format 1: acks as offsets) is served: the
+    topic keeps its generation and messages, the subscription resumes at its cursor
+    without what was acked above it, and the marker says format 2 from then on."""
+    data, topic, generation = tmp_path / "data", "orders.old", 0x1234_5678_9ABC
+    data.mkdir()
+    (data / "flux-data.json").write_text('{"format": 1, "shards": 1}')
+    await _format_1_log(data / "shard-0" / topic, topic, generation)
+    broker = broker_factory("message.ttl=600", shards=1, args=("--data-dir", str(data)))
+    assert '"format": 2' in (data / "flux-data.json").read_text()
+    with trio.fail_after(60):
+        async with connect(broker.url, retry_deadline=30) as client:
+            page = await client.fetch(topic, 0, max_messages=100)
+            assert page.generation == generation
+            assert [(m.offset, m.payload) for m in page.messages] == [
+                (i, f"m{i}".encode()) for i in range(10)]
+            got: list[int] = []
+            async with client.subscribe(topic, name="s") as sub:
+                async for msg in sub:
+                    got.append(msg.offset)
+                    await msg.ack()
+                    if len(got) == 5:
+                        break
+            assert got == [2, 3, 6, 8, 9]
+            while await _cursor(client, 0, topic, "s") < 10:
+                await trio.sleep(0.02)

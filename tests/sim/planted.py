@@ -1152,7 +1152,7 @@ def cursor_record_ahead() -> contextlib.AbstractContextManager[Any]:
             if journal is None or sub.ephemeral:
                 return None
             from flux.shard.journal import CURSOR
-            journal.append(CURSOR, [sub.name, sub.cursor + 1, sorted(sub.acked)])
+            journal.append(CURSOR, [sub.name, sub.cursor + 1, sub.acked.as_runs()])
             return journal
         return journal_cursor
     return _wrap(ShardCore, "_journal_cursor", make)
@@ -1814,3 +1814,19 @@ for _name, _bug, _rule in (
     PLANTED[_name] = _bug
     EXPECT[_name] = (_rule,)
     SCENARIO[_name] = "deadletters"
+
+
+def recovered_runs_one_short() -> contextlib.AbstractContextManager[Any]:
+    """G9: recovery reads each run of acks above a cursor (SNAPSHOT and CURSOR records)
+    one offset short, as if its count were its last offset: the last ack of every run is
+    undone by a restart, and its message pushed again."""
+    def make(f: Any) -> Any:
+        def add_runs(self: Acks, runs: Any) -> None:
+            f(self, [x - (i % 2) for i, x in enumerate(runs)])
+        return add_runs
+    return _wrap(Acks, "add_runs", make)
+
+
+PLANTED["recovered-runs-one-short"] = recovered_runs_one_short
+EXPECT["recovered-runs-one-short"] = ("G1/redelivered-acked",)
+SCENARIO["recovered-runs-one-short"] = "disk"
