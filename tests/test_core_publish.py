@@ -15,6 +15,7 @@ from flux import errors
 from flux import protocol as P
 from flux.message_meta import read_columns
 from flux.shard.core import ShardCore
+from flux.shard.dedup import COMPACT_ID_COST, COMPACT_IDS, DICT_ID_COST
 
 
 def test_offsets_start_at_zero_and_increase_in_accept_order() -> None:
@@ -230,6 +231,26 @@ def test_shard_memory_matches_a_recount_after_any_publishes() -> None:
     assert core.memory == sum(t.footprint() for t in core.topics.values()) > 0
     shard.advance(30.0)
     assert core.memory == sum(t.footprint() for t in core.topics.values()) > 0
+
+
+def test_a_compact_dedup_window_is_counted_at_what_its_ids_take() -> None:
+    """Past ``COMPACT_IDS`` ids a window packs them (``DedupWindow.id_cost`` falls from
+    a dict's 100 B to 48 B an id): the running figure follows at once, fast and slow
+    paths alike, and still equals a recount."""
+    shard = Shard({"shard.max_memory": 1 << 30})
+    client = shard.connect()
+    core = shard.core
+    group = 1000
+    for g in range(COMPACT_IDS // group + 2):
+        client.publish(*[f"g{g}-{i:05d}" for i in range(group)], payload=b"x")
+        topic = core.topics[TOPIC]
+        assert core.memory == sum(t.footprint() for t in core.topics.values())
+    assert topic.dedup.compact and topic.dedup.id_cost == COMPACT_ID_COST < DICT_ID_COST
+    ids = len(topic.dedup)
+    assert core.memory == topic.log.held_bytes + len(topic.log) * 60 + \
+        topic.dedup.held_bytes + ids * COMPACT_ID_COST
+    client.publish_rows([[TOPIC, "slow-1", b"y"], [TOPIC, "g0-00001", b"dup"]])  # slow path
+    assert core.memory == sum(t.footprint() for t in core.topics.values())
 
 
 def test_more_than_buffer_publishes_of_one_topic_in_a_frame_get_busy() -> None:

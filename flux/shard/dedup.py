@@ -30,6 +30,12 @@ COMPACT_IDS = 8192
 # cost more than a few scalar probes; the C walks, than one)
 SCALAR_IDS = 24
 SCALAR_IDS_FAST = 2
+# Memory a remembered id takes beyond its bytes, as shard.max_memory counts it: in a
+# dict (its string's header and the dict's entry, measured about 100 B), and in a
+# compact window (its slots, 12-36 B, and its share of a table made ahead, up to about
+# 50 B just after a growing window made one; python -m flux.bench.dedup)
+DICT_ID_COST = 100
+COMPACT_ID_COST = 48
 
 class DedupWindow:
     """Message ids accepted in the last ``window`` seconds, with their offsets.
@@ -102,6 +108,12 @@ class DedupWindow:
     def compact(self) -> bool:
         """Whether the ids are packed and indexed by hash (a large window)."""
         return bool(self._serial)
+
+    @property
+    def id_cost(self) -> int:
+        """What each remembered id takes beyond its bytes now (:data:`DICT_ID_COST` or
+        :data:`COMPACT_ID_COST`)."""
+        return COMPACT_ID_COST if self._serial else DICT_ID_COST
 
     def due_at(self) -> float:
         """When the oldest remembered id's window ends (``inf`` when none is)."""

@@ -199,8 +199,9 @@ class Publishing(Delays):
             return None
         log, dedup = topic.log, topic.dedup
         cost = size + key_bytes + n * MESSAGE_COST
+        id_cost = dedup.id_cost
         if dedup.window > 0:
-            cost += id_bytes + n * REMEMBERED_ID_COST
+            cost += id_bytes + n * id_cost
         if self.memory + cost > self.max_memory:
             return None
         first = log.next_offset
@@ -216,6 +217,8 @@ class Publishing(Delays):
         counts[name] = count
         self.memory += cost
         topic.counted += cost
+        if dedup.id_cost != id_cost:  # the window turned compact: its ids cost less now
+            self._recount(topic)
         self.counters["published"] += n
         self.counters["bytes_in"] += size - id_bytes
         return [first, [], []]  # every item stored, at first .. first + n - 1

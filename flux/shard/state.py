@@ -22,7 +22,7 @@ from flux.hashing import DEAD_LETTER_SEP, dead_letter_source, shard_for
 from flux.histogram import LatencyHistogram
 from flux.policies import TopicSettings
 from flux.shard.cache import PayloadCache, TopicPayloads
-from flux.shard.dedup import DedupWindow
+from flux.shard.dedup import DICT_ID_COST, DedupWindow
 from flux.shard.due_index import DueRun, TopicDelays
 from flux.shard.journal import (
     CURSOR,
@@ -45,9 +45,11 @@ FETCH_MAX_MESSAGES = 10_000
 # Memory a held message and a remembered id take beyond their bytes (measured: a held
 # 100-byte message with a 32-character id and its dedup entry costs about 140 bytes
 # more than payload and id; an id alone about 120 more, its string header included).
-# shard.max_memory counts with these, the id twice while its message is held.
+# shard.max_memory counts with these, the id twice while its message is held; a publish
+# is let in at a dict's cost an id, and a topic is counted again (Topic.footprint) at
+# what its window's ids take (less once the window is compact).
 MESSAGE_COST = 60
-REMEMBERED_ID_COST = 100
+REMEMBERED_ID_COST = DICT_ID_COST
 
 
 @dataclass(eq=False)
@@ -86,7 +88,7 @@ class Topic:
         """The memory its messages and remembered ids take, as shard.max_memory counts it."""
         log, dedup = self.log, self.dedup
         return (log.held_bytes + len(log) * MESSAGE_COST
-                + dedup.held_bytes + len(dedup) * REMEMBERED_ID_COST)
+                + dedup.held_bytes + len(dedup) * dedup.id_cost)
 
 
 @dataclass(eq=False)
