@@ -115,11 +115,12 @@ def columns(keys: list[str | None], headers: list[dict[str, str] | None],
     """The optional trailing map of DELIVER and FETCHED: only the columns some message
     has a value in (None when none has any)."""
     out: dict[str, Any] = {}
-    if any(k is not None for k in keys):
+    n = len(keys)
+    if keys.count(None) < n:
         out["keys"] = keys
     if any(headers):
         out["headers"] = headers
-    if any(d is not None for d in dues):
+    if dues.count(None) < len(dues):
         out["due"] = dues
     return out or None
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate
-from operator import add
+from itertools import accumulate, islice, repeat
+from operator import add, lt
+from operator import sub as minus
 from typing import Any, Protocol, cast
 
 import msgpack
@@ -390,6 +391,10 @@ class TopicLog:
             held = kept.load([o for o in offsets if o < oldest and o in kept])
         if self.metas and type(offsets) is range and offsets.start >= oldest:
             keys, headers = self._meta_run(offsets.start, offsets.stop)  # (none kept)
+        elif self.metas and offsets and offsets[0] >= oldest \
+                and all(map(lt, offsets, islice(offsets, 1, None))):
+            # in line and ascending (a member's share of a run): a chunk's share at once
+            keys, headers = self._meta_spread(offsets)
         elif self.metas:
             for meta, i, o in self._metas_at(offsets):
                 if meta is None:
@@ -446,6 +451,29 @@ class TopicLog:
                 headers += [None] * (b - a)
             pos = first + b
             k += 1
+        return keys, headers
+
+    def _meta_spread(self, offsets: Sequence[int]
+                     ) -> tuple[list[str | None], list[dict[str, str] | None]]:
+        """Keys and headers of in-line ``offsets`` (ascending), a chunk's share at once."""
+        keys: list[str | None] = []
+        headers: list[dict[str, str] | None] = []
+        i, n = 0, len(offsets)
+        while i < n:
+            k = self._chunk(offsets[i])
+            first = self._first[k]
+            j = bisect_left(offsets, first + len(self._ids[k]), i + 1)
+            group = offsets[i:j]
+            meta = self._meta[k]
+            if meta is not None and meta.keys is not None:
+                keys.extend(map(meta.keys.__getitem__, map(minus, group, repeat(first))))
+            else:
+                keys.extend([None] * len(group))
+            if meta is not None and meta.headers is not None:
+                headers.extend(map(meta.headers.__getitem__, map(minus, group, repeat(first))))
+            else:
+                headers.extend([None] * len(group))
+            i = j
         return keys, headers
 
     def _metas_at(self, offsets: Iterable[int]) -> Iterator[tuple[Meta | None, int, int]]:
@@ -520,6 +548,7 @@ class TopicLog:
         oldest, end, n = self.oldest, self._next, len(offsets)
         kept = self._kept
         held = kept.load([o for o in offsets if o < oldest]) if kept else {}
+        ascending = all(map(lt, offsets, islice(offsets, 1, None)))
         i = 0
         while i < n:
             o = offsets[i]
@@ -533,16 +562,19 @@ class TopicLog:
             k = self._chunk(o)
             first = self._first[k]
             low, high = max(first, oldest), min(end, first + len(self._lens[k]))
-            j, lo, hi = i + 1, o, o
-            while j < n and low <= offsets[j] < high:
-                lo, hi = min(lo, offsets[j]), max(hi, offsets[j])
-                j += 1
+            if ascending:  # (the usual case) the chunk's share ends where ``high`` would go
+                j = bisect_left(offsets, high, i + 1)
+                lo, hi = o, offsets[j - 1]
+            else:
+                j, lo, hi = i + 1, o, o
+                while j < n and low <= offsets[j] < high:
+                    lo, hi = min(lo, offsets[j]), max(hi, offsets[j])
+                    j += 1
             group = offsets[i:j]
-            chunk_ids = self._ids[k]
-            ids.extend([chunk_ids[x - first] for x in group])
+            ids.extend(map(self._ids[k].__getitem__, map(minus, group, repeat(first))))
             if hi - lo < 8 * len(group):
                 items = self._payloads(k, lo - first, hi - first + 1)
-                payloads.extend([items[x - lo] for x in group])
+                payloads.extend(map(items.__getitem__, map(minus, group, repeat(lo))))
             else:  # far apart: one by one
                 payloads.extend([self._payloads(k, x - first, x - first + 1)[0] for x in group])
             times.extend([epoch + self._at[k]] * len(group))
