@@ -213,6 +213,42 @@ def test_key_order_pins_a_key_to_one_member_until_its_messages_are_acked() -> No
     assert group is not None and "k1" not in group.pins
 
 
+def test_pinned_keys_go_to_their_members_at_once_and_wait_when_one_is_full() -> None:
+    """A round whose keys are all pinned already, each once (the bulk path): each goes to
+    its own member while that one has room; the rest wait in their keys' queues, in
+    order, and follow as their members ack; no key is ever on two members."""
+    shard = Shard()
+    a, b = shard.connect(), shard.connect()
+    _join(a, 1, max_in_flight=3, key_ordered=True)
+    _join(b, 1, max_in_flight=6, key_ordered=True)
+    _publish_keyed(a, ["k1", "k2", "k3", "k4"])
+    first = {a.conn: [o for o, _ in a.deliveries(1)], b.conn: [o for o, _ in b.deliveries(1)]}
+    owner = {key: (a if o in first[a.conn] else b)
+             for o, key in enumerate(["k1", "k2", "k3", "k4"])}
+    group = shard.core.topics[TOPIC].subs[NAME].group
+    assert group is not None and {k: group.pins[k] for k in owner} \
+        == {k: group.members[(c.conn, 1)] for k, c in owner.items()}
+    # every key pinned, each once in the round: offsets 4..7 follow their keys
+    _publish_keyed(a, ["k1", "k2", "k3", "k4"])
+    got = {c.conn: [o for o, _ in c.deliveries(1)] for c in (a, b)}
+    waited = []
+    for o, key in zip(range(4, 8), ["k1", "k2", "k3", "k4"], strict=True):
+        member = owner[key]
+        other = b if member is a else a
+        assert o not in got[other.conn]
+        if o not in got[member.conn]:  # its member was full: it waits for that member
+            assert key in group.queued and list(group.queued[key]) == [o]
+            waited.append(o)
+    assert waited  # (a's window of 3 took one of its two keys' second messages)
+    # once their keys' messages are all acked, the waiting ones go out, once each
+    later: list[int] = []
+    for c in (a, b):
+        c.ack(1, *sorted(first[c.conn] + got[c.conn]))
+        later += [o for o, _ in c.deliveries(1)]
+    later += [o for c in (a, b) for o, _ in c.deliveries(1)]
+    assert sorted(later) == waited and not group.queued
+
+
 def test_a_keys_messages_follow_it_when_its_member_leaves() -> None:
     shard = Shard()
     a, b = shard.connect(), shard.connect()

@@ -34,8 +34,8 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import islice, repeat
-from operator import lt
+from itertools import compress, islice, repeat
+from operator import is_, lt
 from typing import Any, cast
 
 from flux import errors
@@ -400,11 +400,21 @@ class Sharing(Delivery):
                         key_at.update(zip(part, taken, strict=True))
                         plan.setdefault(id(m), []).extend(part)
                     break
+                queued = group.queued
+                targets = _pinned(keys, pins, queued, counts, picks) \
+                    if not lowest < group.counted_below else None
+                if targets is not None:
+                    # the usual case under load: each key pinned already (its member
+                    # holds some of it), once, none with a queue: to their members at
+                    # once (what the loop below does for each)
+                    self._to_pinned(group, picks, cast(list[str], keys), targets, rooms,
+                                    credits, plan, key_at)
+                    total = sum(min(rooms[id(m)], credits[id(m)]) for m in free)
+                    continue
                 # otherwise offset by offset; a new key (or none) goes to the member of
                 # the current block: a member takes an even share of the picks in a row,
                 # so its first pushes are mostly runs (one span of the log each)
                 block = _Block(-(-len(picks) // len(order)))
-                queued = group.queued
                 for offset, key in zip(picks, keys, strict=True):
                     if key is None:
                         assign(block.member(offset, fits, pick), offset)
@@ -447,6 +457,32 @@ class Sharing(Delivery):
             if run is not None or offsets:
                 self._send_to_member(sub, m, topic, run, offsets or [], key_at, now)
         self._schedule_members(free)
+
+    @staticmethod
+    def _to_pinned(group: Group, picks: Sequence[int], keys: list[str],
+                   targets: list[Member], rooms: dict[int, int], credits: dict[int, int],
+                   plan: dict[int, list[int]], key_at: dict[int, str]) -> None:
+        """First pushes of ``picks``, each of a key pinned to ``targets[i]`` (distinct, none
+        queued): each member takes what its room and credit allow, in offset order; the
+        rest wait in their keys' queues."""
+        key_at.update(zip(picks, keys, strict=True))
+        for m in set(targets):
+            mid = id(m)
+            mine = list(map(is_, targets, repeat(m)))
+            offsets = list(compress(picks, mine))
+            take = max(0, min(len(offsets), rooms.get(mid, 0), credits.get(mid, 0)))
+            if take:
+                plan.setdefault(mid, []).extend(offsets[:take] if take < len(offsets)
+                                                else offsets)
+                rooms[mid] -= take
+                credits[mid] -= take
+            if take < len(offsets):  # no room: they wait behind the member's window
+                waiting = list(compress(keys, mine))[take:]
+                for offset, key in zip(offsets[take:], waiting, strict=True):
+                    group.queued[key] = deque([offset])
+                    del key_at[offset]
+                group.queued_count += len(waiting)
+                m.waiting_keys.update(waiting)
 
     @staticmethod
     def _nothing_new(sub: Subscription, topic: Any) -> bool:
@@ -880,6 +916,19 @@ class Sharing(Delivery):
                 self._let_go(sub, m, offset)
             group.pushes[offset] = pushes
         super()._park(topic, sub, offset, pushes, reason, exc)
+
+
+def _pinned(keys: Sequence[str | None], pins: dict[str, Member], queued: dict[str, Any],
+            counts: dict[int, int], picks: Sequence[int]) -> list[Member] | None:
+    """The member each of ``keys`` is pinned to, if every one is a key, pinned, once in
+    ``keys`` and without a queue, and no pick has a push count (else None)."""
+    if None in keys or (queued and not queued.keys().isdisjoint(keys)) \
+            or (counts and not counts.keys().isdisjoint(picks)):
+        return None
+    targets = list(map(pins.get, keys))  # type: ignore[arg-type]
+    if None in targets or len(set(keys)) != len(keys):
+        return None
+    return cast(list[Member], targets)
 
 
 class _Block:
