@@ -276,6 +276,25 @@ def test_a_from_offset_below_the_oldest_in_line_is_kept_down_to_a_kept_message()
     assert got == {1: {1, 3}, 2: {1, 3}, 3: {3}}
 
 
+def test_a_shared_read_old_subscription_starts_at_a_kept_message() -> None:
+    """G6 with G10 and G12: a shared subscription made with read_old after a trim kept a
+    pending delayed message out of line starts at it; a member gets it when due."""
+    long = 1e4
+    shard = Shard({"message.ttl": 20.0, "subscriber.heartbeat": long,
+                   "subscriber.timeout": long, "limits.hello_timeout": long})
+    client = shard.connect()
+    _publish(client, ["d"], {"delay": 100.0, "keys": ["k"]})  # offset 0, due at 100
+    _publish(client, ["a", "b"], {"keys": ["k", "j"]})        # offsets 1, 2
+    shard.advance(30.0)                                        # 1 and 2 go; 0 is kept
+    reply = client.subscribe(1, topic=TOPIC, name="w", shared=True, key_ordered=True,
+                             read_old=True)
+    assert (reply["start_offset"], reply["clamped"]) == (0, False)
+    _publish(client, ["c"], {"keys": ["k"]})                   # offset 3
+    assert client.deliveries(1) == [(3, 1)]
+    shard.advance(101.0)
+    assert client.deliveries(1) == [(0, 1)]
+
+
 def test_a_cursor_left_in_a_hole_holds_back_no_cleanup_and_counts_in_no_lag() -> None:
     """G5 with G12: a read_old subscription that started at a kept message and acked it
     keeps its cursor in the hole above it (offsets gone before it was made); once the
