@@ -149,24 +149,24 @@ async def test_read_old_made_after_a_trim_gets_the_kept_delayed_message_when_due
     broker = broker_factory("message.ttl=0.5", "message.cleanup_time=0.2")
     topic = owned_topic(0, prefix="kept")
     with trio.fail_after(TIMEOUT):
-        async with connect(broker.url) as client:
-            async with client.subscribe(topic, name="billing") as billing:
-                await client.publish(topic, b"before", id="before")
-                pending = await client.publish(topic, b"later", id="pending", delay=6)
-                for i in range(5):
-                    await client.publish(topic, f"m{i}".encode(), id=f"m{i}")
-                await take(billing, 6)  # all but the pending one
+        async with connect(broker.url) as client, \
+                client.subscribe(topic, name="billing") as billing:
+            await client.publish(topic, b"before", id="before")
+            pending = await client.publish(topic, b"later", id="pending", delay=6)
+            for i in range(5):
+                await client.publish(topic, f"m{i}".encode(), id=f"m{i}")
+            await take(billing, 6)  # all but the pending one
 
-                async def held() -> tuple[int, int]:
-                    stats = (await client.stats())[0]["topics"][topic]
-                    return int(stats["held"]), int(stats["oldest"])
+            async def held() -> tuple[int, int]:
+                stats = (await client.stats())[0]["topics"][topic]
+                return int(stats["held"]), int(stats["oldest"])
 
-                while await held() != (1, 7):  # only the pending one, below the rest
-                    await trio.sleep(0.1)
-                assert pending.due is not None and time.time() < pending.due  # still pending
-                async with client.subscribe(topic, name="audit", read_old=True) as audit:
-                    assert audit.start_offset == pending.offset == 1
-                    [msg] = await take(audit, 1)
-                    assert (msg.offset, msg.id, msg.payload) == (1, "pending", b"later")
-                [late] = await take(billing, 1)
-                assert late.offset == 1
+            while await held() != (1, 7):  # only the pending one, below the rest
+                await trio.sleep(0.1)
+            assert pending.due is not None and time.time() < pending.due  # still pending
+            async with client.subscribe(topic, name="audit", read_old=True) as audit:
+                assert audit.start_offset == pending.offset == 1
+                [msg] = await take(audit, 1)
+                assert (msg.offset, msg.id, msg.payload) == (1, "pending", b"later")
+            [late] = await take(billing, 1)
+            assert late.offset == 1
