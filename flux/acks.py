@@ -195,6 +195,12 @@ class Acks:
             self._count -= offset - starts[0]
             starts[0] = offset
 
+    def count_below(self, offset: int) -> int:
+        """How many of its offsets are below ``offset``."""
+        starts, ends = self._starts, self._ends
+        i = bisect_left(starts, offset)  # runs 0 .. i-1 start below it
+        return sum(min(e, offset) - s for s, e in zip(starts[:i], ends[:i], strict=True))
+
     def max(self) -> int:
         """The highest offset held (ValueError when empty, as ``max()`` of a set)."""
         if not self._ends:

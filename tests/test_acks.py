@@ -54,6 +54,7 @@ def test_acks_agree_with_a_set(ops: list[tuple[str, Any]], probe: tuple[int, int
     for o in range(-2, 72):
         assert acks.first_missing(o) == next(m for m in range(o, 200) if m not in model)
         assert acks.first_held(o) == min((m for m in model if m >= o), default=None)
+        assert acks.count_below(o) == sum(1 for m in model if m < o)
     twin = acks.copy()
     twin.add(1000)
     assert 1000 not in acks

@@ -240,13 +240,90 @@ def test_a_pending_message_does_not_hold_back_the_cleanup_of_others() -> None:
     fetched = client.fetch(offset=0)
     assert fetched[2]["oldest"] == 0 and fetched[3] == [0, 3] and fetched[4] == ["d", "c"]
     assert read_columns(fetched[7], 2)[2] == [100.0, None]
-    # a reader of old messages starts at the oldest message held in line
-    assert client.subscribe(1, topic=TOPIC, read_old=True)["start_offset"] == 3
+    # a reader of old messages starts at the oldest message held, the kept one (G6)
+    assert client.subscribe(1, topic=TOPIC, read_old=True)["start_offset"] == 0
+    assert {o for o, *_ in _delivered(client)} == {3}
     shard.advance(100.0)
-    assert {o for o, *_ in _delivered(client)} == {3}  # 0 is below the subscription's start
+    assert {o for o, *_ in _delivered(client)} == {0}  # once due (G12)
     client.unsubscribe(1)
     shard.advance(125.0)                       # ttl past its due time: gone
     assert shard.topic_stats()["held"] == 0
+
+
+def test_a_from_offset_below_the_oldest_in_line_is_kept_down_to_a_kept_message() -> None:
+    """G6 with G12: a from_offset at or above a kept message is the start even in a hole
+    (offsets gone around it); one below the oldest held is raised to it. Each gets the
+    kept messages at or above its start when they are due, none below."""
+    long = 1e4
+    shard = Shard({"message.ttl": 20.0, "subscriber.heartbeat": long,
+                   "subscriber.timeout": long, "limits.hello_timeout": long})
+    client = shard.connect()
+    _publish(client, ["a"])                   # offset 0
+    _publish(client, ["d"], {"delay": 100.0})  # offset 1, due at 100
+    _publish(client, ["b"])                   # offset 2
+    shard.advance(10.0)
+    _publish(client, ["c"])                   # offset 3, stored at 10
+    shard.advance(26.0)                       # 0 and 2 go; 1 is kept out of line
+    assert shard.topic_stats()["oldest"] == 3
+    starts = {sid: client.subscribe(sid, topic=TOPIC, from_offset=offset)
+              for sid, offset in ((1, 0), (2, 1), (3, 2))}
+    assert [(r["start_offset"], r["clamped"]) for r in starts.values()] == [
+        (1, True), (1, False), (2, False)]
+    shard.advance(100.0)
+    got: dict[int, set[int]] = {}
+    for r in client.take(P.DELIVER):
+        got.setdefault(r[1], set()).update(P.offsets_of(r[4], P.check_deliver(r)))
+    assert got == {1: {1, 3}, 2: {1, 3}, 3: {3}}
+
+
+def test_a_shared_read_old_subscription_starts_at_a_kept_message() -> None:
+    """G6 with G10 and G12: a shared subscription made with read_old after a trim kept a
+    pending delayed message out of line starts at it; a member gets it when due."""
+    long = 1e4
+    shard = Shard({"message.ttl": 20.0, "subscriber.heartbeat": long,
+                   "subscriber.timeout": long, "limits.hello_timeout": long})
+    client = shard.connect()
+    _publish(client, ["d"], {"delay": 100.0, "keys": ["k"]})  # offset 0, due at 100
+    _publish(client, ["a", "b"], {"keys": ["k", "j"]})        # offsets 1, 2
+    shard.advance(30.0)                                        # 1 and 2 go; 0 is kept
+    reply = client.subscribe(1, topic=TOPIC, name="w", shared=True, key_ordered=True,
+                             read_old=True)
+    assert (reply["start_offset"], reply["clamped"]) == (0, False)
+    _publish(client, ["c"], {"keys": ["k"]})                   # offset 3
+    assert client.deliveries(1) == [(3, 1)]
+    shard.advance(101.0)
+    assert client.deliveries(1) == [(0, 1)]
+
+
+def test_a_cursor_left_in_a_hole_holds_back_no_cleanup_and_counts_in_no_lag() -> None:
+    """G5 with G12: a read_old subscription that started at a kept message and acked it
+    keeps its cursor in the hole above it (offsets gone before it was made); once the
+    kept message is released, the messages it acks in line are cleaned up as usual,
+    and its lag counts only what it has not acked."""
+    long = 1e4
+    shard = Shard({"message.ttl": 20.0, "subscriber.heartbeat": long,
+                   "subscriber.timeout": long, "limits.hello_timeout": long})
+    client = shard.connect()
+    _publish(client, ["d"], {"delay": 40.0})  # offset 0, due at 40
+    _publish(client, ["a", "b"])              # offsets 1, 2
+    shard.advance(30.0)                       # 1 and 2 go; 0 is kept
+    assert client.subscribe(1, topic=TOPIC, read_old=True)["start_offset"] == 0
+    _publish(client, ["c", "e"])              # offsets 3, 4
+    shard.advance(41.0)
+    assert sorted(o for o, _ in client.deliveries(1)) == [0, 3, 4]
+    cursor, refused = client.ack(1, 0, 3)
+    assert (cursor, refused) == (1, [])       # in the hole: 1 and 2 were never its
+    assert shard.topic_stats()["subscriptions"]["~1.1"]["lag"] == 1  # offset 4
+    client.ack(1, 4)
+    shard.advance(61.0)                       # 0 is ttl past due, 3 and 4 ttl old: all go
+    assert (shard.topic_stats()["held"], shard.topic_stats()["oldest"]) == (0, 5)
+    _publish(client, ["f"])                   # offset 5: no delayed message is held now
+    assert client.deliveries(1) == [(5, 1)]
+    assert client.ack(1, 5) == (1, [])
+    shard.advance(90.0)                       # ttl old, and a cleanup pass since
+    stats = shard.topic_stats()
+    assert (stats["held"], stats["oldest"]) == (0, 6)
+    assert stats["subscriptions"]["~1.1"]["lag"] == 0
 
 
 def test_a_kept_message_counts_toward_the_topics_bytes_until_it_goes() -> None:

@@ -184,6 +184,11 @@ class ShardState:
         """When ``offset`` is due: its delay's end, or when it was stored (G12)."""
         return self.dues.get(offset, self.messages[offset][2])
 
+    @property
+    def lowest(self) -> int:
+        """The oldest message held, a kept one included (where read_old starts, G6)."""
+        return min(self.kept, default=self.oldest)
+
     def held(self, offset: int) -> bool:
         return self.oldest <= offset < len(self.messages) or offset in self.kept
 

@@ -127,7 +127,7 @@ class ShardModel(ShardState, RuleBasedStateMachine):
         sub = self.subs.get(key)
         created = sub is None
         if sub is None:
-            sub = MSub(key, name is None, self.oldest if read_old else len(self.messages))
+            sub = MSub(key, name is None, self.lowest if read_old else len(self.messages))
         else:
             gap = any(o > sub.cursor() for o in sub.acked)
             event(f"subscribe: reattach, acked offsets above the cursor={gap}")
@@ -183,7 +183,7 @@ class ShardModel(ShardState, RuleBasedStateMachine):
         sub = self._touch_pull(name)
         created = sub is None
         if sub is None:
-            start = self.oldest if read_old else len(self.messages)
+            start = self.lowest if read_old else len(self.messages)
             sub = MSub(name, False, start, pull=True, committed=start, last_activity=self.now)
             self.subs[name] = sub
         [reply] = self._send(conn, [P.SUBSCRIBE, rid, 0, {"topic": TOPIC, "name": name,

@@ -94,9 +94,14 @@ class Cleanup(DeadLetters):
                         if sub.cursor < below:
                             below = min(below, self._past_kept(topic, sub, keep.limit, stop))
                 else:
+                    oldest = log.oldest
                     for sub in topic.subs.values():
                         if sub.cursor < below:
-                            below = sub.cursor
+                            # a cursor below the oldest in line (a start at a kept delayed
+                            # message since released, G12) sits on offsets gone already:
+                            # what it holds starts at its first unacked offset in line
+                            below = sub.cursor if sub.cursor >= oldest \
+                                else min(below, sub.acked.first_missing(oldest))
                 first = log.oldest
                 dropped = log.trim(below, now - ttl, budget, keep)
                 if dropped:

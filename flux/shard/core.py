@@ -229,9 +229,16 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
         # lag is exact: offsets above the cursor acked already are not lag, and delayed
         # messages not due yet are a figure of their own (G12)
         pending = self._pending_of(topic, s, now) if topic.delayed else 0
+        log = topic.log
+        if s.cursor < log.oldest:  # below the oldest in line: only kept ones are held there
+            unacked = (log.next_offset - log.oldest - len(s.acked)
+                       + s.acked.count_below(log.oldest)
+                       + sum(1 for o in log.kept_from(s.cursor) if o not in s.acked))
+        else:
+            unacked = log.next_offset - s.cursor - len(s.acked)
         info: dict[str, Any] = {"mode": s.mode, "cursor": s.cursor, "active": s.active,
                 "in_flight": len(s.in_flight), "ephemeral": s.ephemeral,
-                "lag": max(0, topic.log.next_offset - s.cursor - len(s.acked) - pending),
+                "lag": max(0, unacked - pending),
                 "delayed": pending, "redelivered": s.redelivered}
         if topic.settings.dead_letter or s.dead_lettered or s.dead_letter_refused:
             info.update(dead_lettered=s.dead_lettered, dead_letter_refused=s.dead_letter_refused,

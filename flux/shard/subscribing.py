@@ -101,14 +101,14 @@ class Subscribing(Sharing):
                         f"from_offset {from_offset} is past the next offset {end}")
                 start = from_offset
             elif read_old:
-                start = log.oldest
+                start = log.lowest
             else:
                 start = end
-            # a reset starts at the oldest message held, a kept delayed message below
-            # the oldest in line included (G12: carried into a new generation, G9)
-            floor = log.lowest if reset else log.oldest
-            if start < floor:
-                start, clamped = floor, True
+            # never below the oldest message held: a kept delayed message below the
+            # oldest in line counts (G12: a trim passed it while it was pending; it is
+            # held, and delivered when due), the offsets gone around it are holes
+            if start < log.lowest:
+                start, clamped = log.lowest, True
             sub = Subscription(topic=name, name=key, ephemeral=sub_name is None, mode=mode,
                                cursor=start, start_offset=start, created_at=now,
                                group=Group(key_ordered) if shared else None)

@@ -21,7 +21,13 @@ from flux.sim import history as h
 from flux.sim.checker import check
 from flux.sim.determinism import SimClock, WallWatchdog, seed_scheduler, task_tree
 from flux.sim.faults import FaultPlan, draw_plan
-from flux.sim.scenarios import SCENARIOS, with_client_ids, with_delays, with_vandals
+from flux.sim.scenarios import (
+    SCENARIOS,
+    with_client_ids,
+    with_delays,
+    with_late_readers,
+    with_vandals,
+)
 from flux.sim.simhost import EPOCH, derive_seed
 from flux.sim.workload import Actors, Workload
 from flux.sim.world import World, leaf_errors
@@ -62,6 +68,9 @@ def workload_for(seed: int, scenario: str) -> Workload:
     # the workloads their seeds always had
     if scenario not in ("delays", "default", "no-faults"):
         workload = with_delays(workload, random.Random(derive_seed(seed, "delays", scenario)))
+    if scenario in ("delays", "delays-disk", "kept-disk"):
+        workload = with_late_readers(
+            workload, random.Random(derive_seed(seed, "late-readers", scenario)))
     return with_vandals(workload, random.Random(derive_seed(seed, "vandals", scenario)))
 
 

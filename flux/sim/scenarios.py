@@ -411,6 +411,31 @@ def with_delays(workload: Workload, rng: random.Random) -> Workload:
     return replace(workload, producers=producers)
 
 
+def with_late_readers(workload: Workload, rng: random.Random) -> Workload:
+    """For the scenarios of delayed messages (G12): most readers (push or pull, with
+    ``read_old`` or a ``from_offset``) make their subscription late, in the fault phase,
+    when trims have passed pending delayed messages and keep them out of line below the
+    oldest in line; some push readers draw their from_offset from what the topic holds
+    then (perhaps between a kept message and the oldest in line), and some plain
+    subscribers become such late readers. A stream of its own, as for
+    :func:`with_client_ids`: the other draws, and the fault plans, stay as they were."""
+    begin, end = workload.warmup + 2.0, workload.warmup + workload.fault_phase - 2.0
+    subscribers = []
+    for spec in workload.subscribers:
+        roll, late = rng.random(), rng.uniform(begin, end)
+        if spec.behaviour == "ack" and spec.sub_name is not None and roll < 0.4:
+            spec = replace(spec, read_old=roll < 0.2, from_held=roll >= 0.2, start_after=late)
+        elif spec.behaviour == "reader" and roll < 0.8:
+            spec = replace(spec, start_after=late)
+            if spec.from_offset is not None and roll < 0.5:
+                spec = replace(spec, from_offset=None, from_held=True)
+        elif spec.behaviour == "puller" and (spec.read_old or spec.from_offset is not None) \
+                and roll < 0.7:
+            spec = replace(spec, start_after=late)
+        subscribers.append(spec)
+    return replace(workload, subscribers=tuple(subscribers))
+
+
 def delays(rng: random.Random) -> Workload:
     """Delayed delivery (G12) above all: every producer delays half its publishes by up
     to 4 s and keys its messages; strict and windowed readers see the due order; every

@@ -85,6 +85,8 @@ class SubscriberSpec:
     commit_every: int = 1      # puller: pages read between two COMMITs
     shared: bool = False       # a member of the shared subscription ``sub_name`` (G10)
     key_ordered: bool = False
+    start_after: float = 0.0   # when it first subscribes (late: kept delayed messages wait)
+    from_held: bool = False    # draw from_offset from what its topic holds then (FETCH)
 
     @property
     def subscriber(self) -> str:
@@ -306,6 +308,8 @@ class Actors:
             return
         rng = self.rng(spec.name)
         host = self.world.client_host(spec.name)
+        if spec.start_after:  # (no checkpoint otherwise: every other run stays as it was)
+            await trio.sleep_until(spec.start_after)
         while not self._leaving(spec):
             with trio.CancelScope() as connection:
                 try:
@@ -324,9 +328,10 @@ class Actors:
         while not self._leaving(spec):
             churn = self._next_churn(spec, rng)
             try:
+                from_offset = await self._from_offset(client, spec, rng)
                 async with client.subscribe(
                         spec.topic, name=spec.sub_name, read_old=spec.read_old,
-                        from_offset=spec.from_offset, max_in_flight=spec.max_in_flight,
+                        from_offset=from_offset, max_in_flight=spec.max_in_flight,
                         prefetch=spec.prefetch, on_reset=spec.on_reset, shared=spec.shared,
                         key_ordered=spec.key_ordered) as sub:
                     ended = await self._consume(sub, spec, rng, churn)
@@ -342,6 +347,18 @@ class Actors:
                     await trio.sleep(rng.uniform(0.0, 1.5 * self.inactive_time))
             except ENDED:
                 await trio.sleep(rng.uniform(0.05, 1.0))
+
+    @staticmethod
+    async def _from_offset(client: Client, spec: SubscriberSpec,
+                           rng: random.Random) -> int | None:
+        """The from_offset a SUBSCRIBE asks for: the spec's, or (``from_held``) one drawn
+        between the oldest message its topic holds now and its next offset, so that it
+        may fall between a kept delayed message and the oldest in line (G12). Drawn
+        anew for each SUBSCRIBE: it applies only to the one that makes the subscription."""
+        if not spec.from_held:
+            return spec.from_offset
+        head = await client.fetch(spec.topic, 0, 0)
+        return rng.randint(head.oldest, head.next)
 
     async def _consume(self, sub: Any, spec: SubscriberSpec, rng: random.Random,
                        churn: float) -> errors.FluxError | None:
@@ -427,6 +444,8 @@ class Actors:
         rng = self.rng(spec.name)
         host = self.world.client_host(spec.name)
         state = _PullState()
+        if spec.start_after:
+            await trio.sleep_until(spec.start_after)
         while True:
             try:
                 async with self._client(host) as client:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -137,3 +138,35 @@ async def test_subscriber_follows_a_shard_restart_to_the_new_generation(broker: 
                 (msg,) = await take(sub, 1)
                 assert (msg.payload, msg.generation, msg.offset) == (b"after", after.generation, 0)
         broker.note_pids()
+
+
+async def test_read_old_made_after_a_trim_gets_the_kept_delayed_message_when_due(
+        broker_factory: BrokerFactory) -> None:
+    """G6 with G12: messages published around a pending delayed message are acked and
+    cleaned up while it waits, kept out of line below the oldest in line; a read_old
+    subscription made then starts at it (the oldest message held) and gets it when it
+    is due, and nothing of what was cleaned up."""
+    broker = broker_factory("message.ttl=0.5", "message.cleanup_time=0.2")
+    topic = owned_topic(0, prefix="kept")
+    with trio.fail_after(TIMEOUT):
+        async with connect(broker.url) as client, \
+                client.subscribe(topic, name="billing") as billing:
+            await client.publish(topic, b"before", id="before")
+            pending = await client.publish(topic, b"later", id="pending", delay=6)
+            for i in range(5):
+                await client.publish(topic, f"m{i}".encode(), id=f"m{i}")
+            await take(billing, 6)  # all but the pending one
+
+            async def held() -> tuple[int, int]:
+                stats = (await client.stats())[0]["topics"][topic]
+                return int(stats["held"]), int(stats["oldest"])
+
+            while await held() != (1, 7):  # only the pending one, below the rest
+                await trio.sleep(0.1)
+            assert pending.due is not None and time.time() < pending.due  # still pending
+            async with client.subscribe(topic, name="audit", read_old=True) as audit:
+                assert audit.start_offset == pending.offset == 1
+                [msg] = await take(audit, 1)
+                assert (msg.offset, msg.id, msg.payload) == (1, "pending", b"later")
+            [late] = await take(billing, 1)
+            assert late.offset == 1

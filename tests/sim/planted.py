@@ -1576,6 +1576,27 @@ def reset_skips_kept() -> contextlib.AbstractContextManager[Any]:
     return _wrap(TopicReplay, "build", make)
 
 
+def read_old_skips_kept() -> contextlib.AbstractContextManager[Any]:
+    """G6 with G12: a new subscription made with read_old or a from_offset starts at the
+    oldest message in line at the lowest, past the kept delayed messages below it (a
+    reset still starts at a kept one): they are held, and delivered to the older
+    subscriptions, but never to it."""
+    original = ShardCore._handlers[protocol.SUBSCRIBE]
+    in_line = property(lambda log: log.oldest)
+
+    def subscribe(self: ShardCore, session: Any, frame: list[Any], now: float) -> None:
+        opts = frame[3] if len(frame) > 3 and isinstance(frame[3], dict) else {}
+        topic = self.topics.get(str(opts.get("topic")))
+        known = opts.get("generation")
+        if topic is None or (known is not None and known != topic.generation):
+            original(self, session, frame, now)
+            return
+        with mock.patch.object(TopicLog, "lowest", in_line):
+            original(self, session, frame, now)
+    # frames are dispatched through this table, built when the class was
+    return mock.patch.dict(ShardCore._handlers, {protocol.SUBSCRIBE: subscribe})
+
+
 def kept_not_copied_forward() -> contextlib.AbstractContextManager[Any]:
     """G12 with G9: retention lets the log ahead of a kept message's latest KEEP record go
     without writing the message again first, so the segment holding its only copy goes:
@@ -1613,6 +1634,9 @@ EXPECT["kept-not-copied-forward"] = ("G2/lost",)
 SCENARIO["kept-not-copied-forward"] = "kept-disk"
 EXPECT["reset-skips-kept"] = ("G7/reset-start",)
 SCENARIO["reset-skips-kept"] = "delays-disk"
+PLANTED["read-old-skips-kept"] = read_old_skips_kept
+EXPECT["read-old-skips-kept"] = ("G6/start-above-held",)
+SCENARIO["read-old-skips-kept"] = "delays"
 
 
 def repush_copies_to_another_member() -> contextlib.AbstractContextManager[Any]:

@@ -188,6 +188,15 @@ FOUND = [
     # the same start made G2/lost want of a pull reader the offsets cleaned up between
     # that kept message and the oldest in line before its reset made it (a checker bug)
     ("kept-disk", 99, "power:shard-1@17.584"),
+    # read_old and a from_offset started at the oldest message in line, past the kept
+    # delayed messages below it (G6/start-above-held: all three); once they start at a
+    # kept one, a cursor left in the hole above it (offsets gone before the subscription
+    # was made) held back every trim once no delayed message was held (G12/cleanup-
+    # held-back: all three), and G4/left-unacked, G5/deleted-unacked, gone-unacked,
+    # fetch-skipped and G2/lost wanted the hole's offsets of it (checker bugs)
+    ("delays", 27, None),
+    ("delays", 11, None),
+    ("delays", 52, None),
 ]
 
 CASES = [(scenario, seed, None) for scenario in SCENARIOS

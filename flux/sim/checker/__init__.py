@@ -61,6 +61,8 @@ RULES: dict[str, str] = {
     "G5/start-past-held": "read_old / from_offset start at or below a message still held"
                           " (stored less than ttl before)",
     "G6/start-before-asked": "a from_offset subscription never starts below that offset",
+    "G6/start-above-held": "read_old / from_offset start at or below every message held at"
+                           " or above the offset asked for, kept delayed ones included",
     "G6/start-not-next": "the default start is past every offset acked before the subscribe",
     "G6/start-past-new": "a new subscription does not start past a message published after it",
     # liveness.py: once faults heal

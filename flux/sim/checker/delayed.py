@@ -19,8 +19,7 @@ EPSILON = 1e-6
 
 def delayed_topics(index: Index) -> set[str]:
     """The topics some publish asked to delay (G12 replaces G1's offset order there)."""
-    return {e.topic for e in index.history
-            if isinstance(e, h.PublishAttempted) and e.delay > 0}
+    return index.delayed
 
 
 def check(index: Index, report: Report) -> None:

@@ -147,14 +147,22 @@ class Incarnation:
     # where in the history the oracle says its shard deleted it (an index into
     # ``history.events``: a trim at the same instant may come before or after that)
     deleted_event: int | None = None
-    # made by a reset's SUBSCRIBE: its start is the oldest message held, which may be a
-    # kept delayed message below offsets of its generation cleaned up before it was made
-    # (G12; one a recovery carried into a new generation has gaps only of the old one's)
-    reset_start: bool = False
+    # made by a SUBSCRIBE that reset, or asked for read_old or a from_offset, on a topic
+    # that carries delayed messages: it starts at the oldest message held (or at its
+    # from_offset), which may be a kept delayed message below offsets of its generation
+    # cleaned up before it was made, so its start does not prove those held then (G12;
+    # one a recovery carried into a new generation has gaps only of the old one's)
+    below_gaps: bool = False
 
     @property
     def key(self) -> tuple[str, int, str | None]:
         return (self.topic, self.generation, self.name)
+
+
+def _start_asked(sub: h.Subscribed) -> bool:
+    """Whether a SUBSCRIBE that made a subscription set its start at the oldest message
+    held or at a from_offset (a reset, ``read_old``, ``from_offset``)."""
+    return sub.reset or sub.read_old or sub.from_offset is not None
 
 
 @dataclass(frozen=True)
@@ -195,12 +203,17 @@ class Index:
             elif isinstance(e, h.ShardHello) and e.shard >= 0:
                 self._hellos.setdefault(e.shard, []).append(e.t)
         self.end_at = history.events[-1].t if history.events else 0.0
+        # the topics some publish asked to delay (G12 replaces G1's offset order there)
+        self.delayed: set[str] = set()
         self._slow_factor: float | None = None
         # begins of faults not ended yet, per (kind, target): two of one kind may overlap
         open_faults: dict[tuple[str, str], list[float]] = {}
         for position, event in enumerate(history.events):
             if isinstance(event, h.Subscribed):
                 self._subscribed(event)
+            elif isinstance(event, h.PublishAttempted):
+                if event.delay > 0:
+                    self.delayed.add(event.topic)
             elif isinstance(event, (h.Delivered, h.AckSent, h.AckConfirmed, h.AckRefused,
                                     h.TopicWasReset, h.SessionEnded)):
                 session = self.sessions.get(event.session)
@@ -231,6 +244,8 @@ class Index:
                 self._fault(event, open_faults)
             elif isinstance(event, h.Phase) and event.name == "heal":
                 self.heal_at = min(self.heal_at, event.t)
+        for inc in self.incarnations:  # (no gap above a start where nothing is kept)
+            inc.below_gaps = inc.below_gaps and inc.topic in self.delayed
         for (fault, target), begins in open_faults.items():
             if not begins:
                 continue
@@ -270,15 +285,16 @@ class Index:
                 # subscription that an earlier-received reply already found
                 inc.start, inc.known_start = sub.start, True
                 inc.created_at = sub.t
+                inc.below_gaps = _start_asked(sub)
             elif sub.created or inc is None:
                 inc = Incarnation(sub.topic, sub.generation, sub.name,
                                   sub.start if sub.created else sub.cursor, sub.t, sub.created,
-                                  reset_start=sub.reset and sub.created)
+                                  below_gaps=sub.created and _start_asked(sub))
                 self._current[key] = inc
                 self.incarnations.append(inc)
         else:
             inc = Incarnation(sub.topic, sub.generation, None, sub.start, sub.t, True,
-                              reset_start=sub.reset)
+                              below_gaps=_start_asked(sub))
             self.incarnations.append(inc)
         session = Session(sub, inc)
         inc.sessions.append(session)

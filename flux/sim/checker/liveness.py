@@ -11,11 +11,11 @@ that ended are counted as lost-and-explained (G7), never as violations.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 from flux.sim import history as h
 from flux.sim.checker import Report
-from flux.sim.checker.delayed import delayed_topics
 from flux.sim.checker.index import Incarnation, Index, Session
 
 SETTLE = 5.0   # seconds before the end after which a publish need not be acked yet
@@ -55,7 +55,6 @@ def check(index: Index, report: Report) -> None:
                 and e.generation not in index.shard_generations:
             latest_topic_generation[e.topic] = e.generation  # a disk topic's own (G9)
     received = consumed if consumed else delivered
-    delayed = delayed_topics(index)
     oracle = bool(history.meta.get("oracle", False))
     trimmed: dict[tuple[str, int], dict[int, float]] = {}  # first deletion of each offset
     for e in history.of(h.Trimmed):
@@ -64,11 +63,12 @@ def check(index: Index, report: Report) -> None:
             first.setdefault(o, e.t)
 
     def gone_first(inc: Incarnation) -> set[int]:
-        """What a subscription a reset made never held, on a topic that carries delayed
-        messages: a reset starts at the oldest message held, which may be a kept delayed
-        message below offsets cleaned up already (G12). Those the oracle deleted before
-        its SUBSCRIBED arrived (without the oracle: every offset acked before it)."""
-        if not (inc.reset_start and inc.topic in delayed):
+        """What a subscription made by a reset, ``read_old`` or a ``from_offset`` never
+        held, on a topic that carries delayed messages: it starts at the oldest message
+        held (or its from_offset), which may be a kept delayed message below offsets
+        cleaned up already (G12). Those the oracle deleted before its SUBSCRIBED arrived
+        (without the oracle: every offset acked before it)."""
+        if not inc.below_gaps:
             return set()
         if oracle:
             return {o for o, t in trimmed.get((inc.topic, inc.generation), {}).items()
@@ -138,7 +138,7 @@ def check(index: Index, report: Report) -> None:
             continue
         if session.sub.mode == "push":
             _check_left_unacked(index, session, acked.get((topic, generation), {}),
-                                acked_at, report)
+                                acked_at, report, never_held)
 
     for topic, message_id in history.meta.get("canaries", []):
         report.examine("liveness", "publish-stuck")
@@ -184,20 +184,23 @@ def _missed_by_crash(index: Index, acked: dict[tuple[str, int], dict[int, str]],
 
 
 def _check_left_unacked(index: Index, session: Session, acked: dict[int, str],
-                        acked_at: dict[tuple[str, str], float], report: Report) -> None:
+                        acked_at: dict[tuple[str, str], float], report: Report,
+                        never_held: Container[int] = ()) -> None:
     """G4/left-unacked: at-least-once means a message a subscription has not acked is
     pushed again (a later session resumes from the cursor), and a live subscriber
     acks all it is given once faults heal; so by the end each message of its final
     generation from its start on, published ``SETTLE`` seconds before the end, has
     an ack sent by some session of the subscription. A delivery to an earlier session
-    that was lost before its ack does not count (``G2/lost`` counts it as received)."""
+    that was lost before its ack does not count (``G2/lost`` counts it as received).
+    ``never_held``: offsets gone before a start at a kept delayed message (G12), never
+    given to it."""
     from flux.sim.checker.retention import _ack_times
 
     inc = session.incarnation
     if index.heal_at + SETTLE > index.end_at:
         return
     sent = _ack_times(inc, index.commits, index.settled(inc))
-    due = [o for o, message_id in acked.items() if o >= inc.start
+    due = [o for o, message_id in acked.items() if o >= inc.start and o not in never_held
            and acked_at.get((inc.topic, message_id), index.end_at) <= index.end_at - SETTLE]
     report.examine("G4", "left-unacked", len(due))
     missing = sorted(o for o in due if o not in sent)

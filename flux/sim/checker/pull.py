@@ -49,6 +49,8 @@ def check(index: Index, report: Report) -> None:
     subscribed: dict[Key, list[h.Subscribed]] = {}
     commits = index.commits
     gone = _Deletions()
+    # (topic, generation) -> offset -> when the oracle first deleted it
+    trimmed: dict[tuple[str, int], dict[int, float]] = {}
     fetches = gaps = 0
     delayed = delayed_topics(index)
     for e in history:
@@ -61,8 +63,7 @@ def check(index: Index, report: Report) -> None:
             ids.setdefault((e.topic, e.generation, e.offset), e.id)
         elif isinstance(e, h.Subscribed) and e.mode == "pull" and e.name is not None:
             key = (e.topic, e.generation, e.name)
-            if e.topic not in delayed or (e.created and not e.reset):  # (_check_skipped)
-                subscribed.setdefault(key, []).append(e)
+            subscribed.setdefault(key, []).append(e)
             cursors.setdefault(key, []).append(
                 _Cursor(e.requested, e.t, e.cursor, "resumed at", e.created, e.shard))
         elif isinstance(e, h.Committed):
@@ -80,6 +81,10 @@ def check(index: Index, report: Report) -> None:
             _check_page(e, ids, attempted, acked, report)
         elif isinstance(e, h.SubscriptionGone):
             gone.add((e.topic, e.generation, e.name), e.t)
+        elif isinstance(e, h.Trimmed):
+            deleted = trimmed.setdefault((e.topic, e.generation), {})
+            for o in range(e.first, e.first + e.count):
+                deleted.setdefault(o, e.t)
         elif isinstance(e, h.ShardStopped):
             gone.stop(e.generation, e.t)
     report.count("fetched_pages", fetches)
@@ -88,7 +93,9 @@ def check(index: Index, report: Report) -> None:
         for key, seen in cursors.items():
             _check_cursors(index, key, seen, gone, report)
             _check_cursor_bound(key, seen, commits, gone, report)
-        judged = sum(_check_skipped(e, subscribed, commits, gone, report)
+        judged = sum(_check_skipped(e, subscribed, commits, gone, report,
+                                    trimmed.get((e.topic, e.generation), {})
+                                    if e.topic in delayed else None)
                      for e in history.of(h.Fetched))
         report.count("fetch_gaps_judged", judged)
     _check_liveness(index, cursors, acked, report)
@@ -222,33 +229,50 @@ def _check_cursor_bound(key: Key, seen: list[_Cursor],
 
 def _check_skipped(e: h.Fetched, subscribed: dict[Key, list[h.Subscribed]],
                    commits: dict[tuple[str, str], list[tuple[float, int | None, int]]],
-                   gone: _Deletions, report: Report) -> bool:
+                   gone: _Deletions, report: Report,
+                   deleted: dict[int, float] | None = None) -> bool:
     """G5: a FETCH that names its pull subscription never finds cleaned up a message
     that subscription still held. A SUBSCRIBED reply that arrived before the FETCHED
     says the subscription held every offset from its start (created) or cursor
     (resumed) on, and kept holding each until a COMMIT past it: if no COMMIT past an
     offset was sent before the reply arrived, and the subscription may not have been
     deleted meanwhile, the page must not start above it. True if the page skipped
-    offsets (cleaned up) and the rule could judge it. (On a topic that carries delayed
-    messages only a SUBSCRIBED that created the subscription without a reset counts: a
-    reset, or a recovery that started a new generation, starts it at the oldest message
-    held, which may be a kept delayed message below offsets cleaned up already, G12.)"""
+    offsets (cleaned up) and the rule could judge it.
+
+    ``deleted`` (a topic that carries delayed messages: when the oracle first deleted
+    each offset) narrows that for a start at the oldest message held or at a
+    from_offset, and for a cursor: it may be a kept delayed message below offsets gone
+    before the subscription was made (G12; a cursor stays below them), so such a
+    SUBSCRIBED proves held only the offsets the oracle deleted after it arrived. One
+    that made the subscription at the next offset still proves every offset above it."""
     if e.name is None or e.first <= e.offset:
         return False
     key = (e.topic, e.generation, e.name)
-    held = min((s.start if s.created else s.cursor for s in subscribed.get(key, ())
-                if s.t < e.t and not gone.between(key, s.requested, e.t)), default=None)
-    if held is None:
+    proofs = [s for s in subscribed.get(key, ())
+              if s.t < e.t and not gone.between(key, s.requested, e.t)]
+    if not proofs:
         return False
     report.examine("G5", "fetch-skipped")
     committed = max((offset for t, generation, offset in commits.get((e.topic, e.name), ())
                      if t < e.t and generation in (None, e.generation)), default=0)
-    low = max(e.offset, held, committed)
-    if e.first > low:
+    low = max(e.offset, committed)
+
+    def held_by(s: h.Subscribed, offset: int) -> bool:
+        if offset < (s.start if s.created else s.cursor):
+            return False
+        if deleted is None or (s.created and not (s.reset or s.read_old
+                                                  or s.from_offset is not None)):
+            return True
+        return deleted.get(offset, -math.inf) > s.t
+
+    held = min(s.start if s.created else s.cursor for s in proofs)
+    skipped = next((o for o in range(max(low, held), e.first)
+                    if any(held_by(s, o) for s in proofs)), None)
+    if skipped is not None:
         report.add("G5", "fetch-skipped", e.t,
                    f"{e.subscriber}: FETCH {e.topic}@{e.offset} started at {e.first} (oldest"
-                   f" {e.oldest}); offsets {low}..{e.first - 1} were held for subscription"
-                   f" {e.name} (from {held}, committed to {committed}) and not committed past")
+                   f" {e.oldest}); offset {skipped} was held for subscription {e.name}"
+                   f" (from {held}, committed to {committed}) and not committed past")
     return True
 
 

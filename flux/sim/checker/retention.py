@@ -157,10 +157,11 @@ def _check_gone(index: Index, report: Report) -> None:
             continue
         judged[(topic, generation)] = oldest
         ttl = index.params_for(topic).ttl
-        # (a reset's start may be a kept delayed message above offsets gone before it)
+        # (a start at the oldest held, or at a from_offset, may be a kept delayed
+        # message above offsets gone before it was made)
         holders = [inc for inc in by_topic.get((topic, generation), ())
                    if inc.known_start and inc.created_at <= e.t
-                   and not (inc.reset_start and topic in delayed)] if oracle else []
+                   and not inc.below_gaps] if oracle else []
         for offset in range(low, oldest):
             report.examine("G5", "gone-before-ttl")
             known = ids.get((topic, generation, offset))
@@ -213,9 +214,10 @@ def _held_for(index: Index, inc: Incarnation, offset: int, t: float, position: i
     # have been lost with it, the subscription and the messages coming back at recovery
     # (G9). Otherwise it held the offset at ``t``: it starts at or above what was held
     # when it was made, and a trimmed offset never comes back without a stop. Not a
-    # reset's start (the oldest held, perhaps a kept delayed message below offsets gone
-    # before it was made, G12): that says so only if it was made before ``t``
-    if inc.created_at > t and (inc.reset_start or index.stopped_between(
+    # start at the oldest held or at a from_offset on a topic that carries delayed
+    # messages (perhaps a kept delayed message below offsets gone before it was made,
+    # G12): that says so only if it was made before ``t``
+    if inc.created_at > t and (inc.below_gaps or index.stopped_between(
             inc.sessions[0].sub.shard, t, inc.created_at)):
         return False
     if inc.name is not None:

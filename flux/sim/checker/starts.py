@@ -2,7 +2,9 @@
 default start is the next offset, ``read_old`` the oldest message still held (and a
 message is held for ``message.ttl``), ``from_offset`` that offset unless it was cleaned
 up, and a reset (on_reset="earliest") offset 0 of the new generation, or the oldest
-message it holds: below no message the oracle deletes in that generation later."""
+message it holds. A reset, ``read_old`` and ``from_offset`` start below no message the
+oracle deletes in that generation later (a kept delayed message below the oldest in
+line included, G12)."""
 
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ def check(index: Index, report: Report) -> None:
         if before and not sub.read_old and sub.from_offset is None:
             report.examine("G6", "start-not-next")
         if sub.read_old or sub.from_offset is not None:
+            _check_start_above_held(sub, deleted.get(key, {}), report)
             report.examine("G5", "start-past-held")
             floor = sub.from_offset if sub.from_offset is not None else 0
             # messages stored surely less than ttl before the subscribe was processed
@@ -106,3 +109,26 @@ def _check_reset_below_held(sub: h.Subscribed, deleted: dict[int, float],
                    f" {sub.topic}/{name} after a reset at offset {sub.start}, past offset"
                    f" {min(below)}, which generation {sub.generation:#x} held until"
                    f" {deleted[min(below)]:.3f}; on_reset=earliest starts at the oldest held")
+
+
+def _check_start_above_held(sub: h.Subscribed, deleted: dict[int, float],
+                            report: Report) -> None:
+    """G6 (with G12): a subscription made with ``read_old`` starts at the oldest message
+    held, one made with ``from_offset`` at that offset or, if it is older, at the oldest
+    held: either way at or below every message at or above the offset asked for (0 for
+    ``read_old``) that its topic held when the shard answered, a kept delayed message
+    below the oldest in line included (a trim passed it while it was pending; it is
+    held, and its subscriptions get it when it is due). A message the oracle deletes
+    after the SUBSCRIBED arrived was held when the shard made the subscription (a
+    deletion is final within a generation; an offset below the start was stored
+    before), and the start options apply only where the reply says it was made."""
+    report.examine("G6", "start-above-held")
+    floor = sub.from_offset if sub.from_offset is not None else 0
+    below = [o for o, t in deleted.items() if floor <= o < sub.start and t > sub.t]
+    if below:
+        name = sub.name if sub.name is not None else "(ephemeral)"
+        asked = "read_old" if sub.from_offset is None else f"from_offset={sub.from_offset}"
+        report.add("G6", "start-above-held", sub.t,
+                   f"{sub.subscriber} created {sub.topic}/{name} ({asked}) at offset"
+                   f" {sub.start}, past offset {min(below)}, which generation"
+                   f" {sub.generation:#x} held until {deleted[min(below)]:.3f}")
