@@ -173,6 +173,7 @@ class ShardStorage:
         self.config = config
         self.root = config.storage.dir
         self.shard_count = shard_count
+        self._index = index
         self.directory = posixpath.join(self.root, f"shard-{index}")
         # where a log leaves the marker of a failed fsync when its own directory takes no
         # new file (a dead disk): the host's runtime directory, on another file system,
@@ -624,7 +625,7 @@ class ShardStorage:
                     # the snapshot that starts the first segment kept must be durable
                     # before what it replaces goes (fsync never or interval included)
                     await writer.sync()
-                    await writer.drop_before(journal.droppable)
+                    await self._drop(journal, writer)
                 await self._compact(journal, writer, tried)
             except LogFailed:
                 return  # the log's watcher fails what waits and stops the shard
@@ -634,6 +635,19 @@ class ShardStorage:
             except StorageError as exc:  # a sealed segment reads back damaged
                 self._damaged(journal, f"compaction read a damaged record: {exc}")
                 return
+
+    async def _drop(self, journal: TopicJournal, writer: LogWriter) -> None:
+        """Remove the log's whole segments before ``journal.droppable``, saying how many,
+        how big and how long it took."""
+        table = writer.table
+        host = self.host
+        gone = [s for s in table.segments[:-1] if s.end <= journal.droppable]
+        started = host.now()
+        await writer.drop_before(journal.droppable)
+        if gone:
+            log.info("shard %d: removed %d segment(s) of topic %r, %d bytes, in %.1f ms",
+                     self._index, len(gone), journal.topic,
+                     sum(s.offset_of(s.end) for s in gone), (host.now() - started) * 1000)
 
     async def _compact(self, journal: TopicJournal, writer: LogWriter, tried: set[int]) -> None:
         """Compact (G9 space) each sealed segment that lies wholly before the first message
@@ -660,13 +674,20 @@ class ShardStorage:
             if all(s is not segment for s in table.segments) or journal.failed is not None:
                 return
             tried.add(segment.first)
+            started = self.host.now()
             done = await compact_segment(self.disk, table, segment, journal.judge)
+            took = (self.host.now() - started) * 1000
             if done.rewritten:
                 journal.compactions += 1
                 journal.compacted_bytes += done.before - done.after
-                log.info("shard: compacted a segment of topic %r: %d -> %d bytes (%d records:"
-                         " %d kept, %d as ids)", journal.topic, done.before, done.after,
-                         done.records, done.kept, done.replaced)
+                log.info("shard %d: compacted a segment of topic %r in %.0f ms: wrote %d bytes"
+                         " in place of %d (%d records: %d kept, %d as ids)", self._index,
+                         journal.topic, took, done.after, done.before, done.records, done.kept,
+                         done.replaced)
+            else:
+                log.info("shard %d: judged a segment of topic %r in %.0f ms: not rewritten"
+                         " (%d bytes, %d records; it would save under a quarter)", self._index,
+                         journal.topic, took, done.before, done.records)
 
     async def close(self) -> None:
         """Write and fsync what every log has queued, then close them (a clean stop)."""
