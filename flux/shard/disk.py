@@ -43,6 +43,7 @@ from flux.config import Config
 from flux.errors import ConfigError, StorageUnavailable
 from flux.hashing import DEAD_LETTER_SEP, dead_letter_parts
 from flux.host import Disk, Host
+from flux.shard.compaction_pace import CompactionPace
 from flux.shard.core import ShardCore
 from flux.shard.journal import TopicJournal
 from flux.shard.replay import ReplayError, TopicReplay
@@ -58,7 +59,7 @@ from flux.storage import (
 )
 from flux.storage.compaction import compact_segment
 from flux.storage.recovery import owner_of_log
-from flux.storage.table import SegmentTable
+from flux.storage.table import OpenSegment, SegmentTable
 
 log = logging.getLogger("flux.shard")
 
@@ -195,9 +196,12 @@ class ShardStorage:
         self._unsettled: list[LogWriter] = []  # logs of new generations to sync first
         # each running log's task: its cancel scope, and set once it has ended
         self._logs: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
+        # each log's retention task (removals, compactions): stopped first at a clean stop
+        self._retaining: dict[str, trio.CancelScope] = {}
         self._checked = False
         self._running = False   # run() started the writers (close() waits for them)
         self.failed = trio.Event()
+        self.pace = CompactionPace(host, config.storage.compaction_rate)
         self._core: ShardCore | None = None
         self._dispatch: Callable[[], None] = lambda: None
         self._nursery: trio.Nursery | None = None
@@ -613,6 +617,15 @@ class ShardStorage:
         """Every cleanup period, remove the log's whole segments that hold nothing live
         (the cleanup pass moves ``journal.droppable``; never the one being written),
         then compact the sealed segments before the first message still held."""
+        with trio.CancelScope() as scope:
+            self._retaining[journal.topic] = scope
+            try:
+                await self._retain_every_period(journal, writer)
+            finally:
+                if self._retaining.get(journal.topic) is scope:
+                    del self._retaining[journal.topic]
+
+    async def _retain_every_period(self, journal: TopicJournal, writer: LogWriter) -> None:
         period = self.config.message.cleanup_time
         host = self.host
         tried: set[int] = set()   # segments judged once (what they hold only ages out)
@@ -655,27 +668,27 @@ class ShardStorage:
         the ids still in the dedup window kept (``TopicJournal.judge``)."""
         table = writer.table
         live_end = journal.first_live_end()
-        soon = journal.forgotten_before + 2 * self.config.message.cleanup_time
         candidates = []
         for segment in table.segments[:-1]:
             if live_end is not None and segment.end >= live_end:
                 break
-            if segment.first in tried:
-                continue
-            last_wall = journal.last_wall_before(segment.end)
-            if last_wall is not None and last_wall < soon:
-                continue  # its ids all leave the window within two passes: it goes whole
-            candidates.append(segment)
+            if segment.first not in tried and not self._goes_whole_soon(journal, segment):
+                candidates.append(segment)
         if not candidates:
             return
         # the snapshot starting each next segment (what lets cursors go) must be durable
         await writer.sync()
+        pace = self.pace
         for segment in candidates:
-            if all(s is not segment for s in table.segments) or journal.failed is not None:
-                return
-            tried.add(segment.first)
-            started = self.host.now()
-            done = await compact_segment(self.disk, table, segment, journal.judge)
+            async with pace.turn:   # one compaction of the shard at a time
+                if all(s is not segment for s in table.segments) or journal.failed is not None:
+                    return
+                if self._goes_whole_soon(journal, segment):  # (its turn came late)
+                    continue
+                tried.add(segment.first)
+                started = self.host.now()
+                done = await compact_segment(self.disk, table, segment, journal.judge,
+                                             pace=pace.spend)
             took = (self.host.now() - started) * 1000
             if done.rewritten:
                 journal.compactions += 1
@@ -685,9 +698,16 @@ class ShardStorage:
                          journal.topic, took, done.after, done.before, done.records, done.kept,
                          done.replaced)
             else:
-                log.info("shard %d: judged a segment of topic %r in %.0f ms: not rewritten"
-                         " (%d bytes, %d records; it would save under a quarter)", self._index,
-                         journal.topic, took, done.before, done.records)
+                log.info("shard %d: left a segment of topic %r as it was (%d bytes: a rewrite"
+                         " would save under a quarter), judged in %.0f ms", self._index,
+                         journal.topic, done.before, took)
+
+    def _goes_whole_soon(self, journal: TopicJournal, segment: OpenSegment) -> bool:
+        """Whether every id in ``segment`` leaves the dedup window within two cleanup
+        passes (it is then removed whole: compacting it first is wasted work)."""
+        soon = journal.forgotten_before + 2 * self.config.message.cleanup_time
+        last_wall = journal.last_wall_before(segment.end)
+        return last_wall is not None and last_wall < soon
 
     async def close(self) -> None:
         """Write and fsync what every log has queued, then close them (a clean stop)."""
@@ -695,6 +715,8 @@ class ShardStorage:
             for writer in self.writers.values():
                 writer.table.close()
             return
+        for scope in list(self._retaining.values()):
+            scope.cancel()   # a compaction under way leaves its segment as it was
         for name, writer in list(self.writers.items()):
             try:
                 await writer.close()
