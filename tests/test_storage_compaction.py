@@ -3,6 +3,8 @@ stand in for others, the rest go; recovery reads the result; a crash leaves a wh
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import trio
 import trio.testing
@@ -194,7 +196,7 @@ async def test_a_paced_compaction_reads_no_faster_than_its_budget_and_pauses_eac
     read = sum(n for _, n in spent)
     # each slice starts once the budget paid for the ones before it
     assert trio.current_time() - started >= read / (16 * 1024) - 1e-9
-    assert all(b - a >= n / (16 * 1024) - 1e-9 for (a, n), (b, _) in zip(spent, spent[1:]))
+    assert all(b - a >= n / (16 * 1024) - 1e-9 for (a, n), (b, _) in itertools.pairwise(spent))
 
 
 async def test_a_rewrite_not_worth_it_stops_reading_once_that_is_plain(

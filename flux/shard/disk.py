@@ -57,7 +57,7 @@ from flux.storage import (
     StorageError,
     recover,
 )
-from flux.storage.compaction import compact_segment
+from flux.storage.compaction import SLICE_BYTES, compact_segment
 from flux.storage.recovery import owner_of_log
 from flux.storage.table import OpenSegment, SegmentTable
 
@@ -202,6 +202,8 @@ class ShardStorage:
         self._running = False   # run() started the writers (close() waits for them)
         self.failed = trio.Event()
         self.pace = CompactionPace(host, config.storage.compaction_rate)
+        # a compaction pauses at least eight times a segment (small segments too)
+        self._slice_bytes = min(SLICE_BYTES, max(512, config.storage.segment_bytes // 8))
         self._core: ShardCore | None = None
         self._dispatch: Callable[[], None] = lambda: None
         self._nursery: trio.Nursery | None = None
@@ -688,7 +690,7 @@ class ShardStorage:
                 tried.add(segment.first)
                 started = self.host.now()
                 done = await compact_segment(self.disk, table, segment, journal.judge,
-                                             pace=pace.spend)
+                                             slice_bytes=self._slice_bytes, pace=pace.spend)
             took = (self.host.now() - started) * 1000
             if done.rewritten:
                 journal.compactions += 1

@@ -12,11 +12,11 @@ renamed over it, and its directory fsynced: a crash leaves the old segment or
 the new one, each whole, and recovery removes a leftover ``.compact`` file. The
 work is done in slices of about ``slice_bytes`` of the old segment, each followed
 by the caller's ``pace`` (a budget of bytes a second: the caller's event loop goes
-on serving meanwhile); the new segment is written, synced and its leftovers removed
-in worker threads (:meth:`~flux.host.DiskFile.aappend`), never on the loop. A
-rewrite that would not save ``min_saving`` stops as soon as that is plain. Never
-call it on the segment being written, nor while anything else changes the same
-table.
+on serving meanwhile); the new segment is written a megabyte at a time, each synced,
+and it and its leftovers are written, synced and removed in worker threads
+(:meth:`~flux.host.DiskFile.aappend`), never on the loop. A rewrite that would not
+save ``min_saving`` stops as soon as that is plain. Never call it on the segment
+being written, nor while anything else changes the same table.
 """
 
 from __future__ import annotations
@@ -119,6 +119,9 @@ async def compact_segment(disk: Disk, table: SegmentTable, segment: OpenSegment,
             if rec.end - sliced >= slice_bytes:
                 if gathered >= WRITE_BYTES:
                     await out.aappend(b"".join(pending))
+                    # synced as it goes: a live log's fsync (which on ext4 may have to
+                    # write every file's dirty pages) never waits behind megabytes of ours
+                    await out.sync()
                     pending.clear()
                     gathered = 0
                 await pace(rec.end - sliced)
