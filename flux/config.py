@@ -55,7 +55,8 @@ DEFAULTS: dict[str, Any] = {
     "shard": {"ports": "auto", "advertise": [], "orphan_timeout": 60.0, "max_memory": "auto"},
     "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
                 "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864,
-                "reserved_bytes": 67108864, "inactive_time": 604800.0},
+                "reserved_bytes": 67108864, "inactive_time": 604800.0,
+                "compaction_rate": 33554432},
     "http": {"enabled": True, "host": "127.0.0.1", "port": "auto", "stats_interval": 2.0},
     "tls": {"cert": None, "key": None, "client_ca": None},
     "dead_letter": {"enabled": False, "ttl": 604800.0},
@@ -138,6 +139,7 @@ class StorageConfig:
     cache_bytes: int = 67108864     # disk topics' payloads a shard keeps in memory once durable
     reserved_bytes: int = 67108864  # free disk kept for acks, commits and compaction
     inactive_time: float = 604800.0  # disk topics' subscriber.inactive_time (7 days)
+    compaction_rate: int = 33554432  # bytes of sealed segments a shard compacts a second (0: no cap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -557,6 +559,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
             cache_bytes=_int("storage.cache_bytes", st["cache_bytes"], minimum=0),
             reserved_bytes=_int("storage.reserved_bytes", st["reserved_bytes"], minimum=0),
             inactive_time=_seconds_or_zero("storage.inactive_time", st["inactive_time"]),
+            compaction_rate=_int("storage.compaction_rate", st["compaction_rate"], minimum=0),
         ),
         http=_http(merged["http"]),
         tls=_tls(merged["tls"]),

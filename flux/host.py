@@ -233,6 +233,12 @@ class DiskFile(Protocol):
         """
         ...
 
+    async def aappend(self, data: bytes) -> None:
+        """:meth:`append` without blocking the event loop (a worker thread): for large
+        writes off the serving path (compaction), which may wait on the kernel's
+        writeback. Never while another call on the same file is under way."""
+        ...
+
     def read_at(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes from ``offset`` (fewer only at the end of the file)."""
         ...
@@ -395,6 +401,11 @@ class RealDiskFile:
         while view:
             n = os.write(fd, view)  # seam-ok: the disk seam itself
             view = view[n:]
+
+    async def aappend(self, data: bytes) -> None:
+        self._check()
+        # abandon_on_cancel=False (the default): a cancelled caller waits for the write
+        await trio.to_thread.run_sync(self.append, data)
 
     def read_at(self, offset: int, length: int) -> bytes:
         return os.pread(self._check(), length, offset)

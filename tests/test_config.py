@@ -51,7 +51,8 @@ ADDED_DEFAULTS: dict[str, Any] = {
     "shard": {"max_memory": "auto"}, "topics": [],
     "storage": {"kind": "memory", "dir": None, "fsync": "always", "fsync_interval": 1.0,
                 "segment_bytes": 67108864, "max_bytes": 0, "cache_bytes": 67108864,
-                "reserved_bytes": 67108864, "inactive_time": 604800.0},
+                "reserved_bytes": 67108864, "inactive_time": 604800.0,
+                "compaction_rate": 33554432},
     # DESIGN.md G13, "Why a connection may close"
     "limits": {"max_connections": 10000, "hello_timeout": 5.0, "max_subscriptions": 10000,
                "max_output_bytes": 16777216},
@@ -77,6 +78,14 @@ def test_shard_max_memory_is_half_the_machine_per_shard_unless_set() -> None:
     assert Config().replace({"shard.max_memory": 5_000_000}).shard_max_memory(2) == 5_000_000
     refused("shard.max_memory", overrides=["shard.max_memory=1G"])
     refused("shard.max_memory", overrides=["shard.max_memory=0"])
+
+
+def test_storage_compaction_rate_is_a_byte_count_a_second_or_zero_for_no_cap() -> None:
+    assert config.load(overrides=["storage.compaction_rate=0"]).storage.compaction_rate == 0
+    assert config.load(overrides=["storage.compaction_rate=1048576"]).storage.compaction_rate \
+        == 1048576
+    refused("storage.compaction_rate", overrides=["storage.compaction_rate=-1"])
+    refused("storage.compaction_rate", overrides=["storage.compaction_rate=fast"])
 
 
 def test_defaults_table_equals_the_dataclass_defaults() -> None:

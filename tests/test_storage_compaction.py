@@ -3,12 +3,15 @@ stand in for others, the rest go; recovery reads the result; a crash leaves a wh
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flux.shard.compaction_pace import CompactionPace
 from flux.sim.disk import SimDisk
 from flux.storage import CorruptRecord, LogReader, LogWriter, Record, recover
 from flux.storage.compaction import compact_segment
@@ -170,3 +173,70 @@ async def test_bytes_after_the_last_record_of_a_sealed_segment_are_damage_not_co
         await compact_segment(disk, table, first, _judge)
     assert disk.contents(first.path) == original and table.segments[0] is first
     assert not disk.exists(first.path + COMPACTING)
+
+
+async def test_a_paced_compaction_reads_no_faster_than_its_budget_and_pauses_each_slice(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = SimDisk(7)
+    table, _ = await _write(disk, [(SHRINK, b"s" * 200) for _ in range(400)],
+                            segment_bytes=64 * 1024)
+    segment = table.segments[0]
+    pace = CompactionPace(_ClockHost(), rate=16 * 1024)
+    spent: list[tuple[float, int]] = []
+
+    async def spend(n: int) -> None:
+        spent.append((trio.current_time(), n))
+        await pace.spend(n)
+
+    started = trio.current_time()
+    done = await compact_segment(disk, table, segment, _judge, slice_bytes=4096, pace=spend)
+    assert done.rewritten
+    assert len(spent) >= done.before // 4096 - 1
+    assert all(4096 <= n < 4096 + 300 for _, n in spent)  # a slice ends at a record's end
+    read = sum(n for _, n in spent)
+    # each slice starts once the budget paid for the ones before it
+    assert trio.current_time() - started >= read / (16 * 1024) - 1e-9
+    assert all(b - a >= n / (16 * 1024) - 1e-9 for (a, n), (b, _) in itertools.pairwise(spent))
+
+
+async def test_a_rewrite_not_worth_it_stops_reading_once_that_is_plain(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = SimDisk(8)
+    table, _ = await _write(disk, [(KEEP, b"k" * 100) for _ in range(300)],
+                            segment_bytes=1 << 20)
+    await _write_more(disk, table)
+    segment = table.segments[0]
+    judged: list[int] = []
+
+    def judge(rec: Record) -> bool | tuple[int, bytes]:
+        judged.append(rec.position)
+        return True
+
+    done = await compact_segment(disk, table, segment, judge)
+    assert not done.rewritten and table.segments[0] is segment
+    assert 0.7 * 300 < len(judged) < 0.8 * 300   # it would save nothing: stopped at 3/4
+    assert not disk.exists(segment.path + COMPACTING)
+
+
+async def test_a_compaction_cancelled_between_slices_leaves_the_old_segment_and_no_rewrite(
+        autojump_clock: trio.testing.MockClock) -> None:
+    disk = SimDisk(9)
+    table, _ = await _write(disk, [(SHRINK, b"x" * 300) for _ in range(300)],
+                            segment_bytes=64 * 1024)
+    segment = table.segments[0]
+    original = disk.contents(segment.path)
+    pace = CompactionPace(_ClockHost(), rate=1024)   # a slice of 4 KiB: 4 s each
+    with trio.move_on_after(10):
+        await compact_segment(disk, table, segment, _judge, slice_bytes=4096, pace=pace.spend)
+    assert table.segments[0] is segment and disk.contents(segment.path) == original
+    assert not disk.exists(segment.path + COMPACTING)
+
+
+class _ClockHost:
+    """What a CompactionPace uses of a host: trio's clock."""
+
+    def now(self) -> float:
+        return trio.current_time()
+
+    async def sleep_until(self, deadline: float) -> None:
+        await trio.sleep_until(deadline)

@@ -81,6 +81,45 @@ async def test_discarding_a_file_and_closing_a_replaced_one_run_off_the_event_lo
         f.size()
 
 
+async def test_a_compaction_on_a_real_disk_writes_only_in_worker_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dozen compactions writing tens of MB on the loop stalled every topic's
+    deliveries: the new segment's writes (and syncs) go to a thread."""
+    import os
+    import threading
+
+    from flux.storage.compaction import compact_segment
+
+    disk = RealDisk()
+    table, _ = await recover(disk, str(tmp_path / "log"), owner="t")
+    writer = LogWriter(disk, table, owner="t", generation=1, boot_id=disk.boot_id(),
+                       fsync=FsyncMode.NEVER, segment_bytes=1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        for i in range(3000):
+            writer.append(1 + i % 2, bytes([i % 256]) * 600)
+        await writer.sync()
+        nursery.cancel_scope.cancel()
+    assert len(table.segments) > 1
+    main = threading.current_thread()
+    writes: list[bool] = []
+    real_write = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        writes.append(threading.current_thread() is main)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    segment = table.segments[0]
+    done = await compact_segment(disk, table, segment,
+                                 lambda rec: rec.type == 1, slice_bytes=64 * 1024)
+    monkeypatch.undo()
+    assert done.rewritten and writes and not any(writes)   # none on the loop's thread
+    kept = [r for r in LogReader(table).scan() if r.position < table.segments[1].first]
+    assert kept and all(r.type == 1 for r in kept)
+    table.close()
+
+
 async def test_log_on_a_real_disk_survives_reopening_and_cuts_a_torn_tail(tmp_path: Path) -> None:
     disk = RealDisk()
     d = str(tmp_path / "orders")

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable
 
 import trio
 
+from flux import process_log
 from flux.config import Config
 from flux.errors import ConfigError, first_of
 from flux.host import RealHost
@@ -40,8 +41,7 @@ def serve_forever(config: Config, reload: Callable[[], Config] | None = None) ->
     On SIGHUP, ``reload()`` reads the configuration again and its ``auth`` section and
     ``tls`` certificates are put in force (nothing else is reloaded); a config that
     fails to load is logged and the running one kept."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="flux router [%(levelname)s] %(message)s")
+    process_log.configure("flux router")
     if config.storage.dir is not None:
         from flux.host import RealDisk
         from flux.shard.disk import check_data_dir

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 
 import trio
 
-from flux import errors
+from flux import errors, process_log
 from flux.host import RealHost, ShardSpec
 from flux.shard.server import StorageFailed, run_shard
 from flux.shard.stalls import StallWatch
@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         print(f"flux shard: bad --spec: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"flux shard {spec.index} [%(levelname)s] %(message)s")
+    process_log.configure(f"flux shard {spec.index}")
     # Everything imported so far lives as long as the process: moved out of the
     # collector's view, it no longer makes full collections cost tens of ms
     # (measured: 25k startup objects, 12 ms; the p99 latency followed them).

@@ -46,6 +46,7 @@ from flux.config import Config
 from flux.errors import ConfigError, StorageUnavailable
 from flux.hashing import DEAD_LETTER_SEP, dead_letter_parts
 from flux.host import Disk, Host
+from flux.shard.compaction_pace import CompactionPace
 from flux.shard.core import ShardCore
 from flux.shard.journal import TopicJournal
 from flux.shard.replay import ReplayError, TopicReplay
@@ -59,9 +60,9 @@ from flux.storage import (
     StorageError,
     recover,
 )
-from flux.storage.compaction import compact_segment
+from flux.storage.compaction import SLICE_BYTES, compact_segment
 from flux.storage.recovery import owner_of_log
-from flux.storage.table import SegmentTable
+from flux.storage.table import OpenSegment, SegmentTable
 
 log = logging.getLogger("flux.shard")
 
@@ -199,6 +200,7 @@ class ShardStorage:
         self.config = config
         self.root = config.storage.dir
         self.shard_count = shard_count
+        self._index = index
         self.directory = posixpath.join(self.root, f"shard-{index}")
         # where a log leaves the marker of a failed fsync when its own directory takes no
         # new file (a dead disk): the host's runtime directory, on another file system,
@@ -220,9 +222,14 @@ class ShardStorage:
         self._unsettled: list[LogWriter] = []  # logs of new generations to sync first
         # each running log's task: its cancel scope, and set once it has ended
         self._logs: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
+        # each log's retention task (removals, compactions): stopped first at a clean stop
+        self._retaining: dict[str, trio.CancelScope] = {}
         self._checked = False
         self._running = False   # run() started the writers (close() waits for them)
         self.failed = trio.Event()
+        self.pace = CompactionPace(host, config.storage.compaction_rate)
+        # a compaction pauses at least eight times a segment (small segments too)
+        self._slice_bytes = min(SLICE_BYTES, max(512, config.storage.segment_bytes // 8))
         self._core: ShardCore | None = None
         self._dispatch: Callable[[], None] = lambda: None
         self._nursery: trio.Nursery | None = None
@@ -639,6 +646,15 @@ class ShardStorage:
         """Every cleanup period, remove the log's whole segments that hold nothing live
         (the cleanup pass moves ``journal.droppable``; never the one being written),
         then compact the sealed segments before the first message still held."""
+        with trio.CancelScope() as scope:
+            self._retaining[journal.topic] = scope
+            try:
+                await self._retain_every_period(journal, writer)
+            finally:
+                if self._retaining.get(journal.topic) is scope:
+                    del self._retaining[journal.topic]
+
+    async def _retain_every_period(self, journal: TopicJournal, writer: LogWriter) -> None:
         period = self.config.message.cleanup_time
         host = self.host
         tried: set[int] = set()   # segments judged once (what they hold only ages out)
@@ -651,7 +667,7 @@ class ShardStorage:
                     # the snapshot that starts the first segment kept must be durable
                     # before what it replaces goes (fsync never or interval included)
                     await writer.sync()
-                    await writer.drop_before(journal.droppable)
+                    await self._drop(journal, writer)
                 await self._compact(journal, writer, tried)
             except LogFailed:
                 return  # the log's watcher fails what waits and stops the shard
@@ -662,38 +678,65 @@ class ShardStorage:
                 self._damaged(journal, f"compaction read a damaged record: {exc}")
                 return
 
+    async def _drop(self, journal: TopicJournal, writer: LogWriter) -> None:
+        """Remove the log's whole segments before ``journal.droppable``, saying how many,
+        how big and how long it took."""
+        table = writer.table
+        host = self.host
+        gone = [s for s in table.segments[:-1] if s.end <= journal.droppable]
+        started = host.now()
+        await writer.drop_before(journal.droppable)
+        if gone:
+            log.info("shard %d: removed %d segment(s) of topic %r, %d bytes, in %.1f ms",
+                     self._index, len(gone), journal.topic,
+                     sum(s.offset_of(s.end) for s in gone), (host.now() - started) * 1000)
+
     async def _compact(self, journal: TopicJournal, writer: LogWriter, tried: set[int]) -> None:
         """Compact (G9 space) each sealed segment that lies wholly before the first message
         still held and is not about to go whole: its payloads and cursors are left out,
         the ids still in the dedup window kept (``TopicJournal.judge``)."""
         table = writer.table
         live_end = journal.first_live_end()
-        soon = journal.forgotten_before + 2 * self.config.message.cleanup_time
         candidates = []
         for segment in table.segments[:-1]:
             if live_end is not None and segment.end >= live_end:
                 break
-            if segment.first in tried:
-                continue
-            last_wall = journal.last_wall_before(segment.end)
-            if last_wall is not None and last_wall < soon:
-                continue  # its ids all leave the window within two passes: it goes whole
-            candidates.append(segment)
+            if segment.first not in tried and not self._goes_whole_soon(journal, segment):
+                candidates.append(segment)
         if not candidates:
             return
         # the snapshot starting each next segment (what lets cursors go) must be durable
         await writer.sync()
+        pace = self.pace
         for segment in candidates:
-            if all(s is not segment for s in table.segments) or journal.failed is not None:
-                return
-            tried.add(segment.first)
-            done = await compact_segment(self.disk, table, segment, journal.judge)
+            async with pace.turn:   # one compaction of the shard at a time
+                if all(s is not segment for s in table.segments) or journal.failed is not None:
+                    return
+                if self._goes_whole_soon(journal, segment):  # (its turn came late)
+                    continue
+                tried.add(segment.first)
+                started = self.host.now()
+                done = await compact_segment(self.disk, table, segment, journal.judge,
+                                             slice_bytes=self._slice_bytes, pace=pace.spend)
+            took = (self.host.now() - started) * 1000
             if done.rewritten:
                 journal.compactions += 1
                 journal.compacted_bytes += done.before - done.after
-                log.info("shard: compacted a segment of topic %r: %d -> %d bytes (%d records:"
-                         " %d kept, %d as ids)", journal.topic, done.before, done.after,
-                         done.records, done.kept, done.replaced)
+                log.info("shard %d: compacted a segment of topic %r in %.0f ms: wrote %d bytes"
+                         " in place of %d (%d records: %d kept, %d as ids)", self._index,
+                         journal.topic, took, done.after, done.before, done.records, done.kept,
+                         done.replaced)
+            else:
+                log.info("shard %d: left a segment of topic %r as it was (%d bytes: a rewrite"
+                         " would save under a quarter), judged in %.0f ms", self._index,
+                         journal.topic, done.before, took)
+
+    def _goes_whole_soon(self, journal: TopicJournal, segment: OpenSegment) -> bool:
+        """Whether every id in ``segment`` leaves the dedup window within two cleanup
+        passes (it is then removed whole: compacting it first is wasted work)."""
+        soon = journal.forgotten_before + 2 * self.config.message.cleanup_time
+        last_wall = journal.last_wall_before(segment.end)
+        return last_wall is not None and last_wall < soon
 
     async def close(self) -> None:
         """Write and fsync what every log has queued, then close them (a clean stop)."""
@@ -701,6 +744,8 @@ class ShardStorage:
             for writer in self.writers.values():
                 writer.table.close()
             return
+        for scope in list(self._retaining.values()):
+            scope.cancel()   # a compaction under way leaves its segment as it was
         for name, writer in list(self.writers.items()):
             try:
                 await writer.close()

@@ -303,6 +303,10 @@ class SimDiskFile:
             raise OSError(errno.ENOSPC, "no space left on device", self.path)
         inode.data += data
 
+    async def aappend(self, data: bytes) -> None:
+        self.append(data)
+        await trio.lowlevel.checkpoint()
+
     def read_at(self, offset: int, length: int) -> bytes:
         return bytes(self._check().data[offset:offset + length])
 

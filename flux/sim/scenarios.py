@@ -294,6 +294,10 @@ def disk(rng: random.Random) -> Workload:
                          # memory); the choice rides on a draw already made, so seeds
                          # keep the workloads they had
                          "cache_bytes": 256 if interval == 0.01 else 1 << 26,
+                         # the other half compact slowly (16 KiB/s: a 16 KiB segment
+                         # in a second, in slices of an eighth), so crashes and faults
+                         # meet compactions under way; same draw, same workloads
+                         "compaction_rate": 0 if interval == 0.01 else 1 << 14,
                          # disk topics keep inactive subscriptions as long as memory
                          # topics here (not 7 days), so G6's deletions are judged on them
                          "inactive_time": w.config["subscriber"]["inactive_time"]}  # type: ignore[index]

@@ -10,19 +10,23 @@ its end (:mod:`flux.storage.table`).
 The new segment is written beside the old one (``<name>.compact``), fsynced,
 renamed over it, and its directory fsynced: a crash leaves the old segment or
 the new one, each whole, and recovery removes a leftover ``.compact`` file. The
-work is done in slices (a checkpoint every ``slice_records`` records) so that
-the caller's event loop goes on serving. Never call it on the segment being
-written, nor while anything else changes the same table.
+work is done in slices of about ``slice_bytes`` of the old segment, each followed
+by the caller's ``pace`` (a budget of bytes a second: the caller's event loop goes
+on serving meanwhile); the new segment is written a megabyte at a time, each synced,
+and it and its leftovers are written, synced and removed in worker threads
+(:meth:`~flux.host.DiskFile.aappend`), never on the loop. A rewrite that would not
+save ``min_saving`` stops as soon as that is plain. Never call it on the segment
+being written, nor while anything else changes the same table.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
-from flux.host import Disk
+from flux.host import Disk, DiskFile
 from flux.storage import record
 from flux.storage.errors import CorruptRecord
 from flux.storage.reader import _scan_segment
@@ -32,6 +36,13 @@ from flux.storage.table import OpenSegment, SegmentTable
 
 # keep in place (True), leave out (False), or keep a (type, body) record in its stead
 Verdict = bool | tuple[int, bytes]
+
+SLICE_BYTES = 256 * 1024   # bytes of the old segment judged between two pauses
+WRITE_BYTES = 1 << 20      # bytes of the new segment gathered for one write
+
+
+async def _checkpoint(read: int) -> None:
+    await trio.lowlevel.checkpoint()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,11 +63,14 @@ class Compacted:
 
 async def compact_segment(disk: Disk, table: SegmentTable, segment: OpenSegment,
                           judge: Callable[[Record], Verdict], *, min_saving: float = 0.25,
-                          slice_records: int = 512) -> Compacted:
+                          slice_bytes: int = SLICE_BYTES,
+                          pace: Callable[[int], Awaitable[None]] = _checkpoint) -> Compacted:
     """Rewrite ``segment`` of ``table`` keeping what ``judge`` says; the table then holds
     the new segment. Not rewritten (the result says so) unless it saves at least
-    ``min_saving`` of the file. Raises OSError (the old segment stays, untouched) and
-    CorruptRecord (a record that fails its check: the caller stops compacting)."""
+    ``min_saving`` of the file. After each slice of about ``slice_bytes`` read, awaits
+    ``pace(bytes read)`` (at least a checkpoint). Raises OSError (the old segment stays,
+    untouched) and CorruptRecord (a record that fails its check: the caller stops
+    compacting)."""
     assert segment is not table.last, "the segment being written is never compacted"
     before = segment.offset_of(segment.end)
     if segment.file.size() != before:  # a sealed segment ends at its last record
@@ -64,15 +78,18 @@ async def compact_segment(disk: Disk, table: SegmentTable, segment: OpenSegment,
                             " after the last record of a sealed segment")
     temp = segment.path + COMPACTING
     if disk.exists(temp):
-        disk.remove(temp)
+        await disk.discard(temp)
     out = disk.open(temp, create=True)
     done = False
+    limit = before * (1 - min_saving)   # the most the new segment may take
     try:
         new = OpenSegment(segment.path, out, segment.header, segment.header_size, segment.end)
         pending = [segment.file.read_at(0, segment.header_size)]
         size = segment.header_size      # the new file's size, pending included
+        gathered = size                 # bytes in pending
         position = segment.first        # where the next record written sits in the log
         records = kept = replaced = 0
+        sliced = segment.first          # where the slice under way began
         for rec in _scan_segment(segment, segment.first, segment.end):
             records += 1
             verdict = judge(rec)
@@ -86,6 +103,7 @@ async def compact_segment(disk: Disk, table: SegmentTable, segment: OpenSegment,
                     jump = record.encode_jump(rec.position)
                     pending.append(jump)
                     size += len(jump)
+                    gathered += len(jump)
                     new.add_jump(rec.position, size)
                 data = record.encode(rec.type, rec.body)
                 position = rec.end
@@ -95,19 +113,28 @@ async def compact_segment(disk: Disk, table: SegmentTable, segment: OpenSegment,
                 replaced += 1
             pending.append(data)
             size += len(data)
-            if records % slice_records == 0:
-                out.append(b"".join(pending))
-                pending.clear()
-                await trio.lowlevel.checkpoint()
+            gathered += len(data)
+            if size > limit:   # not worth it: stop reading at once
+                return Compacted(segment.path, records, kept, replaced, before, before)
+            if rec.end - sliced >= slice_bytes:
+                if gathered >= WRITE_BYTES:
+                    await out.aappend(b"".join(pending))
+                    # synced as it goes: a live log's fsync (which on ext4 may have to
+                    # write every file's dirty pages) never waits behind megabytes of ours
+                    await out.sync()
+                    pending.clear()
+                    gathered = 0
+                await pace(rec.end - sliced)
+                sliced = rec.end
         if position != segment.end:
             jump = record.encode_jump(segment.end)
             pending.append(jump)
             size += len(jump)
             new.add_jump(segment.end, size)
         result = Compacted(segment.path, records, kept, replaced, before, before)
-        if size > before * (1 - min_saving):
+        if size > limit:
             return result
-        out.append(b"".join(pending))
+        await out.aappend(b"".join(pending))
         await out.sync()
         disk.rename(temp, segment.path)
         done = True
@@ -117,6 +144,16 @@ async def compact_segment(disk: Disk, table: SegmentTable, segment: OpenSegment,
         return dataclasses.replace(result, after=size)
     finally:
         if not done:
-            out.close()
+            await _discard(disk, out, temp)
+
+
+async def _discard(disk: Disk, out: DiskFile, temp: str) -> None:
+    """Remove an unfinished rewrite (off the loop: it may be tens of MB), even when the
+    caller is cancelled; recovery removes what a failure here leaves."""
+    out.close()
+    with trio.CancelScope(shield=True):
+        try:
             if disk.exists(temp):
-                disk.remove(temp)
+                await disk.discard(temp)
+        except OSError:
+            pass
