@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #define DEAD 0xFFFFFFFFu
+#define AHEAD 8  /* ids ahead whose home slots a walk asks the memory for */
 
 static inline uint16_t fingerprint(uint64_t h) {
     uint16_t fp = (uint16_t)(h >> 48);
@@ -100,6 +101,8 @@ static PyObject *maybe(PyObject *self, PyObject *args) {
         const uint16_t *fps = s.fps.buf;
         uint64_t size = (uint64_t)s.fps.len / 2;
         for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + AHEAD < n)  /* a large table's slots are a cache miss each: ask early */
+                __builtin_prefetch(&fps[home(h[i + AHEAD], s.homes)]);
             if (out[i])
                 continue;
             uint16_t fp = fingerprint(h[i]);
@@ -139,6 +142,11 @@ static PyObject *place(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "place: buffers do not fit the table");
     } else {
         for (; placed < n; placed++) {
+            if (placed + AHEAD < n) {
+                uint64_t ahead = home(h[placed + AHEAD], homes);
+                __builtin_prefetch(&fps[ahead], 1);
+                __builtin_prefetch(&rels[ahead], 1);
+            }
             uint64_t j = home(h[placed], homes);
             while (j < (uint64_t)last_slot && fps[j])
                 j++;

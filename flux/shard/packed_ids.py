@@ -35,6 +35,14 @@ class PackedIds(Sequence[str]):
     def __len__(self) -> int:
         return self._count
 
+    def unpacked(self) -> tuple[str, ...]:
+        """The ids as str, without keeping them: they stay packed here (recovery gives
+        them to the dedup window, which packs them its own way)."""
+        if self._ids is not None:
+            return self._ids
+        ids: tuple[str, ...] = msgpack.unpackb(self._packed, raw=False, use_list=False)
+        return ids
+
     @overload
     def __getitem__(self, index: int) -> str: ...
 

@@ -28,6 +28,7 @@ from flux.shard import journal as J
 from flux.shard.dedup import DedupWindow
 from flux.shard.due_index import TopicDelays
 from flux.shard.kept import Placed
+from flux.shard.packed_ids import PackedIds
 from flux.shard.publish_record import read_publish
 from flux.shard.sharing import Group
 from flux.shard.state import Topic
@@ -161,7 +162,9 @@ class TopicReplay:
             meta = make_meta(fields.get("keys"), fields.get("headers"), n)
         log.extend_placed(chunk, lens, stored_at, position, end, size, meta)
         if self.dedup.window > 0 and stored_at > self.forgotten_by:
-            self.dedup.remember_all(chunk, first, stored_at, size)
+            # (the log keeps a record's ids packed: a str each only for the window's pass)
+            self.dedup.remember_all(chunk.unpacked() if type(chunk) is PackedIds else chunk,
+                                    first, stored_at, size)
         self.messages += len(chunk)
 
     def _ids(self, first: int, wall: float, ids: list[str]) -> None:
