@@ -123,3 +123,14 @@ def test_a_body_that_is_not_a_publish_record_raises() -> None:
         read_publish(bytes(_pack([1, 2, 3])))
     with pytest.raises(ValueError):
         read_publish(bytes(_pack([1, 2.0, ["a"], [b"x"]])) + b"\x01")
+
+
+def test_unpacked_ids_leave_the_log_s_copy_packed() -> None:
+    """Recovery hands a record's ids to the dedup window as str without the log keeping
+    them so (a str each costs some 80 bytes); once the log unpacked them for good,
+    the same tuple serves."""
+    ids = PackedIds(msgpack.packb(["a1", "b2", "c3"]), 3)
+    assert ids.unpacked() == ("a1", "b2", "c3")
+    assert ids._ids is None and ids._packed  # still packed
+    assert list(ids) == ["a1", "b2", "c3"]  # (wanted for good: unpacked once, kept)
+    assert ids.unpacked() is ids._ids
