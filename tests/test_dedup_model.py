@@ -172,3 +172,19 @@ def test_many_ids_turn_the_window_compact_and_each_keeps_its_offset(
     assert forgotten == n and len(dedup) == 0 and not dedup.compact
     for message_id in ids[:50]:
         assert dedup.get(message_id) is None
+
+
+@pytest.mark.usefixtures("walks")
+@pytest.mark.parametrize("length", ["fixed", "mixed"])
+def test_a_window_of_single_publishes_turns_compact_in_a_few_calls(length: str) -> None:
+    """Marks of one id each (single publishes) packed at once: every id keeps
+    its offset, a known id is known, and the window goes on remembering."""
+    dedup = DedupWindow(WINDOW, compact_ids=64)
+    ids = [f"{i:08x}" if length == "fixed" else f"id-{i}" for i in range(200)]
+    for offset, message_id in enumerate(ids):
+        dedup.remember_all((message_id,), offset, 0.0)
+    assert dedup.compact and len(dedup) == 200
+    assert [dedup.get(i, 1.0) for i in ids] == list(range(200))
+    assert dedup.known_any(dedup.keys_for(ids[5:40])) and not dedup.known_any(["nope"])
+    dedup.remember_all(("later",), 200, 0.5)
+    assert dedup.get("later", 1.0) == 200 and dedup.get(ids[-1], 1.0) == 199

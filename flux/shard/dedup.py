@@ -14,7 +14,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from heapq import heappop, heappush
-from itertools import accumulate, repeat
+from itertools import accumulate, chain, repeat
 from typing import Any
 
 import numpy as np
@@ -286,6 +286,10 @@ class DedupWindow:
     def _make_compact(self) -> None:
         """Pack the marks' ids and index their hashes (the window outgrew a dict)."""
         self._trim(self._head)
+        flat = list(chain.from_iterable(self._ids))
+        if len(self._index) == len(flat):
+            self._compact_all(flat)
+            return
         index, serial = self._index, 0
         hashes: list[int] = []
         serials: list[int] = []
@@ -314,6 +318,26 @@ class DedupWindow:
         self._index = {}
         unsigned = np.array(hashes, np.int64).view(np.uint64)
         self._serials.add_all(unsigned, None, np.array(serials, np.int64))
+
+    def _compact_all(self, flat: list[str]) -> None:
+        """:meth:`_make_compact` when every id is in its mark once (none blanked, none
+        twice: the index has an entry for each): the marks packed and the ids indexed
+        in a few calls, not a Python step a mark (8,192 marks of one id took 11 ms)."""
+        marks = self._ids
+        sizes = list(map(len, marks))
+        lengths = set(map(len, flat))
+        if len(lengths) == 1:  # ids of one length (the usual): each mark's width is it
+            self._ids[:] = list(map("".join, marks))
+            self._width.extend(repeat(lengths.pop(), len(marks)))
+        else:
+            packed = list(map(pack, marks))
+            self._ids[:] = [p for p, _ in packed]
+            self._width.extend(w for _, w in packed)
+        self._serial.extend(accumulate(sizes[:-1], initial=0))
+        self._next_serial = len(flat)
+        self._index = {}
+        hashes, prints = self._probe(flat)
+        self._serials.add_all(hashes, prints, np.arange(len(flat), dtype=np.int64))
 
     def _blank(self, keys: dict[str, int]) -> int:
         """Ids past their window, accepted again: take them out of their old marks;
