@@ -169,6 +169,8 @@ class DedupWindow:
             return not self._index.keys().isdisjoint(ids)
         if not isinstance(ids, Sequence | dict):
             ids = list(ids)
+        if len(ids) == 1:  # (a single publish)
+            return self._find(next(iter(ids))) is not None
         if len(ids) <= self._scalar_ids():
             find = self._find
             return any(find(message_id) is not None for message_id in ids)
@@ -482,6 +484,8 @@ class DedupWindow:
 
 def pack(ids: Sequence[str]) -> tuple[str, int | array[int]]:
     """``ids`` as one string, and their common length or else where each ends in it."""
+    if len(ids) == 1:  # (a single publish)
+        return ids[0], len(ids[0])
     packed = "".join(ids)
     width = len(ids[0])
     if len(packed) == width * len(ids):
