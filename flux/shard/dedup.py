@@ -14,7 +14,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from heapq import heappop, heappush
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain, islice, repeat
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,8 @@ from flux.shard.serial_index import MASK64, MIN_ROOM, SerialIndex, fingerprints
 
 EXPIRE_SLICE = 1024  # most dedup ids one publish or lookup forgets on its way
 # a window holding more ids than this packs them and indexes their hashes (once, about
-# 4 ms); a smaller one keeps a dict of its ids, the fastest for small windows
+# 4 ms); a smaller one keeps a dict of its ids, the fastest for small windows (read when
+# a window is made: the simulator lowers it for some seeds, so its topics go compact)
 COMPACT_IDS = 8192
 # a large window looks up groups of at most this many ids one by one (numpy's calls
 # cost more than a few scalar probes; the C walks, than one)
@@ -36,6 +37,15 @@ SCALAR_IDS_FAST = 2
 # 50 B just after a growing window made one; python -m flux.bench.dedup)
 DICT_ID_COST = 100
 COMPACT_ID_COST = 48
+# a compact window's small publishes (single ones, above all) join the newest mark while
+# it holds fewer id characters than this and was begun at most ``merge_span`` seconds
+# before (MERGE_SPAN, or MERGE_SHARE of a shorter window): a mark's own cost, some 200 B,
+# is shared by its ids instead of taken by each; its ids are remembered as long as its
+# newest one, that much longer at most (both read when a window is made: the simulator
+# raises them for some seeds, so that its sparse publishes join marks too)
+MERGE_CHARS = 2048
+MERGE_SPAN = 0.05
+MERGE_SHARE = 0.01
 
 class DedupWindow:
     """Message ids accepted in the last ``window`` seconds, with their offsets.
@@ -66,18 +76,20 @@ class DedupWindow:
     forgotten everywhere: :meth:`get` with ``now`` does not find them, and
     :meth:`live_bytes` does not count them. An id accepted again meanwhile is taken
     out of its old mark (blanked "" in a tuple; a *hole* in a packed mark), so each
-    id is remembered in one mark only.
+    id is remembered in one mark only. A compact window's small publishes join its
+    newest mark (see :data:`MERGE_CHARS`): an id of one is then remembered up to
+    ``merge_span`` seconds past its window (G3 holds: never less than the window).
     """
 
     __slots__ = ("_asked", "_at", "_base", "_bytes", "_count", "_due", "_due_bytes", "_hash",
                  "_head", "_hole_at", "_holes", "_ids", "_index", "_next_serial", "_offset",
-                 "_oldest", "_serial", "_serials", "_width", "compact_ids", "held_bytes",
-                 "window")
+                 "_oldest", "_serial", "_serials", "_tail_from", "_width", "compact_ids",
+                 "held_bytes", "merge_span", "window")
 
-    def __init__(self, window: float, compact_ids: int = COMPACT_IDS,
+    def __init__(self, window: float, compact_ids: int | None = None,
                  hasher: Callable[[str], int] = hash, min_room: int = MIN_ROOM) -> None:
         self.window = window
-        self.compact_ids = compact_ids
+        self.compact_ids = COMPACT_IDS if compact_ids is None else compact_ids
         self._hash = hasher
         self._index: dict[str, int] = {}        # small: id -> mark number
         self._serials = SerialIndex(min_room)   # compact: hash -> serial (else empty)
@@ -100,6 +112,8 @@ class DedupWindow:
         self._oldest = 0                        # compact: the oldest serial remembered
         self._holes: dict[int, int] = {}        # compact: serials in no index -> bytes taken
         self._hole_at: list[int] = []           # ... off already; a heap of those serials
+        self.merge_span = min(MERGE_SPAN, window * MERGE_SHARE)
+        self._tail_from = -math.inf             # compact: when the newest mark was begun
 
     def __len__(self) -> int:
         return self._count
@@ -202,7 +216,18 @@ class DedupWindow:
             if self.known_any(keys):  # one C-speed probe of each id when none is known
                 added -= self._blank(keys)
         if self._serial:
+            if len(keys) == len(ids) and self._merges(ids, first, now):
+                packed = self._merge_packed(ids, keys)
+                if size is None:
+                    size = packed
+                self._asked = (None, None)
+                self._count += len(ids)
+                self._at[-1] = now + self.window
+                self._bytes[-1] += size
+                self.held_bytes += size
+                return
             packed = self._remember_packed(ids, keys)
+            self._tail_from = now
             if size is None:
                 size = packed
         else:
@@ -249,6 +274,50 @@ class DedupWindow:
         return width[place] - start == len(message_id) and self._ids[k].startswith(
             message_id, start)
 
+    def _merges(self, ids: Sequence[str], first: int, now: float) -> bool:
+        """Whether ``ids`` (distinct, accepted at ``first``, ...) join the newest mark
+        of a compact window: begun at most ``merge_span`` ago, not full, and their
+        offsets right after its own."""
+        k = len(self._ids) - 1
+        if now - self._tail_from > self.merge_span or k < self._head \
+                or self._offset[k] + self._next_serial - self._serial[k] != first:
+            return False
+        size = len(ids[0]) if len(ids) == 1 else sum(map(len, ids))
+        return len(self._ids[k]) + size <= MERGE_CHARS
+
+    def _merge_packed(self, ids: Sequence[str], keys: dict[str, int]) -> int:
+        """``ids`` (see :meth:`_merges`; ``keys`` theirs) appended to the newest mark and
+        indexed; returns their packed length."""
+        packed = ids[0] if len(ids) == 1 else "".join(ids)
+        width = self._width[-1]
+        if isinstance(width, int):
+            if len(packed) != width * len(ids) or list(map(len, ids)).count(width) != len(ids):
+                # ids of another length: the mark's ids get their ends
+                held = self._next_serial - self._serial[-1]
+                ends = array("I", range(width, width * held + 1, width)) if width \
+                    else array("I", bytes(4 * held))
+                ends.extend(islice(accumulate(map(len, ids), initial=width * held), 1, None))
+                self._width[-1] = ends
+        else:
+            width.extend(islice(accumulate(map(len, ids), initial=width[-1]), 1, None))
+        self._ids[-1] += packed
+        self._index_ids(keys, self._next_serial)
+        self._next_serial += len(ids)
+        return len(packed)
+
+    def _index_ids(self, keys: dict[str, int], serial: int) -> None:
+        """Index ``keys`` (distinct ids, in order) at serials ``serial``, ``serial + 1``,
+        ... (with the hashes :meth:`known_any` made of them, if it did)."""
+        n = len(keys)
+        if n <= self._scalar_ids():
+            add, hasher = self._serials.add, self._hash
+            for i, message_id in enumerate(keys):
+                add(hasher(message_id) & MASK64, serial + i)
+            return
+        asked, probe = self._asked
+        hashes, prints = probe if asked is keys else self._probe(keys)
+        self._serials.add_all(hashes, prints, np.arange(serial, serial + n, dtype=np.int64))
+
     def _remember_packed(self, ids: Sequence[str], keys: dict[str, int]) -> int:
         """A compact window's new mark: ``ids`` packed, their hashes indexed (an id
         twice in ``ids``: its first place only, the others are holes); returns the
@@ -261,14 +330,7 @@ class DedupWindow:
         self._serial.append(serial)
         self._next_serial = serial + n
         if len(keys) == n:
-            if n <= self._scalar_ids():
-                add, hasher = self._serials.add, self._hash
-                for i, message_id in enumerate(ids):
-                    add(hasher(message_id) & MASK64, serial + i)
-                return len(packed)
-            asked, probe = self._asked
-            hashes, prints = probe if asked is keys else self._probe(keys)
-            self._serials.add_all(hashes, prints, np.arange(serial, serial + n, dtype=np.int64))
+            self._index_ids(keys, serial)
             return len(packed)
         places: dict[str, int] = {}
         for i, message_id in enumerate(ids):
@@ -288,6 +350,7 @@ class DedupWindow:
     def _make_compact(self) -> None:
         """Pack the marks' ids and index their hashes (the window outgrew a dict)."""
         self._trim(self._head)
+        self._tail_from = -math.inf  # (the marks begun as tuples take no more ids)
         flat = list(chain.from_iterable(self._ids))
         if len(self._index) == len(flat):
             self._compact_all(flat)

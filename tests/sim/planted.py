@@ -93,6 +93,21 @@ def duplicate_wrong_offset() -> contextlib.AbstractContextManager[Any]:
     return _wrap(DedupWindow, "finder", make)
 
 
+def merged_id_misplaced() -> contextlib.AbstractContextManager[Any]:
+    """G3: an id that joins a compact dedup window's newest mark (a small publish soon
+    after the last) is indexed one place on, where another id is packed: it is never
+    found again, and its retry is stored twice."""
+    def make(f: Any) -> Any:
+        def merge(self: DedupWindow, ids: Any, keys: Any) -> int:
+            self._next_serial += 1
+            try:
+                return int(f(self, ids, keys))
+            finally:
+                self._next_serial -= 1
+        return merge
+    return _wrap(DedupWindow, "_merge_packed", make)
+
+
 def delete_on_ttl_alone() -> contextlib.AbstractContextManager[Any]:
     """G5: cleanup ignores the subscriptions' cursors."""
     return _wrap(TopicLog, "trim",
@@ -1194,6 +1209,7 @@ def new_generation_at_every_start() -> contextlib.AbstractContextManager[Any]:
 
 PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "skip-dedup": skip_dedup,
+    "merged-id-misplaced": merged_id_misplaced,
     "duplicate-wrong-offset": duplicate_wrong_offset,
     "delete-on-ttl-alone": delete_on_ttl_alone,
     "cursor-before-ack": cursor_before_ack,
@@ -1275,7 +1291,7 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
 
 # The scenario that exercises each bug's code path most (default otherwise): each is
 # caught within a few seeds of it, so the whole set runs fast.
-SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
+SCENARIO = {"skip-dedup": "dedup", "merged-id-misplaced": "dedup", "duplicate-wrong-offset": "dedup",
             "keep-inactive-forever": "cleanup", "delete-inactive-at-once": "cleanup",
             "retire-restarts-offsets": "topics", "cleanup-ignores-pull-cursors": "cleanup",
             "new-ids-on-retry": "dedup", "full-before-dedup": "backpressure",
@@ -1300,6 +1316,7 @@ SCENARIO = {"skip-dedup": "dedup", "duplicate-wrong-offset": "dedup",
 # MAX_SEEDS seeds of its scenario; other rules may fire too).
 EXPECT: dict[str, tuple[str, ...]] = {
     "skip-dedup": ("G3/stored-twice",),
+    "merged-id-misplaced": ("G3/stored-twice",),
     "duplicate-wrong-offset": ("G1/offset-reused",),
     "delete-on-ttl-alone": ("G5/deleted-unacked",),
     "cursor-before-ack": ("G4/missed-redelivery", "G1/redelivered-acked"),
