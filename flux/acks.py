@@ -15,8 +15,24 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain
-from operator import sub
+from itertools import chain, compress, islice, repeat
+from operator import ne, sub
+
+
+def sorted_runs(ordered: Sequence[int]) -> list[tuple[int, int]]:
+    """The maximal runs ``(start, stop)`` of distinct, increasing ``ordered`` (at C
+    speed: one pass to find where a run breaks)."""
+    n = len(ordered)
+    if not n:
+        return []
+    if ordered[-1] - ordered[0] == n - 1:
+        return [(ordered[0], ordered[-1] + 1)]
+    # where the step from one offset to the next is not 1, a run starts
+    cuts = list(compress(range(1, n), map(ne, map(sub, islice(ordered, 1, None), ordered),
+                                          repeat(1))))
+    starts = [0, *cuts]
+    return list(zip(map(ordered.__getitem__, starts),
+                    [ordered[c - 1] + 1 for c in cuts] + [ordered[-1] + 1], strict=True))
 
 
 class Acks:
@@ -122,6 +138,12 @@ class Acks:
             low, high = min(starts[i], start), max(ends[j - 1], stop)
             self._count += high - low - sum(map(sub, ends[i:j], starts[i:j]))
             starts[i:j], ends[i:j] = [low], [high]
+
+    def add_sorted(self, ordered: Sequence[int]) -> None:
+        """Add distinct, increasing ``ordered``: a run at a time."""
+        add_range = self.add_range
+        for start, stop in sorted_runs(ordered):
+            add_range(start, stop)
 
     def add_runs(self, runs: Sequence[int]) -> None:
         """Add the runs of a flat ``[first, count, first, count, ...]`` list (as

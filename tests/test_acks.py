@@ -3,13 +3,14 @@ client use agrees, whatever the order of adds, and a stream of acks behind a stu
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flux.acks import Acks
+from flux.acks import Acks, sorted_runs
 
 _ops = st.lists(st.one_of(
     st.tuples(st.just("add"), st.integers(0, 60)),
@@ -94,3 +95,19 @@ def test_a_million_offsets_in_two_runs_export_as_four_numbers() -> None:
 def test_runs_of_odd_length_or_negative_count_are_refused(bad: list[int]) -> None:
     with pytest.raises(ValueError):
         Acks.from_runs(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.integers(0, 300), max_size=80), st.sets(st.integers(0, 300), max_size=20))
+def test_sorted_offsets_add_as_their_runs(offsets: set[int], before: set[int]) -> None:
+    """A key-ordered member's acks (distinct, a few runs) added a run at a time: the
+    same set as adding each, the runs maximal."""
+    ordered = sorted(offsets)
+    runs = sorted_runs(ordered)
+    assert [o for a, b in runs for o in range(a, b)] == ordered
+    assert all(b < c for (_, b), (c, _) in pairwise(runs))
+    acks, one_by_one = Acks(before), Acks(before)
+    acks.add_sorted(ordered)
+    for o in ordered:
+        one_by_one.add(o)
+    assert acks == one_by_one and len(acks) == len(offsets | before)

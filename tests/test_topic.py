@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flux import protocol as P
+from flux.acks import sorted_runs
 from flux.shard.dedup import COMPACT_IDS, DedupWindow
 from flux.shard.topic import TopicLog
 
@@ -548,4 +549,42 @@ def test_columns_read_together_match_reading_one_by_one(
     entries = [log.get(o) for o in offsets]
     assert ids == [e.id for e in entries if e is not None]
     assert payloads == [e.payload for e in entries if e is not None]
+    assert times == P.time_runs([100.0 + e.stored_at for e in entries if e is not None])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=6), st.integers(0, 60), st.booleans(),
+       st.data())
+def test_spans_of_runs_match_reading_one_by_one(
+        runs: list[int], below: int, large: bool, data: st.DataObject) -> None:
+    """A key-ordered member's push (a few runs of offsets) read as spans joined: the
+    same ids, payloads and times as the messages one by one, the payloads packed; or
+    None (then columns) for offsets out of order, below the oldest or in many runs."""
+    log = TopicLog()
+    size = 300 if large else 20
+    for at, n in enumerate(runs):
+        first = log.next_offset
+        log.extend([f"id{first + i}" for i in range(n)],
+                   [bytes([(first + i) % 256]) * size for i in range(n)], float(at))
+    log.trim(min(below, log.next_offset), float(len(runs)))
+    held = list(range(log.oldest, log.next_offset))
+    if not held:
+        return
+    if data.draw(st.booleans()):  # a few runs (what a key-ordered member gets)
+        starts = data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=4))
+        offsets = sorted({o for a in starts for o in range(a, min(a + 12, held[-1] + 1))})
+    else:
+        offsets = data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=60,
+                                     unique=True))
+    got = log.spans(offsets, 100.0)
+    if got is None:
+        assert not offsets or offsets != sorted(offsets) or len(sorted_runs(offsets)) * 4 > len(
+            offsets) or any(type(p) is tuple for p in log._packed)
+        return
+    ids, payloads, times = got
+    assert type(payloads) is P.PackedPayloads and len(payloads) == len(offsets)
+    entries = [log.get(o) for o in offsets]
+    assert ids == [e.id for e in entries if e is not None]
+    assert list(payloads) == [e.payload for e in entries if e is not None]
+    assert payloads.size == sum(len(e.payload) for e in entries if e is not None)
     assert times == P.time_runs([100.0 + e.stored_at for e in entries if e is not None])

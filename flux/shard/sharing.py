@@ -31,6 +31,7 @@ and, with ``key_ordered``, the member each key is pinned to.
 from __future__ import annotations
 
 import heapq
+from collections import _count_elements as count_elements  # type: ignore[attr-defined]
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -561,11 +562,11 @@ class Sharing(Delivery):
             key_of, keys = m.key_of, m.keys
             held = list(map(key_at.get, offsets))
             new_keys = cast(list[str], held)
-            if None not in held and key_of.keys().isdisjoint(offsets) \
-                    and len(set(held)) == len(held) and not any(map(keys.get, new_keys)):
-                # the usual case: each a key new here (pinned, none held), once
+            if None not in held and key_of.keys().isdisjoint(offsets):
+                # the usual case: each offset new here, keyed: counted at C speed (Counter's
+                # own helper: one more for each key, on a plain dict)
                 key_of.update(zip(offsets, new_keys, strict=True))
-                keys.update(dict.fromkeys(new_keys, 1))
+                count_elements(keys, new_keys)
             else:
                 for offset, key in zip(offsets, held, strict=True):
                     if key is not None and offset not in key_of:
@@ -608,8 +609,9 @@ class Sharing(Delivery):
             try:  # a disk topic's evicted payloads are read back here
                 if type(batch) is range:
                     ids, payloads, times = log.span(batch.start, batch.stop, self.epoch)
-                else:
-                    ids, payloads, times = self._columns(log, batch)
+                else:  # a few runs (a key-ordered member's keys) packed as they are
+                    ids, payloads, times = log.spans(batch, self.epoch) \
+                        or self._columns(log, batch)
             except errors.StorageUnavailable:
                 continue  # damage read back (its topic is recovered): times out as lost
             meta = log.meta_columns(batch, self.epoch)  # (None fast: no key, header or due)

@@ -10,6 +10,7 @@ are uniform, so each queue is already in time order and needs no heap.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
@@ -182,18 +183,14 @@ class Subscription(PushTimers):
         run = last - first == len(ordered) - 1
         if run:
             acked.add_range(first, last + 1)
-        else:
-            for offset in ordered:
-                acked.add(offset)
+        else:  # a few runs, as a key-ordered member's acks are
+            acked.add_sorted(ordered)
         cursor = self.cursor = acked.take_run(self.cursor)
         if self.recording and last >= cursor:
             if run:
                 self.unrecorded.add_range(max(first, cursor), last + 1)
             else:
-                unrecorded = self.unrecorded
-                for offset in ordered:
-                    if offset >= cursor:
-                        unrecorded.add(offset)
+                self.unrecorded.add_sorted(ordered[bisect_left(ordered, cursor):])
 
     def count_acked(self, offset: int) -> bool:
         """Count ``offset`` as acked whether or not it is in flight (G11: a dead letter,

@@ -23,6 +23,7 @@ import msgpack
 
 from flux import errors
 from flux import protocol as P
+from flux.acks import sorted_runs
 from flux.message_meta import Meta, columns
 from flux.shard.kept import Entry, KeptMessages, Placed, Resident
 from flux.shard.packed_ids import PackedIds
@@ -580,6 +581,37 @@ class TopicLog:
             times.extend([epoch + self._at[k]] * len(group))
             i = j
         return ids, payloads, P.time_runs(times)
+
+    def spans(self, offsets: Sequence[int], epoch: float = 0.0
+              ) -> tuple[list[str], P.PackedPayloads, list[float | int]] | None:
+        """:meth:`span` of each run of increasing, in-line ``offsets``, joined (what a
+        key-ordered member is pushed: a few runs of its keys' offsets), its payloads
+        left packed; None when they are not increasing, some is kept, they make many
+        short runs, or a chunk holds them unpacked (:meth:`columns` then)."""
+        n = len(offsets)
+        if not n or offsets[0] < self.oldest or offsets[-1] >= self._next \
+                or not all(map(lt, offsets, islice(offsets, 1, None))):
+            return None
+        runs = sorted_runs(offsets)
+        if len(runs) * 4 > n:
+            return None
+        ids: list[str] = []
+        parts: list[bytes | memoryview] = []
+        times: list[float | int] = []
+        size = 0
+        for start, stop in runs:
+            run_ids, payloads, run_times = self.span(start, stop, epoch)
+            if type(payloads) is not P.PackedPayloads:
+                return None
+            ids += run_ids
+            parts += payloads.parts
+            size += payloads.size
+            if times and times[-2] == run_times[0]:  # runs of one chunk: one time run
+                times[-1] += run_times[1]
+                times += run_times[2:]
+            else:
+                times += run_times
+        return ids, P.PackedPayloads(parts, n, size), times
 
     def holds(self, offset: int) -> bool:
         """Whether the message at ``offset`` is held (its payload is not read)."""
