@@ -34,6 +34,20 @@ class AckSessionModel(RuleBasedStateMachine):
         self.delivered.update(offsets)
         self.next = first + n
 
+    @rule(runs=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 12)), min_size=1,
+                        max_size=4))
+    def deliver_runs(self, runs: list[tuple[int, int]]) -> None:
+        """A key-ordered member's first deliveries: a few runs, other members' offsets
+        between them."""
+        offsets: list[int] = []
+        start = self.next
+        for gap, n in runs:
+            offsets.extend(range(start + gap, start + gap + n))
+            start += gap + n
+        self.session.deliver_first(offsets)
+        self.delivered.update(offsets)
+        self.next = start
+
     @precondition(lambda self: bool(self.unacked()))
     @rule(data=st.data())
     def redeliver(self, data: st.DataObject) -> None:

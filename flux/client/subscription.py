@@ -13,7 +13,8 @@ import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from itertools import islice, repeat
+from operator import lt
 from typing import Any, Literal
 
 from flux import errors
@@ -82,11 +83,15 @@ class AckSession:
         if not offsets:
             return
         first = offsets[0]
-        if first >= self.next_offset and first >= self.confirmed \
-                and (type(offsets) is range or offsets == list(range(first, first + len(offsets)))):
-            # nothing at or above next_offset was delivered or acked here yet
-            self.deliveries.add_range(first, first + len(offsets))
-            self.next_offset = first + len(offsets)
+        if first >= self.next_offset and first >= self.confirmed and (
+                type(offsets) is range or all(map(lt, offsets, islice(offsets, 1, None)))):
+            # nothing at or above next_offset was delivered or acked here yet: a run, or
+            # a few (a key-ordered member's keys), added a run at a time
+            if offsets[-1] - first == len(offsets) - 1:
+                self.deliveries.add_range(first, offsets[-1] + 1)
+            else:
+                self.deliveries.add_sorted(offsets)
+            self.next_offset = offsets[-1] + 1
         else:
             for offset in offsets:
                 self.deliver(offset)
