@@ -97,10 +97,10 @@ class DedupWindow:
     ``merge_span`` seconds past its window (G3 holds: never less than the window).
     """
 
-    __slots__ = ("_asked", "_at", "_base", "_bytes", "_count", "_due", "_due_bytes", "_hash",
-                 "_head", "_hole_at", "_holes", "_ids", "_index", "_min_room", "_next_serial",
-                 "_offset", "_oldest", "_serial", "_serials", "_tail_from", "_width",
-                 "compact_ids", "held_bytes", "merge_span", "window")
+    __slots__ = ("_asked", "_at", "_base", "_bytes", "_count", "_due", "_due_bytes",
+                 "_expected", "_hash", "_head", "_hole_at", "_holes", "_ids", "_index",
+                 "_min_room", "_next_serial", "_offset", "_oldest", "_serial", "_serials",
+                 "_tail_from", "_width", "compact_ids", "held_bytes", "merge_span", "window")
 
     def __init__(self, window: float, compact_ids: int | None = None,
                  hasher: Callable[[str], int] = hash, min_room: int | None = None) -> None:
@@ -109,6 +109,7 @@ class DedupWindow:
         self._hash = hasher
         self._index: dict[str, int] = {}        # small: id -> mark number
         self._min_room = min_room
+        self._expected = 0   # ids about to be remembered (expect): the index's first table
         # compact: hash -> serial (made when the window first turns compact)
         self._serials: SerialIndex | None = None
         self._count = 0                         # ids remembered
@@ -164,6 +165,11 @@ class DedupWindow:
     def next_mark(self) -> int:
         """The number the next remembered run of ids gets."""
         return self._base + len(self._ids)
+
+    def expect(self, count: int) -> None:
+        """About ``count`` ids are about to be remembered (a recovery rebuilding the
+        window): if the window turns compact, its index makes one table for them all."""
+        self._expected = count
 
     def keys_for(self, ids: Iterable[str]) -> dict[str, int]:
         """``ids`` as the dict :meth:`remember_all` takes (one entry per distinct id)."""
@@ -374,6 +380,7 @@ class DedupWindow:
         load_compact()
         if self._serials is None:
             self._serials = serial_index.SerialIndex(self._min_room or serial_index.MIN_ROOM)
+        self._serials.reserved, self._expected = self._expected, 0
         self._trim(self._head)
         self._tail_from = -math.inf  # (the marks begun as tuples take no more ids)
         flat = list(chain.from_iterable(self._ids))
