@@ -741,6 +741,8 @@ def test_a_recovery_makes_its_large_dedup_window_at_its_size_once() -> None:
     replay = TopicReplay(TOPIC, shard.core.topics[TOPIC].settings, epoch=0.0, now=shard.now)
     for rec in disk.writer().records:
         replay.feed(rec)
+    pauses = sum(1 for _ in replay.remember_window(4096))  # (a shard's tasks run there)
+    assert pauses == 160 * 256 // 4096
     topic = replay.build(GEN, now=shard.now)
     dedup = topic.dedup
     assert dedup.compact and len(dedup) == 160 * 256

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -35,6 +35,8 @@ from flux.shard.state import Topic
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
 from flux.storage import Record
+
+WINDOW_STEP = 32768  # ids remembered between two pauses of a window's rebuild (~10 ms)
 
 
 class ReplayError(Exception):
@@ -175,17 +177,24 @@ class TopicReplay:
             self._window.append((tuple(ids), first, stored_at, None))
         self.next_offset = max(self.next_offset, first + len(ids))
 
-    def _remember_window(self) -> None:
+    def remember_window(self, step: int = WINDOW_STEP) -> Iterator[None]:
         """Remember the runs of ids still in the window, in log order (as a shard that
-        took them one after another would have: one that came again takes its place)."""
+        took them one after another would have: one that came again takes its place),
+        pausing (a ``yield``) after every ``step`` ids: the caller lets its other tasks
+        run there. :meth:`build` does what is left."""
         runs, self._window = self._window, []
         if not runs:
             return
         self.dedup.expect(sum(len(ids) for ids, _, _, _ in runs))
         remember = self.dedup.remember_all
+        done = 0
         for ids, first, stored_at, size in runs:
             # (the log keeps a record's ids packed: a str each only for the window's pass)
             remember(ids.unpacked() if type(ids) is PackedIds else ids, first, stored_at, size)
+            done += len(ids)
+            if done >= step:
+                done = 0
+                yield
 
     def _hold_kept(self, log: TopicLog) -> TopicDelays:
         """Hold the kept messages below the log's oldest out of line (those at or above it
@@ -224,7 +233,8 @@ class TopicReplay:
             log = TopicLog(max(self.next_offset, log.next_offset if log else 0), placed=True)
         if self.oldest > log.oldest:
             log.trim(self.oldest, math.inf)
-        self._remember_window()
+        for _ in self.remember_window(1 << 62):
+            pass
         self.dedup.expire(now)
         delayed = self._hold_kept(log)
         topic = Topic(self.name, log, self.dedup, self.settings, generation=generation,
