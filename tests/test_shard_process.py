@@ -103,3 +103,13 @@ async def test_once_serving_comes_after_the_disk_topics_are_recovered(disk: bool
         await run_shard(host, spec, pid=1, stop=stop, on_start=servers.append,
                         on_serving=serving)
     assert seen == ([None, ["orders"]] if disk else [None])
+
+
+def test_a_new_shard_process_imports_neither_numpy_nor_yaml() -> None:
+    """A restarted shard serves sooner without them (numpy is imported once it serves,
+    or when a dedup window first turns compact; a shard's config comes as a dict)."""
+    code = ("import sys, flux.shard.__main__\n"
+            "print(sorted(m for m in ('numpy', 'yaml') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    assert out == "[]"
