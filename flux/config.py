@@ -16,8 +16,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from flux.auth.users import DEFAULTS as AUTH_DEFAULTS
 from flux.auth.users import AuthConfig, parse_auth
 from flux.errors import ConfigError
@@ -630,6 +628,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     path, sep, raw = text.partition("=")
     if not sep or not path.strip():
         raise ConfigError(text, "expected key.path=value")
+    import yaml  # (here: a shard process takes its config as a dict and never needs it)
+
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
@@ -646,6 +646,8 @@ def load(path: str | Path | None = None, overrides: list[str] | None = None,
             text = Path(path).read_text()
         except OSError as exc:
             raise ConfigError(str(path), f"cannot read: {exc.strerror}") from None
+        import yaml
+
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:

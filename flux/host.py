@@ -243,6 +243,12 @@ class DiskFile(Protocol):
         """Up to ``length`` bytes from ``offset`` (fewer only at the end of the file)."""
         ...
 
+    def read_into(self, offset: int, buffer: bytearray | memoryview) -> int:
+        """Read up to ``len(buffer)`` bytes from ``offset`` into ``buffer``; returns how
+        many (fewer only at the end of the file). A scan reuses one buffer: a new one
+        per read cost the kernel a page fault every 4 KiB of it."""
+        ...
+
     async def sync(self) -> None:
         """Make everything written so far durable (fsync), without blocking the event loop."""
         ...
@@ -409,6 +415,9 @@ class RealDiskFile:
 
     def read_at(self, offset: int, length: int) -> bytes:
         return os.pread(self._check(), length, offset)
+
+    def read_into(self, offset: int, buffer: bytearray | memoryview) -> int:
+        return os.preadv(self._check(), [buffer], offset)
 
     async def sync(self) -> None:
         # abandon_on_cancel=False (the default): a cancelled caller still waits for

@@ -329,8 +329,8 @@ def test_a_recovery_remembers_only_the_ids_still_inside_their_dedup_window() -> 
     both = recovered(45.0).build(GEN, now=45.0)
     assert (both.dedup.get("old"), both.dedup.get("new")) == (0, 1)
     later = recovered(60.0)  # "old" (stored at 0) left its 50 s window at 50
-    assert len(later.dedup) == 1
     rebuilt = later.build(GEN, now=60.0)
+    assert len(rebuilt.dedup) == 1
     assert (rebuilt.dedup.get("old"), rebuilt.dedup.get("new")) == (None, 1)
     assert rebuilt.log.next_offset == 2  # the message itself is still there
 
@@ -727,3 +727,25 @@ def test_a_subscribe_that_resets_starts_at_a_kept_message() -> None:
     reply = subscribed(1, name="late", generation=GEN + 1)  # it knew another generation
     assert reply["reset"] and reply["created"] and reply["start_offset"] == 0
     assert subscribed(2, name="old", read_old=True)["start_offset"] == 0  # (G6)
+
+
+def test_a_recovery_makes_its_large_dedup_window_at_its_size_once() -> None:
+    """A window the replay rebuilds is made compact with one table for every id in it
+    (a growing window's tables, several and ever larger, cost each id a probe more),
+    and still finds each id's original offset."""
+    shard, disk, client = _disk_shard(**{"message.dedup_window": 500.0})
+    for k in range(160):  # more than a growing window's first table takes
+        _publish(client, *(f"m{k}-{i:05}" for i in range(256)))
+        shard.advance(0.1)
+    disk.sync()
+    replay = TopicReplay(TOPIC, shard.core.topics[TOPIC].settings, epoch=0.0, now=shard.now)
+    for rec in disk.writer().records:
+        replay.feed(rec)
+    pauses = sum(1 for _ in replay.remember_window(4096))  # (a shard's tasks run there)
+    assert pauses == 160 * 256 // 4096
+    topic = replay.build(GEN, now=shard.now)
+    dedup = topic.dedup
+    assert dedup.compact and len(dedup) == 160 * 256
+    assert dedup._serials is not None and dedup._serials.tables == 1
+    assert dedup.get("m0-00000") == 0 and dedup.get("m159-00255") == 160 * 256 - 1
+    assert dedup.get("m77-00123") == 77 * 256 + 123 and dedup.get("m160-00000") is None

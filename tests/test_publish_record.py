@@ -3,6 +3,8 @@ fast path) agrees with unpacking the payloads, for any body."""
 
 from __future__ import annotations
 
+from array import array
+
 import msgpack
 import pytest
 from hypothesis import given
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 
 from flux.shard.packed_ids import PackedIds
 from flux.shard.publish_record import packed_ids, packed_lengths, read_publish
-from flux.shard.topic import payload_lengths
+from flux.shard.topic import lengths_sum, payload_lengths
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 @st.composite
@@ -134,3 +136,21 @@ def test_unpacked_ids_leave_the_log_s_copy_packed() -> None:
     assert ids._ids is None and ids._packed  # still packed
     assert list(ids) == ["a1", "b2", "c3"]  # (wanted for good: unpacked once, kept)
     assert ids.unpacked() is ids._ids
+
+
+@given(first=st.integers(-2**63, 2**64 - 1), wall=st.one_of(
+    st.floats(allow_nan=False), st.integers(-2**63, 2**64 - 1)))
+def test_read_publish_reads_any_first_offset_and_wall_time(first: int, wall: float) -> None:
+    """The head's fast path (a uint offset, a float64 wall time: what Flux writes) and
+    the Unpacker it falls back to for any other agree with unpacking the body."""
+    got = read_publish(body_of(first, wall, ["a", "b"], [b"x", b"y"]))
+    assert got[:2] == (first, wall) and type(got[1]) is type(wall)
+    assert list(got[2]) == ["a", "b"] and list(got[4]) == [1, 1]
+
+
+@given(lens=st.one_of(st.binary(max_size=300), st.lists(st.integers(0, 2**32 - 1),
+                                                        max_size=40).map(lambda v: array("I", v)),
+                      st.tuples(st.integers(0, 255), st.integers(0, 300)).map(
+                          lambda t: bytes((t[0],)) * t[1])))
+def test_lengths_sum_is_the_sum(lens: bytes | array[int]) -> None:
+    assert lengths_sum(lens) == sum(lens)

@@ -3,6 +3,7 @@ serves, and the real disk's read-ahead hint (recovery) that never fails or linge
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,8 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
+from test_output_backpressure import SECRET, LockstepHost
 
-from flux.host import RealDisk
+from flux import config as config_mod
+from flux.host import RealDisk, ShardSpec
+from flux.shard.disk import FORMAT_VERSION, OWNER
+from flux.shard.server import ShardServer, run_shard
+from flux.sim.disk import SimDisk
+from flux.storage.record import encode
+from flux.storage.segment import SegmentHeader, encode_header
 
 PIN_CHILD = """
 import os, threading
@@ -56,3 +65,51 @@ def test_read_ahead_reads_a_file_through_and_ends_and_ignores_a_missing_one(
     while _read_ahead_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not _read_ahead_threads(), "a read-ahead thread did not end"
+
+
+@pytest.mark.parametrize("disk", [False, True])
+async def test_once_serving_comes_after_the_disk_topics_are_recovered(disk: bool) -> None:
+    """The shard process pins itself and imports ahead in ``on_serving``: never while
+    its disk topics recover (the read-ahead thread needs the other CPU), and also
+    without any."""
+    keys: dict[str, object] = {"shards": 1, "shard.orphan_timeout": 60.0}
+    if disk:
+        keys.update({"storage.dir": "/data", "storage.kind": "disk"})
+    config = config_mod.Config().replace(**keys)
+    spec = ShardSpec(index=0, shard_count=1, port=0, control="127.0.0.1:1", advertise=None,
+                     config=config.to_dict(), secret=SECRET)
+    host = LockstepHost()
+    host.disk = SimDisk(seed=1)
+    if disk:  # one disk topic's log: an empty snapshot
+        host.disk.makedirs("/data/shard-0/orders")
+        host.disk.open("/data/flux-data.json", create=True).append(
+            json.dumps({"format": FORMAT_VERSION, "shards": 1}).encode())
+        header = SegmentHeader(f"{OWNER}orders", 5, 0, "boot")
+        host.disk.open("/data/shard-0/orders/00000000000000000000.log", create=True).append(
+            encode_header(header) + encode(6, b"\x93\x00\x00\x90"))
+    servers: list[ShardServer] = []
+    seen: list[object] = []
+    stop = trio.Event()
+
+    def serving() -> None:
+        core = servers[0].core
+        seen.append(core.recovering)
+        if disk:
+            assert servers[0].storage is not None
+            seen.append([r.topic for r in servers[0].storage.recovered])
+        stop.set()
+
+    with trio.fail_after(30):
+        await run_shard(host, spec, pid=1, stop=stop, on_start=servers.append,
+                        on_serving=serving)
+    assert seen == ([None, ["orders"]] if disk else [None])
+
+
+def test_a_new_shard_process_imports_neither_numpy_nor_yaml() -> None:
+    """A restarted shard serves sooner without them (numpy is imported once it serves,
+    or when a dedup window first turns compact; a shard's config comes as a dict)."""
+    code = ("import sys, flux.shard.__main__\n"
+            "print(sorted(m for m in ('numpy', 'yaml') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    assert out == "[]"

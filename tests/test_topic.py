@@ -498,7 +498,7 @@ def test_dedup_structures_are_not_walked_by_the_cycle_collector(compact_ids: int
     assert dedup.compact == (compact_ids == 4)
     assert not gc.is_tracked(dedup._index)
     assert not any(map(gc.is_tracked, dedup._ids))
-    for table in dedup._serials._tables:
+    for table in dedup._serials._tables if dedup._serials is not None else ():
         assert not gc.is_tracked(table.fps) and not gc.is_tracked(table.rels)
     assert dedup.get("m0-0", 20.0) == 60 and dedup.get("m19-2", 20.0) == 59
 

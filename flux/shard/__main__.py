@@ -2,7 +2,9 @@
 
 The router's process launcher starts this; it runs :func:`flux.shard.server.run_shard`
 on a RealHost and, once the shard serves, pins the process to its CPU (recovering
-disk topics before that may use every CPU). The broker's secret is not in
+disk topics before that may use every CPU) and imports in a thread what only a large
+dedup window needs (numpy: a tenth of a second that a restart no longer waits
+for). The broker's secret is not in
 the spec: the shard reads it as one line from its standard input (a pipe from the
 launcher), so no command line shows it. SIGTERM or SIGINT drains the shard and
 exits 0. Exit status 1: the port could not be bound; 2: a bad spec or no secret;
@@ -21,12 +23,14 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator
 
 import trio
 
 from flux import errors, process_log
 from flux.host import RealHost, ShardSpec
+from flux.shard.dedup import load_compact
 from flux.shard.server import StorageFailed, run_shard
 from flux.shard.stalls import StallWatch
 
@@ -50,6 +54,12 @@ def pin_to_cpu(cpu: int | None) -> None:
         pass
 
 
+def once_serving(cpu: int | None) -> None:
+    """Pin the shard to its CPU, then import ahead what a compact dedup window needs."""
+    pin_to_cpu(cpu)
+    threading.Thread(target=load_compact, name="flux-imports", daemon=True).start()
+
+
 async def serve(spec: ShardSpec) -> None:
     """Run the shard until drained; SIGTERM/SIGINT start the drain."""
     stop = trio.Event()
@@ -61,13 +71,10 @@ async def serve(spec: ShardSpec) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(on_signal, signals)
-            async with trio.open_nursery() as shard:
-                await shard.start(functools.partial(
-                    run_shard, RealHost(f"shard-{spec.index}"), spec, pid=os.getpid(),
-                    stop=stop))
-                # pinned once serving: recovering disk topics before it may use every
-                # CPU (reading the log ahead on one while checking records on another)
-                pin_to_cpu(spec.cpu)
+            # pinned once serving: recovering disk topics before it may use every CPU
+            # (reading the log ahead on one while checking records on another)
+            await run_shard(RealHost(f"shard-{spec.index}"), spec, pid=os.getpid(), stop=stop,
+                            on_serving=functools.partial(once_serving, spec.cpu))
             nursery.cancel_scope.cancel()
 
 FULL_COLLECTION_EVERY = 100  # generation-1 collections per full one (CPython: 10)

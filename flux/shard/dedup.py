@@ -15,12 +15,15 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from heapq import heappop, heappush
 from itertools import accumulate, chain, islice, repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
-from flux.shard import serial_index
-from flux.shard.serial_index import MASK64, MIN_ROOM, SerialIndex, fingerprints
+    from flux.shard import serial_index
+    from flux.shard.serial_index import SerialIndex
+else:  # numpy costs a new shard process ~0.1 s to import: only a compact window needs it
+    np = serial_index = None
 
 EXPIRE_SLICE = 1024  # most dedup ids one publish or lookup forgets on its way
 # a window holding more ids than this packs them and indexes their hashes (once, about
@@ -46,6 +49,19 @@ COMPACT_ID_COST = 48
 MERGE_CHARS = 2048
 MERGE_SPAN = 0.05
 MERGE_SHARE = 0.01
+MASK64 = (1 << 64) - 1
+
+
+def load_compact() -> None:
+    """Import what a compact window needs (numpy, :mod:`flux.shard.serial_index`): done
+    the first time a window turns compact, or ahead of it (a shard, once it serves)."""
+    global np, serial_index
+    if serial_index is None:
+        import numpy
+
+        from flux.shard import serial_index as index
+        np, serial_index = numpy, index
+
 
 class DedupWindow:
     """Message ids accepted in the last ``window`` seconds, with their offsets.
@@ -81,18 +97,21 @@ class DedupWindow:
     ``merge_span`` seconds past its window (G3 holds: never less than the window).
     """
 
-    __slots__ = ("_asked", "_at", "_base", "_bytes", "_count", "_due", "_due_bytes", "_hash",
-                 "_head", "_hole_at", "_holes", "_ids", "_index", "_next_serial", "_offset",
-                 "_oldest", "_serial", "_serials", "_tail_from", "_width", "compact_ids",
-                 "held_bytes", "merge_span", "window")
+    __slots__ = ("_asked", "_at", "_base", "_bytes", "_count", "_due", "_due_bytes",
+                 "_expected", "_hash", "_head", "_hole_at", "_holes", "_ids", "_index",
+                 "_min_room", "_next_serial", "_offset", "_oldest", "_serial", "_serials",
+                 "_tail_from", "_width", "compact_ids", "held_bytes", "merge_span", "window")
 
     def __init__(self, window: float, compact_ids: int | None = None,
-                 hasher: Callable[[str], int] = hash, min_room: int = MIN_ROOM) -> None:
+                 hasher: Callable[[str], int] = hash, min_room: int | None = None) -> None:
         self.window = window
         self.compact_ids = COMPACT_IDS if compact_ids is None else compact_ids
         self._hash = hasher
         self._index: dict[str, int] = {}        # small: id -> mark number
-        self._serials = SerialIndex(min_room)   # compact: hash -> serial (else empty)
+        self._min_room = min_room
+        self._expected = 0   # ids about to be remembered (expect): the index's first table
+        # compact: hash -> serial (made when the window first turns compact)
+        self._serials: SerialIndex | None = None
         self._count = 0                         # ids remembered
         # the last ids known_any looked up and their hashes (compact, until remember_all)
         self._asked: tuple[object, Any] = (None, None)
@@ -147,6 +166,11 @@ class DedupWindow:
         """The number the next remembered run of ids gets."""
         return self._base + len(self._ids)
 
+    def expect(self, count: int) -> None:
+        """About ``count`` ids are about to be remembered (a recovery rebuilding the
+        window): if the window turns compact, its index makes one table for them all."""
+        self._expected = count
+
     def keys_for(self, ids: Iterable[str]) -> dict[str, int]:
         """``ids`` as the dict :meth:`remember_all` takes (one entry per distinct id)."""
         return dict.fromkeys(ids, self.next_mark)
@@ -190,6 +214,7 @@ class DedupWindow:
             return any(find(message_id) is not None for message_id in ids)
         probe = self._probe(ids)
         self._asked = (ids, probe)  # remember_all(keys=ids) reuses them
+        assert self._serials is not None
         maybe = self._serials.maybe(*probe)
         if not maybe.any():
             return False
@@ -257,10 +282,11 @@ class DedupWindow:
         if not isinstance(ids, Sequence | dict):
             ids = list(ids)
         hashes = np.fromiter(map(self._hash, ids), np.int64, len(ids)).view(np.uint64)
-        return hashes, None if fast is not None else fingerprints(hashes)
+        return hashes, None if fast is not None else serial_index.fingerprints(hashes)
 
     def _find(self, message_id: str) -> int | None:
         """The serial of ``message_id`` if a compact window remembers it."""
+        assert self._serials is not None
         return self._serials.find(self._hash(message_id) & MASK64, self._holds, message_id)
 
     def _holds(self, serial: int, message_id: str) -> bool:
@@ -309,6 +335,7 @@ class DedupWindow:
         """Index ``keys`` (distinct ids, in order) at serials ``serial``, ``serial + 1``,
         ... (with the hashes :meth:`known_any` made of them, if it did)."""
         n = len(keys)
+        assert self._serials is not None
         if n <= self._scalar_ids():
             add, hasher = self._serials.add, self._hash
             for i, message_id in enumerate(keys):
@@ -325,6 +352,7 @@ class DedupWindow:
         serial = self._next_serial
         n = len(ids)
         packed, width = pack(ids)
+        assert self._serials is not None
         self._ids.append(packed)
         self._width.append(width)
         self._serial.append(serial)
@@ -349,6 +377,10 @@ class DedupWindow:
 
     def _make_compact(self) -> None:
         """Pack the marks' ids and index their hashes (the window outgrew a dict)."""
+        load_compact()
+        if self._serials is None:
+            self._serials = serial_index.SerialIndex(self._min_room or serial_index.MIN_ROOM)
+        self._serials.reserved, self._expected = self._expected, 0
         self._trim(self._head)
         self._tail_from = -math.inf  # (the marks begun as tuples take no more ids)
         flat = list(chain.from_iterable(self._ids))
@@ -382,6 +414,7 @@ class DedupWindow:
         self._next_serial = serial
         self._index = {}
         unsigned = np.array(hashes, np.int64).view(np.uint64)
+        assert self._serials is not None
         self._serials.add_all(unsigned, None, np.array(serials, np.int64))
 
     def _compact_all(self, flat: list[str]) -> None:
@@ -402,12 +435,14 @@ class DedupWindow:
         self._next_serial = len(flat)
         self._index = {}
         hashes, prints = self._probe(flat)
+        assert self._serials is not None
         self._serials.add_all(hashes, prints, np.arange(len(flat), dtype=np.int64))
 
     def _blank(self, keys: dict[str, int]) -> int:
         """Ids past their window, accepted again: take them out of their old marks;
         returns how many a small window's dict will count twice."""
         if self._serial:  # each leaves a hole, and is counted off here
+            assert self._serials is not None
             for message_id in keys:
                 serial = self._find(message_id)
                 if serial is None:
@@ -449,8 +484,9 @@ class DedupWindow:
     def expire(self, now: float, most: int | None = None) -> int:
         """Forget ids whose window has passed, oldest first (at most ``most``);
         returns how many."""
-        if self._serials.dying:  # dead tables' pages, given back a slice a call
-            self._serials.release()
+        serials = self._serials
+        if serials is not None and serials.dying:  # dead tables' pages, a slice a call
+            serials.release()
         ats, head = self._at, self._head
         if head >= len(ats) or ats[head] > now:
             return 0  # nothing is due (windows end in mark order): the usual case
@@ -461,8 +497,8 @@ class DedupWindow:
         marks = self._ids
         if k == len(marks):
             self._trim(k)
-            if compact:  # the window is empty: back to a dict
-                self._serials.clear()
+            if compact and serials is not None:  # the window is empty: back to a dict
+                serials.clear()
                 self._holes.clear()
                 self._hole_at.clear()
                 self._next_serial = self._oldest = 0
@@ -533,6 +569,7 @@ class DedupWindow:
             budget -= stop - oldest
             oldest = stop
         self._oldest = oldest
+        assert self._serials is not None
         self._serials.drop_before(oldest)
         return k, oldest - start
 

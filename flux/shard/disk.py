@@ -295,7 +295,8 @@ class ShardStorage:
             log.info("shard %d: topic %r stays on disk (it was made a disk topic; its policy"
                      " now says %s)", core.index, name, settings.storage)
         epoch = core.epoch
-        replay = TopicReplay(name, settings, epoch, now=host.now())
+        started = host.now()
+        replay = TopicReplay(name, settings, epoch, now=started)
         try:
             table, report = await recover(self.disk, path, owner=f"{OWNER}{name}",
                                           on_record=replay.feed, now=host.now,
@@ -329,7 +330,10 @@ class ShardStorage:
         if why is not None:
             generation = self.new_generation()
         assert generation is not None
+        for _ in replay.remember_window():   # (heartbeats and Busy answers go on)
+            await trio.lowlevel.checkpoint()
         topic = replay.build(generation, host.now(), reset=why is not None)
+        seconds = host.now() - started
         writer = self._writer(name, table, generation)
         journal = self._journal(name, writer, topic.log.next_offset)
         journal.published.extend(replay.published)
@@ -339,7 +343,7 @@ class ShardStorage:
         topic.journal = journal
         self.journals[name], self.writers[name] = journal, writer
         info = {"recovered_bytes": report.bytes, "recovered_records": replay.records,
-                "recovery_seconds": report.seconds, "new_generation": why,
+                "recovery_seconds": seconds, "new_generation": why,
                 "damage_read_back": found,
                 "fsync_failed": None if report.synced_mark is None else {
                     "cut_at": report.synced_mark, "unsynced_bytes": report.unsynced_bytes},
@@ -366,7 +370,7 @@ class ShardStorage:
                        f" {report.synced_mark}, {report.unsynced_bytes} bytes past it set aside")
         log.info("shard %d: recovered topic %r in %.3fs: read %d bytes, %d records, %d messages,"
                  " %d subscriptions; offsets %d..%d; generation %#x%s%s", core.index, name,
-                 report.seconds, report.bytes, replay.records, replay.messages, len(topic.subs),
+                 seconds, report.bytes, replay.records, replay.messages, len(topic.subs),
                  topic.log.oldest, topic.log.next_offset, generation,
                  f" (new: {why})" if why else "", damage)
 

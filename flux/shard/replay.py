@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -35,6 +35,8 @@ from flux.shard.state import Topic
 from flux.shard.subscription import Subscription
 from flux.shard.topic import TopicLog
 from flux.storage import Record
+
+WINDOW_STEP = 32768  # ids remembered between two pauses of a window's rebuild (~10 ms)
 
 
 class ReplayError(Exception):
@@ -58,6 +60,9 @@ class TopicReplay:
         self.forgotten_by = now - settings.dedup_window
         self.log: TopicLog | None = None
         self.dedup = DedupWindow(settings.dedup_window)
+        # the runs of ids still in the window, in log order, remembered at build (their
+        # number known: the window's index is made at its size once, never grown)
+        self._window: list[tuple[Sequence[str], int, float, int | None]] = []
         self.next_offset = 0        # at least this (a snapshot's, when no message is left)
         self.oldest = 0             # trims moved the head here
         # name -> [mode, start offset, created (wall), cursor, acks (above the cursor, once
@@ -162,17 +167,34 @@ class TopicReplay:
             meta = make_meta(fields.get("keys"), fields.get("headers"), n)
         log.extend_placed(chunk, lens, stored_at, position, end, size, meta)
         if self.dedup.window > 0 and stored_at > self.forgotten_by:
-            # (the log keeps a record's ids packed: a str each only for the window's pass)
-            self.dedup.remember_all(chunk.unpacked() if type(chunk) is PackedIds else chunk,
-                                    first, stored_at, size)
+            self._window.append((chunk, first, stored_at, size))
         self.messages += len(chunk)
 
     def _ids(self, first: int, wall: float, ids: list[str]) -> None:
         """Messages gone before a compaction whose ids may still be in the window."""
         stored_at = wall - self.epoch
         if self.dedup.window > 0 and stored_at > self.forgotten_by:
-            self.dedup.remember_all(tuple(ids), first, stored_at)
+            self._window.append((tuple(ids), first, stored_at, None))
         self.next_offset = max(self.next_offset, first + len(ids))
+
+    def remember_window(self, step: int = WINDOW_STEP) -> Iterator[None]:
+        """Remember the runs of ids still in the window, in log order (as a shard that
+        took them one after another would have: one that came again takes its place),
+        pausing (a ``yield``) after every ``step`` ids: the caller lets its other tasks
+        run there. :meth:`build` does what is left."""
+        runs, self._window = self._window, []
+        if not runs:
+            return
+        self.dedup.expect(sum(len(ids) for ids, _, _, _ in runs))
+        remember = self.dedup.remember_all
+        done = 0
+        for ids, first, stored_at, size in runs:
+            # (the log keeps a record's ids packed: a str each only for the window's pass)
+            remember(ids.unpacked() if type(ids) is PackedIds else ids, first, stored_at, size)
+            done += len(ids)
+            if done >= step:
+                done = 0
+                yield
 
     def _hold_kept(self, log: TopicLog) -> TopicDelays:
         """Hold the kept messages below the log's oldest out of line (those at or above it
@@ -211,6 +233,8 @@ class TopicReplay:
             log = TopicLog(max(self.next_offset, log.next_offset if log else 0), placed=True)
         if self.oldest > log.oldest:
             log.trim(self.oldest, math.inf)
+        for _ in self.remember_window(1 << 62):
+            pass
         self.dedup.expire(now)
         delayed = self._hold_kept(log)
         topic = Topic(self.name, log, self.dedup, self.settings, generation=generation,

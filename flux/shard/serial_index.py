@@ -200,7 +200,7 @@ class _Table:
 class SerialIndex:
     """Hash -> serial for the ids of a large dedup window (see the module's doc)."""
 
-    __slots__ = ("_areas", "_tables", "dying", "min_room", "oldest")
+    __slots__ = ("_areas", "_tables", "dying", "min_room", "oldest", "reserved")
 
     def __init__(self, min_room: int = MIN_ROOM) -> None:
         self._tables: list[_Table] = []
@@ -214,6 +214,9 @@ class SerialIndex:
         self.dying: list[_Table] = []
         self.min_room = min_room
         self.oldest = 0  # serials below this are dead
+        # ids the next table made takes at least (a rebuilt window's, known ahead: one
+        # table for them all, not a growing window's ring of ever larger ones)
+        self.reserved = 0
 
     @property
     def tables(self) -> int:
@@ -228,7 +231,8 @@ class SerialIndex:
         if tables and tables[0].first >= self.oldest:
             live *= GROWING  # none died yet: the window is growing
         step = min(ROOM_STEP, self.min_room)
-        room = max(self.min_room, -(-live // step) * step)  # (rounded up)
+        room = max(self.min_room, -(-live // step) * step, self.reserved)  # (rounded up)
+        self.reserved = 0
         table = _Table(serial, room)
         tables.append(table)
         self._areas_changed()

@@ -64,13 +64,15 @@ def draw_generation(host: Host) -> int:
 async def run_shard(host: Host, spec: ShardSpec, *, pid: int, generation: int | None = None,
                     stop: trio.Event | None = None,
                     on_start: Callable[[ShardServer], None] | None = None,
+                    on_serving: Callable[[], None] | None = None,
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Serve shard ``spec.index`` until drained (DRAIN, ``stop`` set, or orphaned).
 
     This is the one start path of a shard incarnation, in production and in the
     simulator. ``on_start`` sees the server once it is built, before it serves (the
     simulator attaches its observer there). Reports the bound port through
-    ``task_status.started(port)``. Raises OSError if the port cannot be bound and
+    ``task_status.started(port)``; ``on_serving`` is called once the shard serves
+    (after recovering its disk topics, if it has any). Raises OSError if the port cannot be bound and
     ConfigError if ``spec.config`` is invalid or ``spec.secret`` missing.
     """
     config = config_mod.from_dict(spec.config)
@@ -80,6 +82,8 @@ async def run_shard(host: Host, spec: ShardSpec, *, pid: int, generation: int | 
                         generation=generation or draw_generation(host))
     if on_start is not None:
         on_start(shard)
+    if on_serving is not None:
+        shard.on_serving = on_serving
     await shard.run(stop, task_status)
 
 
@@ -246,6 +250,7 @@ class ShardServer:
         self._control_wake = trio.Event()
         self._control_switch = trio.Event()
         self._recovered = trio.Event()
+        self.on_serving: Callable[[], None] = lambda: None
 
     async def run(self, stop: trio.Event | None, task_status: Any) -> None:
         storage = self.storage
@@ -269,7 +274,9 @@ class ShardServer:
                      self.address, self.core.generation,
                      "; recovering its disk topics" if storage is not None else "")
             task_status.started(port)
-            if storage is not None:
+            if storage is None:
+                self.on_serving()
+            else:
                 try:
                     await storage.recover(self.core)
                     await nursery.start(storage.run, self._dispatch)
@@ -284,6 +291,7 @@ class ShardServer:
                     self._rearm()   # the cleanup passes it held back may be due now
                     self._recovered.set()   # the control link tells the router (READY)
                     log.info("shard %d recovered its disk topics; serving", self.spec.index)
+                    self.on_serving()
             await self._stop.wait()
             await self._drain()
             if storage is not None:

@@ -44,6 +44,15 @@ def payload_lengths(payloads: Sequence[bytes]) -> bytes | array[int]:
         return array("I", map(len, payloads))
 
 
+def lengths_sum(lens: bytes | array[int]) -> int:
+    """``sum(lens)``, at C speed when every length is one byte and the same (the usual
+    run a recovery reads: summing 256 one-byte lengths took 4 us, most of a run's)."""
+    n = len(lens)
+    if n and type(lens) is bytes and lens.count(lens[0]) == n:
+        return lens[0] * n
+    return sum(lens)
+
+
 class ChunkStore(Protocol):
     """Where a placed log's evicted payloads come back from, and the cache that counts
     its resident ones (:class:`flux.shard.cache.TopicPayloads` is one)."""
@@ -279,7 +288,7 @@ class TopicLog:
             self._packed.append(None)
             self._lens.append(lens)
             self._at.append(now)
-            self._where.append((position, end, sum(lens)))
+            self._where.append((position, end, lengths_sum(lens)))
             self._next = offset + len(ids)
             self.held_bytes += len("".join(ids)) if ids_size is None else ids_size
         return offset

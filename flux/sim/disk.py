@@ -310,6 +310,11 @@ class SimDiskFile:
     def read_at(self, offset: int, length: int) -> bytes:
         return bytes(self._check().data[offset:offset + length])
 
+    def read_into(self, offset: int, buffer: bytearray | memoryview) -> int:
+        data = self._check().data[offset:offset + len(buffer)]
+        buffer[:len(data)] = data
+        return len(data)
+
     async def sync(self) -> None:
         inode = self._check()
         disk = self._disk

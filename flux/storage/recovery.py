@@ -199,6 +199,7 @@ async def _recover(disk: Disk, directory: str, owner: str,
     table = SegmentTable(directory, start=names[0][0] if names else 0)
     if names:
         disk.read_ahead(table.path_for(names[0][1]))
+    scratch = bytearray(CHUNK)   # every segment's records are read through it
     for i, (first, name) in enumerate(names):
         path = table.path_for(name)
         if mark is not None and first >= mark:   # its header may be lost too
@@ -247,7 +248,7 @@ async def _recover(disk: Disk, directory: str, owner: str,
             break
         segment = OpenSegment(path, file, header, header_size, first)
         table.add(segment)
-        bad = await _scan(segment, size, on_record, report, mark)
+        bad = await _scan(segment, size, on_record, report, mark, scratch)
         if mark is not None and (segment.end > mark or (bad is not None and bad[0] >= mark)):
             # past the synced mark, whatever it holds (records or a bad spot): cut
             await _cut_unsynced(disk, table, segment, mark, names[i + 1:], report)
@@ -328,9 +329,11 @@ def _generation_of(disk: Disk, path: str) -> int | None:
 
 
 async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], None] | None,
-                report: RecoveryReport, mark: int | None = None) -> tuple[int, str] | None:
+                report: RecoveryReport, mark: int | None = None,
+                scratch: bytearray | None = None) -> tuple[int, str] | None:
     """Read every record of ``segment``; returns (position, reason) of the first bad one.
     Records from ``mark`` on (a failed fsync's synced mark) are read, not passed on.
+    Reads go into ``scratch`` (a larger buffer for a record that does not fit).
     Yields to the event loop after each chunk, so a long recovery does not stop the
     caller's other tasks (a shard's heartbeats to the router, its Busy answers)."""
     file = segment.file
@@ -339,13 +342,18 @@ async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], N
     records: list[Record] = []
     jumps: list[tuple[int, int]] = []
     need = CHUNK
+    if scratch is None:
+        scratch = bytearray(CHUNK)
     while offset < size:
         # each read starts at a record boundary: a record cut by the last read is read
         # again whole (no copying of what was read into a growing buffer)
         want = min(need, size - offset)
-        buf = file.read_at(offset, want)
-        if len(buf) < want:   # the file is shorter than it was: it ends where the read did
-            size = offset + len(buf)
+        if want > len(scratch):
+            scratch = bytearray(want)
+        got = file.read_into(offset, memoryview(scratch)[:want])
+        buf = memoryview(scratch)[:got]
+        if got < want:   # the file is shorter than it was: it ends where the read did
+            size = offset + got
         at, position = record.decode_run(buf, 0, position, records, jumps)
         segment.end = position
         if jumps:   # a compacted segment: note where its positions continue
@@ -385,7 +393,7 @@ async def _cut_torn_tail(file: DiskFile, offset: int) -> None:
     await file.sync()
 
 
-def _what_is_wrong(buf: bytes, at: int) -> str:
+def _what_is_wrong(buf: bytes | memoryview, at: int) -> str:
     try:
         record.decode(buf, at, 0)
     except (record.Torn, record.Bad) as e:
