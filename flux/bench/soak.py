@@ -52,6 +52,7 @@ class SoakSettings:
     producers: int = 2
     consumers: int = 2
     out: Path = Path("soak-results")
+    broker_set: list[str] = field(default_factory=list)   # more ``flux serve --set`` items
 
 
 @dataclass
@@ -223,7 +224,8 @@ async def soak(s: SoakSettings, workdir: Path, say: Any = print) -> dict[str, An
     group = ProcessGroup(budget=s.minutes * 60 + s.calibrate + 600)
     cluster = Cluster(group, workdir, port=ports[0], shard_ports=ports[1:],
                       proxy_ports=ports[1:], settings=[], plant=None,
-                      extra_args=["--set", f"storage.dir={data_dir}", "--set", f"topics={policy}"])
+                      extra_args=["--set", f"storage.dir={data_dir}", "--set", f"topics={policy}",
+                                  *(a for item in s.broker_set for a in ("--set", item))])
     url = f"flux://127.0.0.1:{ports[0]}"
     report: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(s).items()}}
     await group.start()
@@ -390,11 +392,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topics", type=int, default=base.topics)
     p.add_argument("--shards", type=int, default=base.shards)
     p.add_argument("--out", type=Path, default=base.out)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="broker_set",
+                   help="a config item for the broker (flux serve --set), e.g."
+                        " storage.segment_bytes=25165824 so that segments seal within minutes")
     a = p.parse_args(argv)
     if a.minutes <= 0 or a.calibrate <= 0 or not 0 < a.load <= 1 or a.topics < 2:
         p.error("--minutes and --calibrate must be positive, --load in (0, 1], --topics >= 2")
     s = SoakSettings(minutes=a.minutes, calibrate=a.calibrate, load=a.load, topics=a.topics,
-                     shards=a.shards, out=a.out)
+                     shards=a.shards, out=a.out, broker_set=a.broker_set)
     workdir = s.out / time.strftime("soak-%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))   # chaos/ and fuzz/ sit beside the package
@@ -402,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     log_file = workdir / "broker.log"  # the shards' stall warnings (flux.shard.stalls)
     report["stalls"] = [line.strip() for line in (
         log_file.read_text(errors="replace").splitlines() if log_file.exists() else ())
-        if "held the event loop" in line]
+        if "held the event loop" in line or "the event loop woke" in line]
     (workdir / "report.json").write_text(json.dumps(report, indent=2))
     plot(report, workdir / "soak.png")
     for i, m in enumerate(report["latency_per_minute"], 1):

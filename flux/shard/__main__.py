@@ -28,7 +28,7 @@ import trio
 from flux import errors, process_log
 from flux.host import RealHost, ShardSpec
 from flux.shard.server import StorageFailed, run_shard
-from flux.shard.stalls import StallWatch
+from flux.shard.stalls import StallWatch, watch_lag
 
 
 def pin_to_cpu(cpu: int | None) -> None:
@@ -61,10 +61,11 @@ async def serve(spec: ShardSpec) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(on_signal, signals)
+            host = RealHost(f"shard-{spec.index}")
+            nursery.start_soon(watch_lag, host, spec.index)  # logs a loop busy for long
             async with trio.open_nursery() as shard:
-                await shard.start(functools.partial(
-                    run_shard, RealHost(f"shard-{spec.index}"), spec, pid=os.getpid(),
-                    stop=stop))
+                await shard.start(functools.partial(run_shard, host, spec, pid=os.getpid(),
+                                                    stop=stop))
                 # pinned once serving: recovering disk topics before it may use every
                 # CPU (reading the log ahead on one while checking records on another)
                 pin_to_cpu(spec.cpu)
