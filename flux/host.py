@@ -243,6 +243,11 @@ class DiskFile(Protocol):
         """Up to ``length`` bytes from ``offset`` (fewer only at the end of the file)."""
         ...
 
+    async def aread_at(self, offset: int, length: int) -> bytes:
+        """:meth:`read_at` without blocking the event loop (a worker thread): for large
+        reads off the serving path (compaction), which may wait on the disk."""
+        ...
+
     async def sync(self) -> None:
         """Make everything written so far durable (fsync), without blocking the event loop."""
         ...
@@ -409,6 +414,9 @@ class RealDiskFile:
 
     def read_at(self, offset: int, length: int) -> bytes:
         return os.pread(self._check(), length, offset)
+
+    async def aread_at(self, offset: int, length: int) -> bytes:
+        return await trio.to_thread.run_sync(os.pread, self._check(), length, offset)  # seam-ok
 
     async def sync(self) -> None:
         # abandon_on_cancel=False (the default): a cancelled caller still waits for

@@ -310,6 +310,10 @@ class SimDiskFile:
     def read_at(self, offset: int, length: int) -> bytes:
         return bytes(self._check().data[offset:offset + length])
 
+    async def aread_at(self, offset: int, length: int) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return self.read_at(offset, length)
+
     async def sync(self) -> None:
         inode = self._check()
         disk = self._disk
