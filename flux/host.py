@@ -212,6 +212,10 @@ class ShardSpec:
     secret: str = dataclasses.field(default="", repr=False)
 
 
+class SyncFailed(OSError):
+    """The fsync of :meth:`DiskFile.aappend` with ``sync`` failed; the data was written."""
+
+
 class DiskFile(Protocol):
     """An open file of the log: appends at its end, positional reads, fsync off the loop.
 
@@ -233,10 +237,11 @@ class DiskFile(Protocol):
         """
         ...
 
-    async def aappend(self, data: bytes) -> None:
-        """:meth:`append` without blocking the event loop (a worker thread): for large
-        writes off the serving path (compaction), which may wait on the kernel's
-        writeback. Never while another call on the same file is under way."""
+    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
+        """:meth:`append` without blocking the event loop (a worker thread): a write
+        may wait on the kernel's writeback or the file system's journal. With ``sync``,
+        then :meth:`sync`, in the same call; its error is raised as :class:`SyncFailed`
+        (``data`` was written). Never while another call on the same file is under way."""
         ...
 
     def read_at(self, offset: int, length: int) -> bytes:
@@ -407,10 +412,17 @@ class RealDiskFile:
             n = os.write(fd, view)  # seam-ok: the disk seam itself
             view = view[n:]
 
-    async def aappend(self, data: bytes) -> None:
+    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
         self._check()
         # abandon_on_cancel=False (the default): a cancelled caller waits for the write
-        await trio.to_thread.run_sync(self.append, data)
+        await trio.to_thread.run_sync(self._append_synced if sync else self.append, data)
+
+    def _append_synced(self, data: bytes) -> None:
+        self.append(data)
+        try:
+            os.fsync(self._check())  # seam-ok: the disk seam itself
+        except OSError as e:
+            raise SyncFailed(e.errno, e.strerror, self.path) from e
 
     def read_at(self, offset: int, length: int) -> bytes:
         return os.pread(self._check(), length, offset)

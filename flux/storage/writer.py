@@ -5,7 +5,8 @@ and queues it (with ``interval`` and ``never``, a small record appended when
 everything before it is written is written at once: its caller finds it durable).
 The writer task (:meth:`LogWriter.run`) takes everything queued, writes it in a
 worker thread (:meth:`~flux.host.DiskFile.aappend`: a write a segment, at most
-:data:`WRITE_SLICE_BYTES` each), and syncs as the fsync mode says; one fsync covers
+:data:`WRITE_SLICE_BYTES` each), and syncs as the fsync mode says (with ``always``,
+in the thread call of the group's last write); one fsync covers
 every record written before it, and records appended while it writes or syncs form
 the next group. No write of the writer task runs on the event loop: even a small
 write(2) may wait on the file system's journal while another log's fsync commits it.
@@ -39,7 +40,7 @@ from typing import Any, NamedTuple
 import trio
 
 from flux.histogram import LatencyHistogram
-from flux.host import Disk
+from flux.host import Disk, SyncFailed
 from flux.storage import record
 from flux.storage.errors import LogFailed
 from flux.storage.segment import SegmentHeader, encode_header, fsync_failed_name, segment_name
@@ -325,7 +326,9 @@ class LogWriter:
                 self._rolls.popleft()
             position += len(data)
             size += len(data)
-        if start < len(queue) and not await self._write_off_loop(queue[start:]):
+        # with ``always``, the last write is fsynced in its thread call (the group's fsync)
+        if start < len(queue) and not await self._write_off_loop(
+                queue[start:], sync=self.fsync is FsyncMode.ALWAYS):
             return self._requeue(queue[start:])
         if self.full is not None:
             self.full = None
@@ -360,18 +363,27 @@ class LogWriter:
             return self._write_failed(segment, e)
         return self._wrote(segment, chunk, data)
 
-    async def _write_off_loop(self, chunk: list[bytes]) -> bool:
+    async def _write_off_loop(self, chunk: list[bytes], sync: bool = False) -> bool:
         """:meth:`_write` for the writer task, in a worker thread (a soak's shards logged
-        writes of 20 bytes to 9 KB that held the loop 3-32 ms). Meanwhile appends queue
-        behind it (none is written at once: the written mark is behind them)."""
+        writes of 20 bytes to 9 KB that held the loop 3-32 ms); with ``sync``, fsynced in
+        the same thread call (one round trip to a thread, not two). Meanwhile appends
+        queue behind it (none is written at once: the written mark is behind them)."""
         segment = self.table.last
         assert segment is not None
         data = b"".join(chunk)
+        started = self._now()
         try:
-            await segment.file.aappend(data)
+            await segment.file.aappend(data, sync=sync)
+        except SyncFailed as e:   # written, not synced
+            self._wrote(segment, chunk, data)
+            await self._sync_failed(segment, e)
+            return False
         except OSError as e:
             return self._write_failed(segment, e)
-        return self._wrote(segment, chunk, data)
+        self._wrote(segment, chunk, data)
+        if sync:
+            self._synced(self.written, self._now() - started)
+        return True
 
     def _write_failed(self, segment: OpenSegment, e: OSError) -> bool:
         try:  # what a short write left behind would read as a torn tail: cut it now
@@ -401,11 +413,17 @@ class LogWriter:
         try:
             await segment.file.sync()
         except OSError as e:
-            # Never retried: after a failed fsync the kernel may have dropped the
-            # pages it could not write, so a second fsync could "succeed" over a hole.
-            self._fail(f"fsync of {segment.path} failed: {e}{await self._mark_fsync_failed()}", e)
+            await self._sync_failed(segment, e)
             return False
-        took = self._now() - started
+        self._synced(target, self._now() - started)
+        return True
+
+    async def _sync_failed(self, segment: OpenSegment, e: OSError) -> None:
+        # Never retried: after a failed fsync the kernel may have dropped the
+        # pages it could not write, so a second fsync could "succeed" over a hole.
+        self._fail(f"fsync of {segment.path} failed: {e}{await self._mark_fsync_failed()}", e)
+
+    def _synced(self, target: int, took: float) -> None:
         self.stats.syncs += 1
         self.stats.sync_seconds += took
         self.stats.recent_syncs.append(took)
@@ -413,7 +431,6 @@ class LogWriter:
         self.synced = target
         self.durable = max(self.durable, target)
         self._notify()
-        return True
 
     async def _roll(self, position: int) -> bool:
         """Start a segment at ``position``; the previous one is fsynced first, so every
