@@ -79,3 +79,4 @@ def test_the_lag_probe_logs_a_loop_kept_busy_by_many_short_steps(
         trio.run(main)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("shard 5: the event loop woke a 1 ms sleep")
+    assert "ms of CPU meanwhile)" in lines[0]   # (little: the tasks slept, a busy loop would not)

@@ -81,25 +81,29 @@ class StallWatch(trio.abc.Instrument):
 
 async def watch_lag(host: Host, index: int, threshold: float = STALL, tick: float = TICK) -> None:
     """Sleep ``tick`` at a time on the host's clock, forever, and log each wake-up that
-    came ``threshold`` or more late (the loop was busy), at most one line a second
-    (with the worst lag of those it counted meanwhile)."""
+    came ``threshold`` or more late, at most one line a second (with the worst lag of
+    those it counted meanwhile), saying how much CPU the loop's thread used while it
+    slept: about the lag when the loop was busy, far less when the machine kept the
+    process waiting for a CPU."""
     next_line = -1.0
     unlogged = 0
-    worst = 0.0
+    worst = (0.0, 0.0)
     while True:
         due = host.now() + tick
+        cpu = time.thread_time()  # seam-ok: this thread's CPU time, not the broker's clock
         await host.sleep_until(due)
         now = host.now()
         late = now - due
         if late < threshold:
             continue
-        worst = max(worst, late)
+        worst = max(worst, (late, time.thread_time() - cpu))  # seam-ok
         if now < next_line:
             unlogged += 1
             continue
         more = f"; {unlogged} more since the last line" if unlogged else ""
-        log.warning("shard %d: the event loop woke a %.0f ms sleep %.0f ms late%s", index,
-                    tick * 1000, worst * 1000, more)
+        log.warning("shard %d: the event loop woke a %.0f ms sleep %.0f ms late (%.0f ms of"
+                    " CPU meanwhile)%s", index, tick * 1000, worst[0] * 1000, worst[1] * 1000,
+                    more)
         next_line = now + EVERY
         unlogged = 0
-        worst = 0.0
+        worst = (0.0, 0.0)
