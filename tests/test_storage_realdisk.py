@@ -133,7 +133,7 @@ async def test_a_compaction_on_a_real_disk_reads_and_writes_only_in_worker_threa
 async def test_the_log_writer_writes_only_in_worker_threads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write(2) may wait on the file system's journal while another log's fsync
-    commits it (a soak's shards: writes of 20 bytes to 9 KB that took 3-32 ms): the
+    commits it (a soak's shards: writes of 13 bytes to 26 KB that took 3-32 ms): the
     writer task writes off the loop, small writes too, a megabyte at a time at most."""
     import os
     import threading

@@ -365,7 +365,7 @@ class LogWriter:
 
     async def _write_off_loop(self, chunk: list[bytes], sync: bool = False) -> bool:
         """:meth:`_write` for the writer task, in a worker thread (a soak's shards logged
-        writes of 20 bytes to 9 KB that held the loop 3-32 ms); with ``sync``, fsynced in
+        writes of 13 bytes to 26 KB that held the loop 3-32 ms); with ``sync``, fsynced in
         the same thread call (one round trip to a thread, not two). Meanwhile appends
         queue behind it (none is written at once: the written mark is behind them)."""
         segment = self.table.last
