@@ -7,8 +7,9 @@ a seeded ``random.Random`` and a pause gate. No broker module calls
 ``time.time()``, ``time.monotonic()`` or the global ``random`` directly.
 
 Storage is a seam too: :class:`Disk` and :class:`DiskFile`, with :class:`RealDisk`
-(``os`` calls, fsync in a worker thread) here and ``flux.sim.disk.SimDisk`` in the
-simulator. No other module opens, writes or syncs a file for the broker.
+(``os`` calls; fsync, and the ``a``-methods' writes and reads, in worker threads)
+here and ``flux.sim.disk.SimDisk`` in the simulator. No other module opens, writes
+or syncs a file for the broker.
 """
 
 from __future__ import annotations
@@ -327,7 +328,8 @@ class Disk(Protocol):
 
 
 class RealDisk:
-    """The production disk: ``os`` calls; fsync runs in a worker thread (it releases the GIL)."""
+    """The production disk: ``os`` calls; fsync and the files' ``a``-methods run in worker
+    threads (the calls release the GIL)."""
 
     def open(self, path: str, *, create: bool = False) -> RealDiskFile:
         flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
