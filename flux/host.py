@@ -7,8 +7,9 @@ a seeded ``random.Random`` and a pause gate. No broker module calls
 ``time.time()``, ``time.monotonic()`` or the global ``random`` directly.
 
 Storage is a seam too: :class:`Disk` and :class:`DiskFile`, with :class:`RealDisk`
-(``os`` calls, fsync in a worker thread) here and ``flux.sim.disk.SimDisk`` in the
-simulator. No other module opens, writes or syncs a file for the broker.
+(``os`` calls; fsync, and the ``a``-methods' writes and reads, in worker threads)
+here and ``flux.sim.disk.SimDisk`` in the simulator. No other module opens, writes
+or syncs a file for the broker.
 """
 
 from __future__ import annotations
@@ -212,6 +213,10 @@ class ShardSpec:
     secret: str = dataclasses.field(default="", repr=False)
 
 
+class SyncFailed(OSError):
+    """The fsync of :meth:`DiskFile.aappend` with ``sync`` failed; the data was written."""
+
+
 class DiskFile(Protocol):
     """An open file of the log: appends at its end, positional reads, fsync off the loop.
 
@@ -233,10 +238,11 @@ class DiskFile(Protocol):
         """
         ...
 
-    async def aappend(self, data: bytes) -> None:
-        """:meth:`append` without blocking the event loop (a worker thread): for large
-        writes off the serving path (compaction), which may wait on the kernel's
-        writeback. Never while another call on the same file is under way."""
+    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
+        """:meth:`append` without blocking the event loop (a worker thread): a write
+        may wait on the kernel's writeback or the file system's journal. With ``sync``,
+        then :meth:`sync`, in the same call; its error is raised as :class:`SyncFailed`
+        (``data`` was written). Never while another call on the same file is under way."""
         ...
 
     def read_at(self, offset: int, length: int) -> bytes:
@@ -247,6 +253,11 @@ class DiskFile(Protocol):
         """Read up to ``len(buffer)`` bytes from ``offset`` into ``buffer``; returns how
         many (fewer only at the end of the file). A scan reuses one buffer: a new one
         per read cost the kernel a page fault every 4 KiB of it."""
+        ...
+
+    async def aread_at(self, offset: int, length: int) -> bytes:
+        """:meth:`read_at` without blocking the event loop (a worker thread): for large
+        reads off the serving path (compaction), which may wait on the disk."""
         ...
 
     async def sync(self) -> None:
@@ -323,7 +334,8 @@ class Disk(Protocol):
 
 
 class RealDisk:
-    """The production disk: ``os`` calls; fsync runs in a worker thread (it releases the GIL)."""
+    """The production disk: ``os`` calls; fsync and the files' ``a``-methods run in worker
+    threads (the calls release the GIL)."""
 
     def open(self, path: str, *, create: bool = False) -> RealDiskFile:
         flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
@@ -408,16 +420,26 @@ class RealDiskFile:
             n = os.write(fd, view)  # seam-ok: the disk seam itself
             view = view[n:]
 
-    async def aappend(self, data: bytes) -> None:
+    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
         self._check()
         # abandon_on_cancel=False (the default): a cancelled caller waits for the write
-        await trio.to_thread.run_sync(self.append, data)
+        await trio.to_thread.run_sync(self._append_synced if sync else self.append, data)
+
+    def _append_synced(self, data: bytes) -> None:
+        self.append(data)
+        try:
+            os.fsync(self._check())  # seam-ok: the disk seam itself
+        except OSError as e:
+            raise SyncFailed(e.errno, e.strerror, self.path) from e
 
     def read_at(self, offset: int, length: int) -> bytes:
         return os.pread(self._check(), length, offset)
 
     def read_into(self, offset: int, buffer: bytearray | memoryview) -> int:
         return os.preadv(self._check(), [buffer], offset)
+
+    async def aread_at(self, offset: int, length: int) -> bytes:
+        return await trio.to_thread.run_sync(os.pread, self._check(), length, offset)  # seam-ok
 
     async def sync(self) -> None:
         # abandon_on_cancel=False (the default): a cancelled caller still waits for

@@ -147,3 +147,26 @@ def test_a_data_directory_of_format_1_is_moved_to_format_2_and_others_are_refuse
     with pytest.raises(ConfigError, match="data format 3"):
         trio.run(check_data_dir, RealDisk(), str(newer), 2)
     assert _marker(newer)["format"] == 3
+
+
+def test_compaction_keeps_a_publish_records_ids_byte_for_byte_in_its_ids_record() -> None:
+    """The verdict on a PUBLISH record of ids still in the dedup window is an IDS record
+    holding the PUBLISH body's first three fields as they are: the ids are skipped, not
+    unpacked and packed again (a third of compaction's CPU), so even ids another packer
+    wrote with longer headers stay exactly as they were."""
+    journal = _disk_shard()[1].open(TOPIC, 0)
+    journal.held_from, journal.forgotten_before = 1000, 5.0
+    ids = [f"id-{i}" for i in range(40)]
+    packed_ids = P.array_header(40) + b"".join(b"\xd9" + bytes([len(i)]) + i.encode()
+                                               for i in ids)   # str8 where fixstr would do
+    fields = [msgpack.packb(7), msgpack.packb(10.0), packed_ids, msgpack.packb([b"p"] * 40)]
+    for meta in ([], [msgpack.packb({"keys": ["k"] * 40})]):
+        body = P.array_header(len(fields) + len(meta)) + b"".join(fields + meta)
+        verdict = journal.judge(Record(0, J.PUBLISH, body))
+        assert verdict == (J.IDS, P.array_header(3) + b"".join(fields[:3]))
+        assert isinstance(verdict, tuple) and msgpack.unpackb(verdict[1]) == [7, 10.0, ids]
+        assert journal.judge(Record(0, J.IDS, verdict[1])) is True
+    journal.forgotten_before = 11.0   # the ids left the window: the record goes
+    assert journal.judge(Record(0, J.PUBLISH, body)) is False
+    journal.held_from = 40            # a message still held: kept as it is
+    assert journal.judge(Record(0, J.PUBLISH, body)) is True

@@ -49,3 +49,34 @@ def test_a_long_collection_is_logged_and_lines_are_rate_limited(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "generation-2 garbage collection" in lines[0]
     assert watch._unlogged == 1
+
+
+def test_the_lag_probe_logs_a_loop_kept_busy_by_many_short_steps(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """No single step reaches the stall line, yet the loop is busy for 60 ms in a row
+    (30 tasks woken at once, 2 ms each): the probe's sleep wakes that late and says so."""
+    from flux.host import RealHost
+    from flux.shard.stalls import watch_lag
+
+    async def main() -> None:
+        go = trio.Event()
+
+        async def busy() -> None:
+            await go.wait()
+            time.sleep(0.002)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_lag, RealHost("t"), 5, 0.03, 0.001)
+            async with trio.open_nursery() as tasks:
+                for _ in range(30):
+                    tasks.start_soon(busy)
+                await trio.sleep(0.01)
+                go.set()
+            await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="flux.shard"):
+        trio.run(main)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("shard 5: the event loop woke a 1 ms sleep")
+    assert "ms of CPU meanwhile)" in lines[0]   # (little: the tasks slept, a busy loop would not)

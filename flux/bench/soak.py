@@ -52,6 +52,8 @@ class SoakSettings:
     producers: int = 2
     consumers: int = 2
     out: Path = Path("soak-results")
+    broker_set: list[str] = field(default_factory=list)   # more ``flux serve --set`` items
+    rate: float = 0.0   # msg/s to soak at instead of ``load`` of the measured rate (0: that)
 
 
 @dataclass
@@ -223,7 +225,8 @@ async def soak(s: SoakSettings, workdir: Path, say: Any = print) -> dict[str, An
     group = ProcessGroup(budget=s.minutes * 60 + s.calibrate + 600)
     cluster = Cluster(group, workdir, port=ports[0], shard_ports=ports[1:],
                       proxy_ports=ports[1:], settings=[], plant=None,
-                      extra_args=["--set", f"storage.dir={data_dir}", "--set", f"topics={policy}"])
+                      extra_args=["--set", f"storage.dir={data_dir}", "--set", f"topics={policy}",
+                                  *(a for item in s.broker_set for a in ("--set", item))])
     url = f"flux://127.0.0.1:{ports[0]}"
     report: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(s).items()}}
     await group.start()
@@ -248,11 +251,12 @@ async def soak(s: SoakSettings, workdir: Path, say: Any = print) -> dict[str, An
             got = sum(next((e["delivered"] for e in c.events if e.get("event") == "count"), 0)
                       for c in consumers)
             measured = min(acked, got) / max(s.calibrate, 1e-9)
-            rate = s.load * measured
+            rate = s.rate or s.load * measured
             report["calibration"] = {"seconds": s.calibrate, "acked": acked, "delivered": got,
                                      "wall": took, "msg_per_s": measured, "soak_rate": rate}
-            say(f"soak: flat out {measured:,.0f} msg/s end to end; soaking at {s.load:.0%}:"
-                f" {rate:,.0f} msg/s for {s.minutes:g} min")
+            say(f"soak: flat out {measured:,.0f} msg/s end to end; soaking at"
+                f" {'the rate given' if s.rate else f'{s.load:.0%}'}: {rate:,.0f} msg/s for"
+                f" {s.minutes:g} min")
             samples: list[dict[str, Any]] = []
             t0 = time.monotonic()
             workers: list[Proc] = []
@@ -387,14 +391,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds of the flat-out measurement first (default %(default)s)")
     p.add_argument("--load", type=float, default=base.load,
                    help="share of the flat-out rate to soak at (default %(default)s)")
+    p.add_argument("--rate", type=float, default=base.rate,
+                   help="msg/s to soak at, whatever the calibration measured (to compare runs"
+                        " on a machine whose spare CPU changes; default: --load of it)")
     p.add_argument("--topics", type=int, default=base.topics)
     p.add_argument("--shards", type=int, default=base.shards)
     p.add_argument("--out", type=Path, default=base.out)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="broker_set",
+                   help="a config item for the broker (flux serve --set), e.g."
+                        " storage.segment_bytes=25165824 so that segments seal within minutes")
     a = p.parse_args(argv)
-    if a.minutes <= 0 or a.calibrate <= 0 or not 0 < a.load <= 1 or a.topics < 2:
-        p.error("--minutes and --calibrate must be positive, --load in (0, 1], --topics >= 2")
+    if a.minutes <= 0 or a.calibrate <= 0 or not 0 < a.load <= 1 or a.topics < 2 or a.rate < 0:
+        p.error("--minutes and --calibrate must be positive, --load in (0, 1], --topics >= 2,"
+                " --rate >= 0")
     s = SoakSettings(minutes=a.minutes, calibrate=a.calibrate, load=a.load, topics=a.topics,
-                     shards=a.shards, out=a.out)
+                     shards=a.shards, out=a.out, broker_set=a.broker_set,
+                     rate=a.rate)
     workdir = s.out / time.strftime("soak-%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))   # chaos/ and fuzz/ sit beside the package
@@ -402,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     log_file = workdir / "broker.log"  # the shards' stall warnings (flux.shard.stalls)
     report["stalls"] = [line.strip() for line in (
         log_file.read_text(errors="replace").splitlines() if log_file.exists() else ())
-        if "held the event loop" in line]
+        if "held the event loop" in line or "the event loop woke" in line]
     (workdir / "report.json").write_text(json.dumps(report, indent=2))
     plot(report, workdir / "soak.png")
     for i, m in enumerate(report["latency_per_minute"], 1):

@@ -32,7 +32,7 @@ from flux import errors, process_log
 from flux.host import RealHost, ShardSpec
 from flux.shard.dedup import load_compact
 from flux.shard.server import StorageFailed, run_shard
-from flux.shard.stalls import StallWatch
+from flux.shard.stalls import StallWatch, watch_lag
 
 
 def pin_to_cpu(cpu: int | None) -> None:
@@ -71,9 +71,11 @@ async def serve(spec: ShardSpec) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(on_signal, signals)
+            host = RealHost(f"shard-{spec.index}")
+            nursery.start_soon(watch_lag, host, spec.index)  # logs a loop busy for long
             # pinned once serving: recovering disk topics before it may use every CPU
             # (reading the log ahead on one while checking records on another)
-            await run_shard(RealHost(f"shard-{spec.index}"), spec, pid=os.getpid(), stop=stop,
+            await run_shard(host, spec, pid=os.getpid(), stop=stop,
                             on_serving=functools.partial(once_serving, spec.cpu))
             nursery.cancel_scope.cancel()
 

@@ -30,6 +30,7 @@ import msgpack
 
 from flux import errors
 from flux import protocol as P
+from flux.shard.publish_record import array_header
 from flux.storage.errors import StorageError
 from flux.storage.record import HEADER_SIZE, Record
 
@@ -61,6 +62,7 @@ SNAPSHOT_V1 = 6    # as SNAPSHOT, each row's acks [acked offset, ...]
 KEEP_BYTES = 1 << 16
 
 _pack = msgpack.Packer(use_bin_type=True).pack
+_IDS_HEAD = P.array_header(3)   # an IDS record's body: an array of three
 
 
 class Appender(Protocol):
@@ -325,16 +327,23 @@ class TopicJournal:
             return any((latest := kept.get(row[0], -1)) == position or latest >= synced
                        for row in msgpack.unpackb(rec.body, raw=False))
         if rtype in (PUBLISH, IDS):
+            # the ids are skipped (in C), not unpacked into a str each: an IDS record
+            # takes the PUBLISH body's first three fields as they are
+            body = rec.body
             unpacker = msgpack.Unpacker(raw=False)
-            unpacker.feed(rec.body)
+            unpacker.feed(body)
             unpacker.read_array_header()
+            fields_at = unpacker.tell()
             first, wall = unpacker.unpack(), unpacker.unpack()
-            ids = unpacker.unpack()
-            if first + len(ids) > self.held_from:
+            ids = array_header(body, unpacker.tell())
+            if ids is None or first + ids[0] > self.held_from:
                 return True   # a message still held (never expected here): keep it
             if wall < self.forgotten_before:
                 return False
-            return True if rtype == IDS else (IDS, bytes(_pack([first, wall, ids])))
+            if rtype == IDS:
+                return True
+            unpacker.skip()
+            return IDS, _IDS_HEAD + body[fields_at:unpacker.tell()]
         return rtype not in (SUBSCRIPTION, UNSUBSCRIBED, CURSOR, CURSOR_V1, TRIM, PUSHES,
                              RELEASE)
 

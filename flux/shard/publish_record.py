@@ -38,7 +38,7 @@ def packed_ids(buf: bytes, at: int) -> tuple[PackedIds, int, int] | None:
     Every header is checked as in :func:`packed_lengths`; the ids' bytes are checked
     for ASCII with the header columns that are not ASCII zeroed (so they decode later,
     and a str's length is its byte count)."""
-    head = _array_header(buf, at)
+    head = array_header(buf, at)
     if head is None:
         return None
     count, p = head
@@ -74,7 +74,7 @@ def packed_ids(buf: bytes, at: int) -> tuple[PackedIds, int, int] | None:
     return PackedIds(buf[at:end], count), count * length, end
 
 
-def _array_header(buf: bytes, at: int) -> tuple[int, int] | None:
+def array_header(buf: bytes, at: int) -> tuple[int, int] | None:
     """(element count, where the elements start) of the MessagePack array at ``buf[at]``."""
     if at >= len(buf):
         return None
@@ -97,7 +97,7 @@ def packed_lengths(buf: bytes, at: int, count: int) -> bytes | array[int] | None
     ``count`` bins of one length exactly when each header sits one stride after the
     last and is the same bytes. The comparisons run over strided slices (C loops).
     """
-    head = _array_header(buf, at)
+    head = array_header(buf, at)
     if head is None or head[0] != count:
         return None
     end = len(buf)

@@ -6,7 +6,9 @@ is a trio instrument (and a ``gc`` callback) that times each task step and each
 collection on the process's own monotonic clock and logs those at or over
 :data:`STALL` with the task's name (at most one line a second, counting the
 rest), so an operator, or a soak run's log, can say where a latency spike came
-from. Only the shard's real process installs it; the simulator never does.
+from. :func:`watch_lag` logs the other kind of stall: many short steps in a row
+that keep a sleeper waiting (how late a short sleep on the host's clock wakes).
+Only the shard's real process runs them; the simulator never does.
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ from typing import Any
 
 import trio
 
+from flux.host import Host
+
 log = logging.getLogger("flux.shard")
 
-STALL = 0.1        # seconds a step or collection may hold the loop before it is logged
+# seconds a step or collection may hold the loop before it is logged (the soak's goal
+# for the worst publish-to-delivery latency is 25 ms)
+STALL = 0.02
 EVERY = 1.0        # at most one stall line a second (the others are counted in it)
+TICK = 0.01        # the loop-lag probe's sleep
 
 
 class StallWatch(trio.abc.Instrument):
@@ -70,3 +77,33 @@ class StallWatch(trio.abc.Instrument):
                     held * 1000, more)
         self._next_line = now + EVERY
         self._unlogged = 0
+
+
+async def watch_lag(host: Host, index: int, threshold: float = STALL, tick: float = TICK) -> None:
+    """Sleep ``tick`` at a time on the host's clock, forever, and log each wake-up that
+    came ``threshold`` or more late, at most one line a second (with the worst lag of
+    those it counted meanwhile), saying how much CPU the loop's thread used while it
+    slept: about the lag when the loop was busy, far less when the machine kept the
+    process waiting for a CPU."""
+    next_line = -1.0
+    unlogged = 0
+    worst = (0.0, 0.0)
+    while True:
+        due = host.now() + tick
+        cpu = time.thread_time()  # seam-ok: this thread's CPU time, not the broker's clock
+        await host.sleep_until(due)
+        now = host.now()
+        late = now - due
+        if late < threshold:
+            continue
+        worst = max(worst, (late, time.thread_time() - cpu))  # seam-ok
+        if now < next_line:
+            unlogged += 1
+            continue
+        more = f"; {unlogged} more since the last line" if unlogged else ""
+        log.warning("shard %d: the event loop woke a %.0f ms sleep %.0f ms late (%.0f ms of"
+                    " CPU meanwhile)%s", index, tick * 1000, worst[0] * 1000, worst[1] * 1000,
+                    more)
+        next_line = now + EVERY
+        unlogged = 0
+        worst = (0.0, 0.0)

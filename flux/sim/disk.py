@@ -24,6 +24,8 @@ import random
 
 import trio
 
+from flux.host import SyncFailed
+
 
 @dataclasses.dataclass(frozen=True)
 class DiskFaults:
@@ -303,9 +305,15 @@ class SimDiskFile:
             raise OSError(errno.ENOSPC, "no space left on device", self.path)
         inode.data += data
 
-    async def aappend(self, data: bytes) -> None:
+    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
         self.append(data)
-        await trio.lowlevel.checkpoint()
+        if not sync:
+            await trio.lowlevel.checkpoint()
+            return
+        try:
+            await self.sync()
+        except OSError as e:
+            raise SyncFailed(e.errno, e.strerror, self.path) from e
 
     def read_at(self, offset: int, length: int) -> bytes:
         return bytes(self._check().data[offset:offset + length])
@@ -314,6 +322,10 @@ class SimDiskFile:
         data = self._check().data[offset:offset + len(buffer)]
         buffer[:len(data)] = data
         return len(data)
+
+    async def aread_at(self, offset: int, length: int) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return self.read_at(offset, length)
 
     async def sync(self) -> None:
         inode = self._check()

@@ -10,10 +10,11 @@ its end (:mod:`flux.storage.table`).
 The new segment is written beside the old one (``<name>.compact``), fsynced,
 renamed over it, and its directory fsynced: a crash leaves the old segment or
 the new one, each whole, and recovery removes a leftover ``.compact`` file. The
-work is done in slices of about ``slice_bytes`` of the old segment, each followed
-by the caller's ``pace`` (a budget of bytes a second: the caller's event loop goes
-on serving meanwhile); the new segment is written a megabyte at a time, each synced,
-and it and its leftovers are written, synced and removed in worker threads
+work is done in slices of about ``slice_bytes`` of the old segment, each read in a
+worker thread (:meth:`~flux.host.DiskFile.aread_at`) and followed by the caller's
+``pace`` (a budget of bytes a second: the caller's event loop goes on serving
+meanwhile); the new segment is written a megabyte at a time, each synced, and it and
+its leftovers are written, synced and removed in worker threads
 (:meth:`~flux.host.DiskFile.aappend`), never on the loop. A rewrite that would not
 save ``min_saving`` stops as soon as that is plain. Never call it on the segment
 being written, nor while anything else changes the same table.
@@ -29,7 +30,7 @@ import trio
 from flux.host import Disk, DiskFile
 from flux.storage import record
 from flux.storage.errors import CorruptRecord
-from flux.storage.reader import _scan_segment
+from flux.storage.reader import SegmentScan
 from flux.storage.record import Record
 from flux.storage.segment import COMPACTING
 from flux.storage.table import OpenSegment, SegmentTable
@@ -84,48 +85,52 @@ async def compact_segment(disk: Disk, table: SegmentTable, segment: OpenSegment,
     limit = before * (1 - min_saving)   # the most the new segment may take
     try:
         new = OpenSegment(segment.path, out, segment.header, segment.header_size, segment.end)
-        pending = [segment.file.read_at(0, segment.header_size)]
+        pending = [await segment.file.aread_at(0, segment.header_size)]
         size = segment.header_size      # the new file's size, pending included
         gathered = size                 # bytes in pending
         position = segment.first        # where the next record written sits in the log
         records = kept = replaced = 0
         sliced = segment.first          # where the slice under way began
-        for rec in _scan_segment(segment, segment.first, segment.end):
-            records += 1
-            verdict = judge(rec)
-            data = b""
-            if verdict is not True and verdict is not False:
-                data = record.encode(*verdict)
-                if len(data) >= rec.end - rec.position:
-                    verdict = True      # not smaller: keep the original in place
-            if verdict is True:
-                if position != rec.position:
-                    jump = record.encode_jump(rec.position)
-                    pending.append(jump)
-                    size += len(jump)
-                    gathered += len(jump)
-                    new.add_jump(rec.position, size)
-                data = record.encode(rec.type, rec.body)
-                position = rec.end
-                kept += 1
-            elif data:
-                position += len(data)
-                replaced += 1
-            pending.append(data)
-            size += len(data)
-            gathered += len(data)
-            if size > limit:   # not worth it: stop reading at once
-                return Compacted(segment.path, records, kept, replaced, before, before)
-            if rec.end - sliced >= slice_bytes:
-                if gathered >= WRITE_BYTES:
-                    await out.aappend(b"".join(pending))
-                    # synced as it goes: a live log's fsync (which on ext4 may have to
-                    # write every file's dirty pages) never waits behind megabytes of ours
-                    await out.sync()
-                    pending.clear()
-                    gathered = 0
-                await pace(rec.end - sliced)
-                sliced = rec.end
+        # read in worker threads a slice at a time (after a restart the old segment is
+        # not in the page cache: each read waits on the disk)
+        scan = SegmentScan(segment, segment.first, segment.end, chunk=slice_bytes)
+        while batch := await scan.next():
+            for rec in batch:
+                records += 1
+                verdict = judge(rec)
+                data = b""
+                if verdict is not True and verdict is not False:
+                    data = record.encode(*verdict)
+                    if len(data) >= rec.end - rec.position:
+                        verdict = True      # not smaller: keep the original in place
+                if verdict is True:
+                    if position != rec.position:
+                        jump = record.encode_jump(rec.position)
+                        pending.append(jump)
+                        size += len(jump)
+                        gathered += len(jump)
+                        new.add_jump(rec.position, size)
+                    data = record.encode(rec.type, rec.body)
+                    position = rec.end
+                    kept += 1
+                elif data:
+                    position += len(data)
+                    replaced += 1
+                pending.append(data)
+                size += len(data)
+                gathered += len(data)
+                if size > limit:   # not worth it: stop reading at once
+                    return Compacted(segment.path, records, kept, replaced, before, before)
+                if rec.end - sliced >= slice_bytes:
+                    if gathered >= WRITE_BYTES:
+                        await out.aappend(b"".join(pending))
+                        # synced as it goes: a live log's fsync (which on ext4 may have to
+                        # write every file's dirty pages) never waits behind megabytes of ours
+                        await out.sync()
+                        pending.clear()
+                        gathered = 0
+                    await pace(rec.end - sliced)
+                    sliced = rec.end
         if position != segment.end:
             jump = record.encode_jump(segment.end)
             pending.append(jump)

@@ -75,33 +75,82 @@ class LogReader:
 
 def _scan_segment(segment: OpenSegment, position: int, stop: int) -> Iterator[Record]:
     """The records of one segment from ``position`` to ``stop`` (both record boundaries)."""
-    buf = b""
-    at = 0
-    loaded = segment.offset_of(position)   # the file offset just after buf's last byte
-    stop_offset = segment.offset_of(stop)
-    records: list[Record] = []
-    while position < stop:
-        at, position = record.decode_run(buf, at, position, records)
+    scan = SegmentScan(segment, position, stop)
+    while True:
+        records = scan.decoded()
         if records:
             yield from records
-            records.clear()
             continue
-        if position >= stop:
-            break
+        want = scan.wanted()
+        if want is None:
+            return
+        scan.feed(segment.file.read_at(*want))
+
+
+class SegmentScan:
+    """Reading one segment's records from ``position`` to ``stop`` (both record
+    boundaries) a chunk at a time, the reads left to the caller: :func:`_scan_segment`
+    reads on the spot; :meth:`next` in a worker thread (compaction reads whole segments
+    while the loop serves, and a segment not in the page cache waits on the disk)."""
+
+    __slots__ = ("_at", "_buf", "_loaded", "_position", "_stop", "_stop_offset", "chunk",
+                 "segment")
+
+    def __init__(self, segment: OpenSegment, position: int, stop: int,
+                 chunk: int = CHUNK) -> None:
+        self.segment = segment
+        self.chunk = chunk
+        self._buf = b""
+        self._at = 0
+        self._position = position
+        self._stop = stop
+        self._loaded = segment.offset_of(position)   # the file offset after buf's last byte
+        self._stop_offset = segment.offset_of(stop)
+
+    def decoded(self) -> list[Record]:
+        """The whole records the bytes read so far hold and no call returned yet."""
+        records: list[Record] = []
+        if self._position < self._stop:
+            self._at, self._position = record.decode_run(self._buf, self._at, self._position,
+                                                         records)
+        return records
+
+    def wanted(self) -> tuple[int, int] | None:
+        """(file offset, length) of the next read, after :meth:`decoded` returned nothing;
+        None at ``stop``. Raises CorruptRecord where the bytes are not a record."""
+        position, buf, at = self._position, self._buf, self._at
+        if position >= self._stop:
+            return None
         try:
             record.decode(buf, at, position)
         except record.Torn:
             pass
         except record.Bad as e:
-            raise CorruptRecord(segment.path, position, str(e)) from None
-        if loaded >= stop_offset:
-            raise CorruptRecord(segment.path, position, "record runs past the end")
-        need = CHUNK
+            raise CorruptRecord(self.segment.path, position, str(e)) from None
+        if self._loaded >= self._stop_offset:
+            raise CorruptRecord(self.segment.path, position, "record runs past the end")
+        need = self.chunk
         if len(buf) - at >= record.HEADER_SIZE:  # a record bigger than a chunk
             need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
-        more = segment.file.read_at(loaded, min(need, stop_offset - loaded))
+        return self._loaded, min(need, self._stop_offset - self._loaded)
+
+    def feed(self, more: bytes) -> None:
+        """The bytes a read that :meth:`wanted` asked for returned."""
         if not more:
-            raise CorruptRecord(segment.path, position, "file ends inside a record")
-        buf = buf[at:] + more
-        at = 0
-        loaded += len(more)
+            raise CorruptRecord(self.segment.path, self._position, "file ends inside a record")
+        self._buf = self._buf[self._at:] + more
+        self._at = 0
+        self._loaded += len(more)
+
+    async def next(self) -> list[Record]:
+        """The next records, reading a chunk in a worker thread when it needs bytes
+        (:meth:`~flux.host.DiskFile.aread_at`); an empty list at ``stop``. Raises
+        CorruptRecord, and OSError if a read fails."""
+        while True:
+            records = self.decoded()
+            if records:
+                return records
+            want = self.wanted()
+            if want is None:
+                return records
+            self.feed(await self.segment.file.aread_at(*want))
