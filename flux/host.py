@@ -238,11 +238,16 @@ class DiskFile(Protocol):
         """
         ...
 
-    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
+    async def aappend(self, data: bytes, *, sync: bool = False,
+                      on_written: Callable[[], None] | None = None) -> None:
         """:meth:`append` without blocking the event loop (a worker thread): a write
         may wait on the kernel's writeback or the file system's journal. With ``sync``,
         then :meth:`sync`, in the same call; its error is raised as :class:`SyncFailed`
-        (``data`` was written). Never while another call on the same file is under way."""
+        (``data`` was written). ``on_written`` is called on the event loop once the
+        write took, while the fsync may still run (never if the write failed). Never
+        while another call on the same file object is under way: overlapping fsyncs
+        use files of their own (:meth:`Disk.open` again), so that each one learns of
+        a write-back error (Linux reports one to each open file once)."""
         ...
 
     def read_at(self, offset: int, length: int) -> bytes:
@@ -420,13 +425,23 @@ class RealDiskFile:
             n = os.write(fd, view)  # seam-ok: the disk seam itself
             view = view[n:]
 
-    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
+    async def aappend(self, data: bytes, *, sync: bool = False,
+                      on_written: Callable[[], None] | None = None) -> None:
         self._check()
         # abandon_on_cancel=False (the default): a cancelled caller waits for the write
-        await trio.to_thread.run_sync(self._append_synced if sync else self.append, data)
+        if not sync:
+            await trio.to_thread.run_sync(self.append, data)
+            if on_written is not None:
+                on_written()
+            return
+        token = trio.lowlevel.current_trio_token() if on_written is not None else None
+        await trio.to_thread.run_sync(self._append_synced, data, token, on_written)
 
-    def _append_synced(self, data: bytes) -> None:
+    def _append_synced(self, data: bytes, token: trio.lowlevel.TrioToken | None = None,
+                       on_written: Callable[[], None] | None = None) -> None:
         self.append(data)
+        if token is not None and on_written is not None:
+            token.run_sync_soon(on_written)   # the loop learns of the write; the fsync goes on
         try:
             os.fsync(self._check())  # seam-ok: the disk seam itself
         except OSError as e:

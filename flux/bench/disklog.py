@@ -20,6 +20,7 @@ import trio
 
 from flux.host import RealDisk
 from flux.storage import FsyncMode, LogWriter, Record, recover
+from flux.storage.writer import SYNC_LANES
 
 BODY = b"m" * 100
 
@@ -43,12 +44,13 @@ class AppendFigures:
 
 
 async def append_figures(directory: str, in_flight: int, seconds: float,
-                         mode: FsyncMode) -> AppendFigures:
-    """Keep ``in_flight`` appends waiting for the durable mark, for ``seconds``."""
+                         mode: FsyncMode, sync_lanes: int = SYNC_LANES) -> AppendFigures:
+    """Keep ``in_flight`` appends waiting for the durable mark, for ``seconds``
+    (``sync_lanes``: fsyncs under way at once, as the writer's own)."""
     disk = RealDisk()
     table, _ = await recover(disk, directory, owner="bench")
     writer = LogWriter(disk, table, owner="bench", generation=1, boot_id=disk.boot_id(), fsync=mode,
-                       fsync_interval=1.0)
+                       fsync_interval=1.0, sync_lanes=sync_lanes)
     acked = 0
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
@@ -79,11 +81,11 @@ async def append_run(directory: str, in_flight: int, seconds: float, mode: Fsync
 
 def fsync_p50(directory: str, seconds: float = 2.0, in_flight: int = 64) -> AppendFigures:
     """The disk's own fsync time in ``directory`` (appends of 100 B records, ``in_flight``
-    waiting, ``fsync: always``), for the bench to show beside publish latency; the log
-    it writes is removed."""
+    waiting, ``fsync: always``, one fsync at a time: overlapping ones each take longer),
+    for the bench to show beside publish latency; the log it writes is removed."""
     path = os.path.join(directory, f"fsync-probe-{os.getpid()}")
     try:
-        return trio.run(append_figures, path, in_flight, seconds, FsyncMode.ALWAYS)
+        return trio.run(append_figures, path, in_flight, seconds, FsyncMode.ALWAYS, 1)
     finally:
         shutil.rmtree(path, ignore_errors=True)
 

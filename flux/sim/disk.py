@@ -21,6 +21,7 @@ import dataclasses
 import errno
 import posixpath
 import random
+from collections.abc import Callable
 
 import trio
 
@@ -43,8 +44,19 @@ class DiskFaults:
 _NOTHING_LOST = 1 << 62
 
 
+class _Flush:
+    """The write-back of one fsync under way: later fsyncs of the file wait for it."""
+
+    __slots__ = ("done", "fail", "overlapped")
+
+    def __init__(self, fail: bool) -> None:
+        self.done = trio.Event()
+        self.fail = fail          # its write-back fails (EIO)
+        self.overlapped = False   # another fsync of the file ran beside it
+
+
 class _Inode:
-    __slots__ = ("data", "dirty_from", "durable", "lost_from")
+    __slots__ = ("data", "dirty_from", "durable", "errors", "flushes", "lost_from")
 
     def __init__(self) -> None:
         self.data = bytearray()      # what reads see (the page cache)
@@ -52,6 +64,9 @@ class _Inode:
         self.dirty_from = 0          # data[:dirty_from] equals durable[:dirty_from] ...
         # ... except from here on: pages a failed fsync marked clean without writing them
         self.lost_from = _NOTHING_LOST
+        # write-back errors so far: each open file reports each one to one fsync (errseq)
+        self.errors = 0
+        self.flushes: list[_Flush] = []   # fsyncs under way, oldest first
 
     def touched(self, offset: int) -> None:
         """Bytes from ``offset`` on were written or cut off."""
@@ -81,6 +96,7 @@ class SimDisk:
         self._dirs: set[str] = {"/"}
         self._epoch = 0
         self._fail_syncs = 0
+        self._fail_joined: float | None = None   # a joined failure's deadline (fail_next_syncs)
         self._full = False
         self._no_new_files: str | None = None   # a directory in which no file can be made
         self.slow = 0            # slow spells under way (see :meth:`_sync_delay`)
@@ -242,10 +258,19 @@ class SimDisk:
     def _synced_len(inode: _Inode) -> int:
         return min(inode.dirty_from, inode.lost_from, len(inode.durable), len(inode.data))
 
-    def fail_next_syncs(self, count: int = 1, *, cancel: bool = False) -> None:
+    def fail_next_syncs(self, count: int = 1, *, cancel: bool = False,
+                        joined_within: float | None = None) -> None:
         """Make the next ``count`` file fsyncs fail with EIO (``cancel``: instead of those
-        armed before and not met yet)."""
+        armed before and not met yet). ``joined_within``: instead, one failure that waits
+        up to that many seconds for an fsync to start while another of its file is under
+        way, and fails the write-back of the one under way (the next fsync fails if none
+        comes): errors under load, which overlapping fsyncs must each report."""
+        if joined_within is not None:
+            self._fail_joined = trio.current_time() + joined_within
+            return
         self._fail_syncs = count if cancel else self._fail_syncs + count
+        if cancel:
+            self._fail_joined = None
 
     def refuse_new_files(self, directory: str | None) -> None:
         """Make every file creation under ``directory`` fail with EIO (None: none does)."""
@@ -287,6 +312,7 @@ class SimDiskFile:
         self._inode = inode
         self._epoch = epoch
         self._closed = False
+        self._seen_errors = inode.errors   # as Linux samples the file's errseq at open
 
     def _check(self) -> _Inode:
         if self._closed or not self._disk._alive(self._epoch):
@@ -305,8 +331,11 @@ class SimDiskFile:
             raise OSError(errno.ENOSPC, "no space left on device", self.path)
         inode.data += data
 
-    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
+    async def aappend(self, data: bytes, *, sync: bool = False,
+                      on_written: Callable[[], None] | None = None) -> None:
         self.append(data)
+        if on_written is not None:
+            on_written()
         if not sync:
             await trio.lowlevel.checkpoint()
             return
@@ -328,33 +357,67 @@ class SimDiskFile:
         return self.read_at(offset, length)
 
     async def sync(self) -> None:
+        """Write back what is dirty, after the write-back of every fsync of the file
+        already under way (as Linux waits on pages under write-back); then report a
+        write-back error this open file has not reported yet (errseq: each open file
+        learns of each error once, so of two fsyncs on one open file only the first to
+        look sees it; they look in an order drawn from the seed)."""
         inode = self._check()
         disk = self._disk
         start = inode.dirty_from
         tail = bytes(inode.data[start:])
         inode.dirty_from = len(inode.data)
-        fail = disk._fail_syncs > 0 or (
+        earlier = list(inode.flushes)
+        joined = disk._fail_joined
+        if joined is not None and (earlier or trio.current_time() >= joined):
+            disk._fail_joined = None
+            if earlier:   # the write-back this fsync joins fails
+                earlier[-1].fail = True
+                joined = None
+        fail = joined is not None or disk._fail_syncs > 0 or (
             disk.faults.sync_failure_chance > 0 and disk.random.random() < disk.faults.sync_failure_chance)
-        if disk._fail_syncs > 0:
+        if joined is None and disk._fail_syncs > 0:
             disk._fail_syncs -= 1
+        flush = _Flush(fail)
+        for e in earlier:
+            e.overlapped = flush.overlapped = True
+        inode.flushes.append(flush)
         try:
-            await trio.sleep(disk._sync_delay())
-        except BaseException:
-            inode.touched(start)
-            raise
+            try:
+                await trio.sleep(disk._sync_delay())
+                for e in earlier:
+                    await e.done.wait()
+            except BaseException:
+                inode.touched(start)
+                raise
+            if not disk._alive(self._epoch):
+                inode.touched(start)
+                raise _ebadf(self.path)
+            if flush.fail:
+                # Linux marks the pages it could not write clean: they stay readable, a
+                # later fsync does not write them, and a power loss loses them
+                if tail:
+                    inode.lost_from = min(inode.lost_from, start)
+                inode.errors += 1
+                disk.events.append(f"{self.path}: fsync failed (EIO)")
+            else:
+                del inode.durable[start:]
+                inode.durable += bytes(start - len(inode.durable))   # a hole where pages were lost
+                inode.durable += tail
+        finally:
+            inode.flushes.remove(flush)
+            flush.done.set()
+        overlapped = flush.overlapped
+        if overlapped:   # the threads of overlapping fsyncs wake in any order ...
+            await trio.sleep(disk.random.uniform(0.0, 0.001))
+        failed = inode.errors != self._seen_errors
+        self._seen_errors = inode.errors
+        if overlapped:   # ... and get back to the event loop in any order
+            await trio.sleep(disk.random.uniform(0.0, 0.001))
         if not disk._alive(self._epoch):
-            inode.touched(start)
             raise _ebadf(self.path)
-        if fail:
-            # Linux marks the pages it could not write clean: they stay readable, a later
-            # fsync does not write them, and a power loss loses them
-            if tail:
-                inode.lost_from = min(inode.lost_from, start)
-            disk.events.append(f"{self.path}: fsync failed (EIO)")
+        if failed:
             raise OSError(errno.EIO, "input/output error", self.path)
-        del inode.durable[start:]
-        inode.durable += bytes(start - len(inode.durable))   # a hole where pages were lost
-        inode.durable += tail
 
     def truncate(self, length: int) -> None:
         inode = self._check()

@@ -30,6 +30,15 @@ class OpenSegment:
     # a compacted segment's jumps: each target position, and the file offset it is at
     jumps: list[int] = dataclasses.field(default_factory=list)
     jump_offsets: list[int] = dataclasses.field(default_factory=list)
+    # more open files of it, for the writer's overlapping fsyncs (closed with it)
+    lanes: list[DiskFile] = dataclasses.field(default_factory=list)
+
+    def close(self) -> None:
+        """Close its file and its lanes."""
+        self.file.close()
+        for lane in self.lanes:
+            lane.close()
+        self.lanes.clear()
 
     @property
     def first(self) -> int:
@@ -132,4 +141,4 @@ class SegmentTable:
 
     def close(self) -> None:
         for s in self.segments:
-            s.file.close()
+            s.close()

@@ -8,8 +8,15 @@ worker thread (:meth:`~flux.host.DiskFile.aappend`: a write a segment, at most
 :data:`WRITE_SLICE_BYTES` each), and syncs as the fsync mode says (with ``always``,
 in the thread call of the group's last write); one fsync covers
 every record written before it, and records appended while it writes or syncs form
-the next group. No write of the writer task runs on the event loop: even a small
-write(2) may wait on the file system's journal while another log's fsync commits it.
+the next group. With ``always`` a group that fits one write does not wait for the
+fsync before it: once that group's write took, its fsync goes on in its thread and
+the next group is written and fsynced beside it (up to :data:`SYNC_LANES` at once),
+each on an open file of its own, so that each fsync learns of a write-back error
+(Linux reports each one to each open file once; two fsyncs on one open file could
+see it reported to the later one only). A group counts as synced only when every
+group before it has too: the marks move in log order. No write of the writer task
+runs on the event loop: even a small write(2) may wait on the file system's journal
+while another log's fsync commits it.
 Waiters learn the *durable mark* (DESIGN.md G9): with ``always`` the position up to
 which everything is fsynced, with ``interval`` and ``never`` the position up to which
 everything is written.
@@ -51,6 +58,8 @@ from flux.storage.table import OpenSegment, SegmentTable
 # rather than by the writer task, so its reply need not wait for that task to run
 INLINE_WRITE_BYTES = 64 * 1024
 WRITE_SLICE_BYTES = 1 << 20   # the most the writer task joins and writes at once
+# ``always``: groups whose write+fsync may be under way at once (each on its own open file)
+SYNC_LANES = 2
 
 
 class FsyncMode(enum.StrEnum):
@@ -66,6 +75,20 @@ class Appended(NamedTuple):
 
     position: int
     end: int
+
+
+class _Group:
+    """One group of records written and fsynced in one thread call (``always``)."""
+
+    __slots__ = ("done", "end", "lane", "ok", "took", "written")
+
+    def __init__(self, end: int, lane: int) -> None:
+        self.end = end               # the position after its last record
+        self.lane = lane             # which open file of the segment it uses
+        self.written = trio.Event()  # its write took (or the call ended)
+        self.done = False            # the call ended
+        self.ok = False              # ... with the group written and fsynced
+        self.took = 0.0
 
 
 class WriterStats:
@@ -98,7 +121,8 @@ class LogWriter:
                  now: Callable[[], float] = trio.current_time,
                  wall_time: Callable[[], float] | None = None,
                  snapshot: Callable[[], tuple[int, bytes]] | None = None,
-                 on_progress: Callable[[], None] | None = None) -> None:
+                 on_progress: Callable[[], None] | None = None,
+                 sync_lanes: int = SYNC_LANES) -> None:
         if segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
         if fsync is FsyncMode.INTERVAL and not fsync_interval > 0:
@@ -120,6 +144,8 @@ class LogWriter:
         # durable mark moves or the log fails: the owner releases what waited right
         # away, without a task of its own waking up for it
         self.on_progress = on_progress
+        # ``always``: how many groups may be fsynced at once (1: one fsync after another)
+        self.sync_lanes = max(1, sync_lanes)
         self.stats = WriterStats()
         self.appended = table.end   # after the last record appended (queued or written)
         self.written = table.end    # after the last record write(2) took
@@ -133,6 +159,7 @@ class LogWriter:
         self.full_retry = 0.25         # seconds between tries while the disk is full
         self.on_full: Callable[[str | None], None] = lambda reason: None  # told of changes
         self._queue: list[bytes] = []
+        self._groups: collections.deque[_Group] = collections.deque()  # under way, oldest first
         self._rolls: collections.deque[int] = collections.deque()  # positions that start a segment
         self._header_size = len(self._header(0))
         last = table.last
@@ -249,7 +276,7 @@ class LogWriter:
         dropped = False
         while len(self.table.segments) > 1 and self.table.segments[0].end <= position:
             segment = self.table.drop_first()
-            segment.file.close()
+            segment.close()
             await self.disk.discard(segment.path)  # off the loop: it frees the file's blocks
             dropped = True
         if dropped:
@@ -262,38 +289,137 @@ class LogWriter:
         """The one task that writes and syncs. Returns after close() or a failure."""
         task_status.started()
         next_sync = self._now() + self.fsync_interval if self.fsync is FsyncMode.INTERVAL else math.inf
+        if self.fsync is FsyncMode.ALWAYS and self._fill <= self.segment_bytes:
+            self._open_lanes(self.table.last)   # before this writer writes to it
         try:
-            while self.failed is None:
-                if self.full is not None:
-                    if self._closing:
-                        self._fail(f"the disk is still full at close ({self.full})", None,
-                                   retryable=True)
+            async with trio.open_nursery() as groups:
+                while self.failed is None:
+                    if self.full is not None:
+                        if self._closing:
+                            self._fail(f"the disk is still full at close ({self.full})", None,
+                                       retryable=True)
+                            break
+                        await trio.sleep_until(self._now() + self.full_retry)
+                        if not self._queue:   # nothing left to write: nothing is full
+                            self.full = None
+                            self.on_full(None)
+                    elif not self._queue and (self._sync_wanted <= self.synced or self._groups):
+                        # nothing to write (groups under way move the marks themselves)
+                        if self._closing and not self._groups:
+                            break
+                        deadline = next_sync if self.synced < self.written and not self._groups \
+                            else math.inf
+                        if self._now() < deadline:
+                            with trio.move_on_at(deadline):
+                                await self._wake.wait()
+                        self._wake = trio.Event()
+                    if self._queue:
+                        if self._overlaps():
+                            await self._start_group(groups)
+                        else:
+                            await self._drain()
+                            if self.failed is None:
+                                await self._write_queued()
+                    if self.failed is not None:
                         break
-                    await trio.sleep_until(self._now() + self.full_retry)
-                    if not self._queue:   # nothing left to write: nothing is full
-                        self.full = None
-                        self.on_full(None)
-                elif not self._queue and self._sync_wanted <= self.synced:
-                    if self._closing:
-                        break
-                    deadline = next_sync if self.synced < self.written else math.inf
-                    if self._now() < deadline:
-                        with trio.move_on_at(deadline):
-                            await self._wake.wait()
-                    self._wake = trio.Event()
-                if self._queue:
-                    await self._write_queued()
-                if self.failed is not None:
-                    break
-                due = self.fsync is FsyncMode.INTERVAL and self._now() >= next_sync
-                if (self.fsync is FsyncMode.ALWAYS or due or self._sync_wanted > self.synced) \
-                        and self.synced < self.written:
-                    await self._sync()
-                if due:
-                    next_sync = self._now() + self.fsync_interval
+                    due = self.fsync is FsyncMode.INTERVAL and self._now() >= next_sync
+                    if (self.fsync is FsyncMode.ALWAYS or due or self._sync_wanted > self.synced) \
+                            and self.synced < self.written and not self._groups:
+                        await self._sync()
+                    if due:
+                        next_sync = self._now() + self.fsync_interval
+                await self._drain()   # (after a failure: the calls under way end first)
         finally:
             self._done.set()
             self._notify()
+
+    # -- overlapping fsyncs (``always``) ---------------------------------------------
+
+    def _open_lanes(self, segment: OpenSegment | None) -> None:
+        """Open the segment's other files for overlapping fsyncs, before anything is
+        written to it by this writer (each open file samples the write-back errors
+        from its opening on). If one cannot be opened, fewer fsyncs overlap."""
+        if segment is None:
+            return
+        while len(segment.lanes) < self.sync_lanes - 1:
+            try:
+                segment.lanes.append(self.disk.open(segment.path))
+            except OSError:
+                return
+
+    def _overlaps(self) -> bool:
+        """Whether what is queued can go as one group beside the fsyncs under way: with
+        ``always``, no segment roll due and one write's worth queued."""
+        if self.fsync is not FsyncMode.ALWAYS or self._rolls:
+            return False
+        segment = self.table.last
+        if segment is None or segment.end != self.written:
+            return False
+        return self.appended - self.written <= WRITE_SLICE_BYTES
+
+    async def _drain(self) -> None:
+        """Wait until no group is under way (each one's end wakes the writer task)."""
+        while self._groups:
+            self._wake = trio.Event()
+            await self._wake.wait()
+
+    async def _start_group(self, nursery: trio.Nursery) -> None:
+        """Write what is queued as one group in a thread call that fsyncs it too; return
+        once its write took (the fsync goes on), so the next group can follow it."""
+        segment = self.table.last
+        assert segment is not None
+        while len(self._groups) >= 1 + len(segment.lanes):   # every open file is busy
+            self._wake = trio.Event()
+            await self._wake.wait()
+            if self.failed is not None or not self._overlaps():
+                return   # (what was appended meanwhile may need a roll: the loop sees)
+        busy = {g.lane for g in self._groups}
+        lane = next(i for i in range(1 + len(segment.lanes)) if i not in busy)
+        chunk, self._queue = self._queue, []
+        group = _Group(self.appended, lane)
+        self._groups.append(group)
+        nursery.start_soon(self._write_group, group, segment, chunk)
+        await group.written.wait()
+
+    async def _write_group(self, group: _Group, segment: OpenSegment, chunk: list[bytes]) -> None:
+        file = segment.file if group.lane == 0 else segment.lanes[group.lane - 1]
+        data = b"".join(chunk)
+        started = self._now()
+
+        def wrote() -> None:
+            if not group.written.is_set():
+                self._wrote(segment, chunk, data)
+                group.written.set()
+                if self.full is not None:   # the write took: the disk has room again
+                    self.full = None
+                    self.on_full(None)
+        try:
+            await file.aappend(data, sync=True, on_written=wrote)
+        except SyncFailed as e:   # written, not synced: the log fails
+            wrote()
+            group.done = True
+            await self._sync_failed(segment, e)
+        except OSError as e:
+            group.done = True
+            if not self._write_failed(segment, e) and self.failed is None:
+                self._queue[:0] = chunk   # the disk is full: tried again, first
+        else:
+            wrote()
+            group.ok = True
+            group.took = self._now() - started
+        finally:
+            group.done = True
+            group.written.set()
+            self._settle_groups()
+            self._wake.set()
+
+    def _settle_groups(self) -> None:
+        """Apply the marks of the groups that ended, in log order: a group counts as
+        synced only once every group before it has."""
+        while self._groups and self._groups[0].done:
+            group = self._groups.popleft()
+            if group.ok and self.failed is None:
+                self._synced(group.end, group.took)
 
     def _notify(self) -> None:
         self._progress.set()
@@ -439,7 +565,7 @@ class LogWriter:
         if previous is not None and previous.end == previous.first == position:
             # An empty segment (a roll cut short, or a torn tail cut back to its header)
             # has this segment's name: rewrite it with the new header.
-            self.table.drop_last().file.close()
+            self.table.drop_last().close()
             previous = self.table.last
         if previous is not None and self.synced < self.written and not await self._sync():
             return False
@@ -475,6 +601,12 @@ class LogWriter:
                                                         self.boot_id), len(header), position)
         self.table.add(segment)
         self.stats.rolls += 1
+        if previous is not None:   # written and synced: its other files are done
+            for lane in previous.lanes:
+                lane.close()
+            previous.lanes.clear()
+        if self.fsync is FsyncMode.ALWAYS:
+            self._open_lanes(segment)
         return True
 
     async def _mark_fsync_failed(self) -> str:
