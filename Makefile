@@ -58,7 +58,8 @@ serve: $(STAMP)
 
 # The dashboard's browser tests drive the distribution's Chromium through Playwright
 # (Playwright's own browser download is not used): install it when it is missing,
-# with apt-get as root or through sudo. FLUX_CHROMIUM names another executable.
+# with apt-get as root or through sudo (after finishing an install that was cut
+# short, which apt-get refuses to go past). FLUX_CHROMIUM names another executable.
 browser:
 	@if [ -n "$$FLUX_CHROMIUM" ] || command -v chromium >/dev/null 2>&1 \
 		|| command -v chromium-browser >/dev/null 2>&1; then exit 0; fi; \
@@ -66,6 +67,7 @@ browser:
 		echo "the browser tests need Chromium: install it, or set FLUX_CHROMIUM" >&2; exit 1; fi; \
 	SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	echo "installing chromium for the browser tests (apt-get)"; \
+	$$SUDO dpkg --configure -a >/dev/null 2>&1; \
 	$$SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
 		$$SUDO apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core >/dev/null
 
