@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 from collections import _count_elements as count_elements  # type: ignore[attr-defined]
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, islice, repeat
 from operator import is_, lt
@@ -89,7 +89,6 @@ class Group:
 
     key_ordered: bool
     members: dict[tuple[int, int], Member] = field(default_factory=dict)
-    holder: dict[int, Member] = field(default_factory=dict)  # offset in flight -> member
     # pushes used by unacked offsets not in flight now (handed off, or pushed before the
     # group was last inactive): their next push continues the count
     pushes: dict[int, int] = field(default_factory=dict)
@@ -105,6 +104,12 @@ class Group:
     nak_at: dict[int, float] = field(default_factory=dict)
     timer: NakTimer | None = None
 
+    @property
+    def holder(self) -> Holders:
+        """Offset in flight -> the member holding it (read from the members' windows:
+        no map is kept per push)."""
+        return Holders(self.members)
+
     def clear_round(self) -> None:
         """Forget what one activation of the group had pending (counts are kept)."""
         self.waiting = []
@@ -113,6 +118,32 @@ class Group:
         self.queued_count = 0
         self.unpinned = set()
         self.counted_below = max(self.pushes, default=-1) + 1
+
+
+class Holders(Mapping[int, Member]):
+    """Which member holds each offset in flight: a view of the members' windows (each
+    offset is in at most one, G10), looked up member by member."""
+
+    __slots__ = ("_members",)
+
+    def __init__(self, members: dict[tuple[int, int], Member]) -> None:
+        self._members = members
+
+    def __getitem__(self, offset: int) -> Member:
+        for m in self._members.values():
+            if offset in m.in_flight:
+                return m
+        raise KeyError(offset)
+
+    def __contains__(self, offset: object) -> bool:
+        return any(offset in m.in_flight for m in self._members.values())
+
+    def __iter__(self) -> Iterator[int]:
+        for m in self._members.values():
+            yield from m.in_flight
+
+    def __len__(self) -> int:
+        return sum(len(m.in_flight) for m in self._members.values())
 
 
 @dataclass(eq=False)
@@ -151,6 +182,7 @@ class Sharing(Delivery):
             for o, n in sub.push_counts.items():  # counts a restart kept (G9, G11)
                 if o >= sub.cursor and o not in sub.acked and n > group.pushes.get(o, 0):
                     group.pushes[o] = n
+            sub.push_counts = {}  # (taken: from now on the group and its members keep them)
             group.counted_below = max(group.pushes, default=-1) + 1
             group.waiting = sorted(o for o in group.pushes
                                    if o >= sub.cursor and o not in sub.acked
@@ -186,10 +218,7 @@ class Sharing(Delivery):
         del group.members[(member.conn, member.sid)]
         member.deleted = True
         member.epoch += 1
-        holder, pushes = group.holder, group.pushes
-        for offset, count in member.in_flight.items():
-            del holder[offset]
-            pushes[offset] = count
+        group.pushes.update(member.in_flight)
         if member.in_flight and hand_off:
             group.waiting = sorted({*group.waiting, *member.in_flight})
         member.in_flight.clear()
@@ -541,7 +570,7 @@ class Sharing(Delivery):
         assert group is not None
         session = self.sessions.get(m.conn)
         log = topic.log
-        holder, pushes, in_flight, late = group.holder, group.pushes, m.in_flight, m.late
+        pushes, in_flight, late = group.pushes, m.in_flight, m.late
         by_count: dict[int, Sequence[int]] = {}
         if offsets and (not pushes or pushes.keys().isdisjoint(offsets)):
             # first pushes all (the usual case), often a run in line (a block of new keys;
@@ -572,19 +601,18 @@ class Sharing(Delivery):
                     if key is not None and offset not in key_of:
                         key_of[offset] = key
                         keys[key] = keys.get(key, 0) + 1
-        holder.update(dict.fromkeys(offsets, m))
         # one frame per push count, in the order they were picked (hand-offs by offset,
         # then keys' queued ones, then first pushes in push order: G12's due order)
         batches: list[tuple[Sequence[int], int]] = [
             (batch, count) for count, batch in by_count.items()]
         if run is not None and len(run):
-            holder.update(dict.fromkeys(run, m))
             in_flight.update(dict.fromkeys(run, 1))
             batches.append((run, 1))
         top = m.top
         for batch, _ in batches:
-            if type(batch) is range and batch.start > top:
-                top = batch.stop - 1
+            if batch and batch[0] > top and (type(batch) is range or all(
+                    map(lt, batch, islice(batch, 1, None)))):
+                top = batch[-1]  # (the usual case: rising, above all it had: none late)
                 continue
             for offset in batch:
                 if offset <= top:
@@ -759,10 +787,7 @@ class Sharing(Delivery):
     def _let_go_all(self, sub: Subscription, m: Member, offsets: Sequence[int]) -> None:
         """:meth:`_let_go` of each of ``offsets``, distinct and held by ``m``, none
         extended (what is left to do for them then), in bulk."""
-        group = sub.group
-        assert group is not None
         deque(map(m.in_flight.__delitem__, offsets), 0)
-        deque(map(group.holder.__delitem__, offsets), 0)
         if m.late:
             m.late.difference_update(offsets)
         if m.key_of:
@@ -782,10 +807,7 @@ class Sharing(Delivery):
     def _let_go(self, sub: Subscription, m: Member, offset: int) -> None:
         """``m`` no longer holds ``offset`` (acked, nak'd, termed or dead-lettered): out
         of its window; its key is released once none of it is held."""
-        group = sub.group
-        assert group is not None
         del m.in_flight[offset]
-        del group.holder[offset]
         m.late.discard(offset)
         m.extended.pop(offset, None)
         key = m.key_of.pop(offset, None) if m.key_of else None
