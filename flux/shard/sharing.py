@@ -31,7 +31,6 @@ and, with ``key_ordered``, the member each key is pinned to.
 from __future__ import annotations
 
 import heapq
-from collections import _count_elements as count_elements  # type: ignore[attr-defined]
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from flux.hashing import dead_letter_topic
 from flux.message_meta import check_delay
 from flux.shard.dead_letters import dead_letter_reason
 from flux.shard.delivery import Delivery
+from flux.shard.held_keys import hold_keys, let_go
 from flux.shard.naks import MAX_REASON_BYTES, check_item, settle_items
 from flux.shard.state import P, Session
 from flux.shard.subscription import PushTimers, Subscription
@@ -588,19 +588,7 @@ class Sharing(Delivery):
                 counted.setdefault(count, []).append(offset)
             by_count.update(counted)
         if key_at:
-            key_of, keys = m.key_of, m.keys
-            held = list(map(key_at.get, offsets))
-            new_keys = cast(list[str], held)
-            if None not in held and key_of.keys().isdisjoint(offsets):
-                # the usual case: each offset new here, keyed: counted at C speed (Counter's
-                # own helper: one more for each key, on a plain dict)
-                key_of.update(zip(offsets, new_keys, strict=True))
-                count_elements(keys, new_keys)
-            else:
-                for offset, key in zip(offsets, held, strict=True):
-                    if key is not None and offset not in key_of:
-                        key_of[offset] = key
-                        keys[key] = keys.get(key, 0) + 1
+            hold_keys(m.key_of, m.keys, offsets, key_at)
         # one frame per push count, in the order they were picked (hand-offs by offset,
         # then keys' queued ones, then first pushes in push order: G12's due order)
         batches: list[tuple[Sequence[int], int]] = [
@@ -750,14 +738,15 @@ class Sharing(Delivery):
         """Apply one ACK of member ``m``; returns how many it acked (refusals appended)."""
         acked = 0
         in_flight = m.in_flight
-        if offsets and not m.late and not m.extended \
-                and set(map(type, offsets)) == {int} and all(map(in_flight.__contains__, offsets)) \
-                and len(set(offsets)) == len(offsets):
-            # the usual case, at C speed: every offset held by m, none with a deadline of
-            # its own (what _member_acked does, in bulk)
-            self._let_go_all(sub, m, offsets)
-            sub.mark_acked_all(offsets)
-            acked, offsets = len(offsets), []
+        if offsets and not m.late and not m.extended:
+            # the usual case, in bulk: every offset held by m, none with a deadline of its
+            # own (what _member_acked does for each); None: not so, nothing done
+            released = let_go(in_flight, m.key_of, m.keys, offsets)
+            if released is not None:
+                for key in released:
+                    self._unpin(sub, m, key)
+                sub.mark_acked_all(offsets)
+                acked, offsets = len(offsets), []
         for offset in offsets:
             if type(offset) is not int:
                 refused.append([offset, errors.InvalidRequest.code, "offset must be an integer"])
@@ -787,18 +776,12 @@ class Sharing(Delivery):
     def _let_go_all(self, sub: Subscription, m: Member, offsets: Sequence[int]) -> None:
         """:meth:`_let_go` of each of ``offsets``, distinct and held by ``m``, none
         extended (what is left to do for them then), in bulk."""
-        deque(map(m.in_flight.__delitem__, offsets), 0)
+        released = let_go(m.in_flight, m.key_of, m.keys, offsets)
+        assert released is not None, "offsets not held"
         if m.late:
             m.late.difference_update(offsets)
-        if m.key_of:
-            keys = m.keys
-            for key in map(m.key_of.pop, offsets, repeat(None)):
-                if key is not None:
-                    left = keys[key] - 1
-                    if left:
-                        keys[key] = left
-                    else:
-                        self._release_key(sub, m, key)
+        for key in released:
+            self._unpin(sub, m, key)
 
     def _member_acked(self, sub: Subscription, m: Member, offset: int) -> None:
         self._let_go(sub, m, offset)
@@ -821,9 +804,13 @@ class Sharing(Delivery):
     def _release_key(self, sub: Subscription, m: Member, key: str) -> None:
         """``m`` holds none of ``key`` unacked: the key is released; its waiting messages
         (if any) go to whichever member has room first."""
+        del m.keys[key]
+        self._unpin(sub, m, key)
+
+    def _unpin(self, sub: Subscription, m: Member, key: str) -> None:
+        """:meth:`_release_key` once ``key`` is out of ``m.keys`` (:func:`let_go` took it)."""
         group = sub.group
         assert group is not None
-        del m.keys[key]
         del group.pins[key]
         if key in m.waiting_keys:
             m.waiting_keys.discard(key)
