@@ -34,8 +34,8 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, islice, repeat
-from operator import is_, lt
+from itertools import groupby, islice
+from operator import lt
 from typing import Any, cast
 
 from flux import errors
@@ -496,10 +496,19 @@ class Sharing(Delivery):
         queued): each member takes what its room and credit allow, in offset order; the
         rest wait in their keys' queues."""
         key_at.update(zip(picks, keys, strict=True))
-        for m in set(targets):
+        # each member's share, in pick order: targets come in runs (a member's keys are
+        # mostly blocks of them), so cut them where the member changes
+        shares: dict[Member, list[tuple[int, int]]] = {}
+        start = 0
+        for m, run in groupby(targets):
+            stop = start + len(list(run))
+            shares.setdefault(m, []).append((start, stop))
+            start = stop
+        for m, spans in shares.items():
             mid = id(m)
-            mine = list(map(is_, targets, repeat(m)))
-            offsets = list(compress(picks, mine))
+            offsets: list[int] = []
+            for a, b in spans:
+                offsets += picks[a:b]
             take = max(0, min(len(offsets), rooms.get(mid, 0), credits.get(mid, 0)))
             if take:
                 plan.setdefault(mid, []).extend(offsets[:take] if take < len(offsets)
@@ -507,7 +516,10 @@ class Sharing(Delivery):
                 rooms[mid] -= take
                 credits[mid] -= take
             if take < len(offsets):  # no room: they wait behind the member's window
-                waiting = list(compress(keys, mine))[take:]
+                waiting: list[str] = []
+                for a, b in spans:
+                    waiting += keys[a:b]
+                del waiting[:take]
                 for offset, key in zip(offsets[take:], waiting, strict=True):
                     group.queued[key] = deque([offset])
                     del key_at[offset]
@@ -933,13 +945,15 @@ def _pinned(keys: Sequence[str | None], pins: dict[str, Member], queued: dict[st
             counts: dict[int, int], picks: Sequence[int]) -> list[Member] | None:
     """The member each of ``keys`` is pinned to, if every one is a key, pinned, once in
     ``keys`` and without a queue, and no pick has a push count (else None)."""
-    if None in keys or (queued and not queued.keys().isdisjoint(keys)) \
+    distinct = set(keys)
+    if None in distinct or len(distinct) != len(keys) \
+            or (queued and not queued.keys().isdisjoint(distinct)) \
             or (counts and not counts.keys().isdisjoint(picks)):
         return None
-    targets = list(map(pins.get, keys))  # type: ignore[arg-type]
-    if None in targets or len(set(keys)) != len(keys):
+    try:
+        return list(map(pins.__getitem__, cast(list[str], keys)))
+    except KeyError:  # (a key not pinned)
         return None
-    return cast(list[Member], targets)
 
 
 class _Block:
