@@ -750,11 +750,14 @@ class Sharing(Delivery):
         """Apply one ACK of member ``m``; returns how many it acked (refusals appended)."""
         acked = 0
         in_flight = m.in_flight
-        if offsets and not m.late and not m.extended:
+        if offsets and not m.extended:
             # the usual case, in bulk: every offset held by m, none with a deadline of its
-            # own (what _member_acked does for each); None: not so, nothing done
+            # own, late ones too (what _member_acked does for each); None: not so, nothing
+            # done
             released = let_go(in_flight, m.key_of, m.keys, offsets)
             if released is not None:
+                if m.late:
+                    m.late.difference_update(offsets)
                 for key in released:
                     self._unpin(sub, m, key)
                 sub.mark_acked_all(offsets)
