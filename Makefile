@@ -49,7 +49,7 @@ $(BIN)/python:
 		echo "could not create $(VENV): install your distribution's venv package (e.g. python3-venv)" >&2; \
 		exit 1; }
 
-$(STAMP): pyproject.toml setup.py flux/shard/_serial_probe.c | $(BIN)/python
+$(STAMP): pyproject.toml setup.py flux/shard/_serial_probe.c flux/shard/_held_keys.c | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
 	@touch $@
 

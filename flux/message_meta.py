@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import repeat
+from operator import is_not
 from typing import Any, Final, NamedTuple
 
 from flux import errors
@@ -115,14 +117,26 @@ def columns(keys: list[str | None], headers: list[dict[str, str] | None],
     """The optional trailing map of DELIVER and FETCHED: only the columns some message
     has a value in (None when none has any)."""
     out: dict[str, Any] = {}
-    n = len(keys)
-    if keys.count(None) < n:
+    if any(map(is_not, keys, repeat(None))):  # (stops at the first key: keyed, the usual)
         out["keys"] = keys
     if any(headers):
         out["headers"] = headers
     if dues.count(None) < len(dues):
         out["due"] = dues
     return out or None
+
+
+def columns_size(meta: dict[str, Any]) -> int:
+    """Roughly what a DELIVER's trailing map adds to its size, with room to spare (twice
+    its text): a keys column (str or None each) by its keys' bytes and a few a key, at C
+    speed, the others (rarer) by their repr."""
+    size = 0
+    for name, column in meta.items():
+        if name == "keys":
+            size += 2 * (len("".join(filter(None, column)).encode()) + 4 * len(column))
+        else:
+            size += 2 * len(str(column))
+    return size
 
 
 def read_columns(extra: Any, count: int) -> tuple[list[Any], list[Any], list[Any]] | None:

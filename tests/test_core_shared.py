@@ -11,8 +11,19 @@ from test_core_support import TOPIC, Client, Shard
 from flux import errors
 from flux import protocol as P
 from flux.hashing import dead_letter_topic
+from flux.shard import held_keys
 
 NAME = "workers"
+_BUILT = held_keys.fast
+
+
+@pytest.fixture(autouse=True, scope="module", params=["c", "python"])
+def _bookkeeping(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Every test here twice: members' held keys kept by the C functions, and by the
+    Python ones (Flux built without a C compiler)."""
+    held_keys.fast = _BUILT if request.param == "c" else None
+    yield request.param
+    held_keys.fast = _BUILT
 
 
 def _join(client: Client, sid: int, **opts: Any) -> dict[str, Any]:

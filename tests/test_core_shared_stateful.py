@@ -30,8 +30,10 @@ from flux import errors
 from flux import protocol as P
 from flux.hashing import dead_letter_topic
 from flux.message_meta import read_columns
+from flux.shard import held_keys
 
 NAME = "pool"
+_BUILT = held_keys.fast
 TIMEOUT, RETRY_INTERVAL, RETRY_COUNT = 7.0, 3.0, 2
 
 
@@ -366,6 +368,25 @@ def _letters(dlq: Any) -> list[tuple[int, int, str]]:
 TestSharedPool = SharedPool.TestCase
 TestSharedPool.settings = settings(max_examples=400, stateful_step_count=50, deadline=None,
                                    suppress_health_check=[HealthCheck.too_slow])
+
+
+class SharedPoolInPython(SharedPool):
+    """The same, with the members' held keys kept by the Python functions rather than
+    the C ones (:mod:`flux.shard.held_keys`): Flux built without a C compiler."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        held_keys.fast = None
+
+    def teardown(self) -> None:
+        held_keys.fast = _BUILT
+        super().teardown()
+
+
+TestSharedPoolInPython = SharedPoolInPython.TestCase
+TestSharedPoolInPython.settings = settings(max_examples=200, stateful_step_count=50,
+                                           deadline=None,
+                                           suppress_health_check=[HealthCheck.too_slow])
 
 
 def test_a_released_keys_waiting_message_goes_where_it_was_placed() -> None:

@@ -12,6 +12,7 @@ from itertools import pairwise
 from typing import Any
 
 from flux import errors
+from flux.message_meta import columns_size
 from flux.shard.journal import Held
 from flux.shard.naks import Settling
 from flux.shard.state import (
@@ -133,7 +134,7 @@ class Delivery(Settling):
         size = (payloads.size if type(payloads) is P.PackedPayloads
                 else sum(map(len, payloads)))
         if meta is not None:
-            size += 2 * sum(map(len, map(str, meta.values())))  # (rough, and rare)
+            size += columns_size(meta)
         # joining the ids (at most 128 bytes each) counts them faster than len() per id
         if n * 40 + len("".join(ids)) + size <= budget:
             frame: list[Any] = [P.DELIVER, sid, generation, attempt, P.offsets_field(offsets),

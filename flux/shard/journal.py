@@ -413,7 +413,7 @@ def subscription_row(sub: Any, epoch: float) -> list[Any]:
     surviving push counts (G11) as ``[offset, pushes, ...]``."""
     row = [sub.name, journal_mode(sub), sub.start_offset, epoch + sub.created_at, sub.cursor,
            sub.acked.as_runs()]
-    counts = getattr(sub, "push_counts", None)
+    counts = sub.surviving_counts()
     if counts:
         row.append([x for o in sorted(counts) for x in (o, counts[o])])
     return row

@@ -31,10 +31,14 @@ class PushCounts(Delays):
     def _count_pushes(self, topic: Topic, sub: Subscription, offsets: Sequence[int],
                       pushes: int) -> None:
         """``offsets`` were pushed for the ``pushes``-th time: keep that (a topic with a
-        dead-letter policy), and journal it for a named subscription of a disk topic."""
-        if not (topic.settings.dead_letter or sub.group is not None) or not offsets:
-            return  # (a shared subscription's counts survive too, G10)
-        sub.push_counts.update(dict.fromkeys(offsets, pushes))
+        dead-letter policy), and journal it for a named subscription of a disk topic.
+        A shared subscription's counts survive too (G10), kept by its members and group
+        (:meth:`Subscription.surviving_counts`): only journaled here."""
+        shared = sub.group is not None
+        if not (topic.settings.dead_letter or shared) or not offsets:
+            return
+        if not shared:
+            sub.push_counts.update(dict.fromkeys(offsets, pushes))
         journal = topic.journal
         if journal is not None and not sub.ephemeral and journal.failed is None:
             journal.append(PUSHES, [sub.name, pushes, _runs(offsets)])

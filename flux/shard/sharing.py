@@ -31,12 +31,11 @@ and, with ``key_ordered``, the member each key is pinned to.
 from __future__ import annotations
 
 import heapq
-from collections import _count_elements as count_elements  # type: ignore[attr-defined]
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, islice, repeat
-from operator import is_, lt
+from itertools import groupby, islice
+from operator import lt
 from typing import Any, cast
 
 from flux import errors
@@ -44,6 +43,7 @@ from flux.hashing import dead_letter_topic
 from flux.message_meta import check_delay
 from flux.shard.dead_letters import dead_letter_reason
 from flux.shard.delivery import Delivery
+from flux.shard.held_keys import hold_keys, let_go
 from flux.shard.naks import MAX_REASON_BYTES, check_item, settle_items
 from flux.shard.state import P, Session
 from flux.shard.subscription import PushTimers, Subscription
@@ -89,7 +89,6 @@ class Group:
 
     key_ordered: bool
     members: dict[tuple[int, int], Member] = field(default_factory=dict)
-    holder: dict[int, Member] = field(default_factory=dict)  # offset in flight -> member
     # pushes used by unacked offsets not in flight now (handed off, or pushed before the
     # group was last inactive): their next push continues the count
     pushes: dict[int, int] = field(default_factory=dict)
@@ -105,6 +104,12 @@ class Group:
     nak_at: dict[int, float] = field(default_factory=dict)
     timer: NakTimer | None = None
 
+    @property
+    def holder(self) -> Holders:
+        """Offset in flight -> the member holding it (read from the members' windows:
+        no map is kept per push)."""
+        return Holders(self.members)
+
     def clear_round(self) -> None:
         """Forget what one activation of the group had pending (counts are kept)."""
         self.waiting = []
@@ -113,6 +118,32 @@ class Group:
         self.queued_count = 0
         self.unpinned = set()
         self.counted_below = max(self.pushes, default=-1) + 1
+
+
+class Holders(Mapping[int, Member]):
+    """Which member holds each offset in flight: a view of the members' windows (each
+    offset is in at most one, G10), looked up member by member."""
+
+    __slots__ = ("_members",)
+
+    def __init__(self, members: dict[tuple[int, int], Member]) -> None:
+        self._members = members
+
+    def __getitem__(self, offset: int) -> Member:
+        for m in self._members.values():
+            if offset in m.in_flight:
+                return m
+        raise KeyError(offset)
+
+    def __contains__(self, offset: object) -> bool:
+        return any(offset in m.in_flight for m in self._members.values())
+
+    def __iter__(self) -> Iterator[int]:
+        for m in self._members.values():
+            yield from m.in_flight
+
+    def __len__(self) -> int:
+        return sum(len(m.in_flight) for m in self._members.values())
 
 
 @dataclass(eq=False)
@@ -151,6 +182,7 @@ class Sharing(Delivery):
             for o, n in sub.push_counts.items():  # counts a restart kept (G9, G11)
                 if o >= sub.cursor and o not in sub.acked and n > group.pushes.get(o, 0):
                     group.pushes[o] = n
+            sub.push_counts = {}  # (taken: from now on the group and its members keep them)
             group.counted_below = max(group.pushes, default=-1) + 1
             group.waiting = sorted(o for o in group.pushes
                                    if o >= sub.cursor and o not in sub.acked
@@ -186,10 +218,7 @@ class Sharing(Delivery):
         del group.members[(member.conn, member.sid)]
         member.deleted = True
         member.epoch += 1
-        holder, pushes = group.holder, group.pushes
-        for offset, count in member.in_flight.items():
-            del holder[offset]
-            pushes[offset] = count
+        group.pushes.update(member.in_flight)
         if member.in_flight and hand_off:
             group.waiting = sorted({*group.waiting, *member.in_flight})
         member.in_flight.clear()
@@ -467,10 +496,19 @@ class Sharing(Delivery):
         queued): each member takes what its room and credit allow, in offset order; the
         rest wait in their keys' queues."""
         key_at.update(zip(picks, keys, strict=True))
-        for m in set(targets):
+        # each member's share, in pick order: targets come in runs (a member's keys are
+        # mostly blocks of them), so cut them where the member changes
+        shares: dict[Member, list[tuple[int, int]]] = {}
+        start = 0
+        for m, run in groupby(targets):
+            stop = start + len(list(run))
+            shares.setdefault(m, []).append((start, stop))
+            start = stop
+        for m, spans in shares.items():
             mid = id(m)
-            mine = list(map(is_, targets, repeat(m)))
-            offsets = list(compress(picks, mine))
+            offsets: list[int] = []
+            for a, b in spans:
+                offsets += picks[a:b]
             take = max(0, min(len(offsets), rooms.get(mid, 0), credits.get(mid, 0)))
             if take:
                 plan.setdefault(mid, []).extend(offsets[:take] if take < len(offsets)
@@ -478,7 +516,10 @@ class Sharing(Delivery):
                 rooms[mid] -= take
                 credits[mid] -= take
             if take < len(offsets):  # no room: they wait behind the member's window
-                waiting = list(compress(keys, mine))[take:]
+                waiting: list[str] = []
+                for a, b in spans:
+                    waiting += keys[a:b]
+                del waiting[:take]
                 for offset, key in zip(offsets[take:], waiting, strict=True):
                     group.queued[key] = deque([offset])
                     del key_at[offset]
@@ -541,7 +582,7 @@ class Sharing(Delivery):
         assert group is not None
         session = self.sessions.get(m.conn)
         log = topic.log
-        holder, pushes, in_flight, late = group.holder, group.pushes, m.in_flight, m.late
+        pushes, in_flight, late = group.pushes, m.in_flight, m.late
         by_count: dict[int, Sequence[int]] = {}
         if offsets and (not pushes or pushes.keys().isdisjoint(offsets)):
             # first pushes all (the usual case), often a run in line (a block of new keys;
@@ -559,32 +600,19 @@ class Sharing(Delivery):
                 counted.setdefault(count, []).append(offset)
             by_count.update(counted)
         if key_at:
-            key_of, keys = m.key_of, m.keys
-            held = list(map(key_at.get, offsets))
-            new_keys = cast(list[str], held)
-            if None not in held and key_of.keys().isdisjoint(offsets):
-                # the usual case: each offset new here, keyed: counted at C speed (Counter's
-                # own helper: one more for each key, on a plain dict)
-                key_of.update(zip(offsets, new_keys, strict=True))
-                count_elements(keys, new_keys)
-            else:
-                for offset, key in zip(offsets, held, strict=True):
-                    if key is not None and offset not in key_of:
-                        key_of[offset] = key
-                        keys[key] = keys.get(key, 0) + 1
-        holder.update(dict.fromkeys(offsets, m))
+            hold_keys(m.key_of, m.keys, offsets, key_at)
         # one frame per push count, in the order they were picked (hand-offs by offset,
         # then keys' queued ones, then first pushes in push order: G12's due order)
         batches: list[tuple[Sequence[int], int]] = [
             (batch, count) for count, batch in by_count.items()]
         if run is not None and len(run):
-            holder.update(dict.fromkeys(run, m))
             in_flight.update(dict.fromkeys(run, 1))
             batches.append((run, 1))
         top = m.top
         for batch, _ in batches:
-            if type(batch) is range and batch.start > top:
-                top = batch.stop - 1
+            if batch and batch[0] > top and (type(batch) is range or all(
+                    map(lt, batch, islice(batch, 1, None)))):
+                top = batch[-1]  # (the usual case: rising, above all it had: none late)
                 continue
             for offset in batch:
                 if offset <= top:
@@ -722,14 +750,18 @@ class Sharing(Delivery):
         """Apply one ACK of member ``m``; returns how many it acked (refusals appended)."""
         acked = 0
         in_flight = m.in_flight
-        if offsets and not m.late and not m.extended \
-                and set(map(type, offsets)) == {int} and all(map(in_flight.__contains__, offsets)) \
-                and len(set(offsets)) == len(offsets):
-            # the usual case, at C speed: every offset held by m, none with a deadline of
-            # its own (what _member_acked does, in bulk)
-            self._let_go_all(sub, m, offsets)
-            sub.mark_acked_all(offsets)
-            acked, offsets = len(offsets), []
+        if offsets and not m.extended:
+            # the usual case, in bulk: every offset held by m, none with a deadline of its
+            # own, late ones too (what _member_acked does for each); None: not so, nothing
+            # done
+            released = let_go(in_flight, m.key_of, m.keys, offsets)
+            if released is not None:
+                if m.late:
+                    m.late.difference_update(offsets)
+                for key in released:
+                    self._unpin(sub, m, key)
+                sub.mark_acked_all(offsets)
+                acked, offsets = len(offsets), []
         for offset in offsets:
             if type(offset) is not int:
                 refused.append([offset, errors.InvalidRequest.code, "offset must be an integer"])
@@ -759,21 +791,12 @@ class Sharing(Delivery):
     def _let_go_all(self, sub: Subscription, m: Member, offsets: Sequence[int]) -> None:
         """:meth:`_let_go` of each of ``offsets``, distinct and held by ``m``, none
         extended (what is left to do for them then), in bulk."""
-        group = sub.group
-        assert group is not None
-        deque(map(m.in_flight.__delitem__, offsets), 0)
-        deque(map(group.holder.__delitem__, offsets), 0)
+        released = let_go(m.in_flight, m.key_of, m.keys, offsets)
+        assert released is not None, "offsets not held"
         if m.late:
             m.late.difference_update(offsets)
-        if m.key_of:
-            keys = m.keys
-            for key in map(m.key_of.pop, offsets, repeat(None)):
-                if key is not None:
-                    left = keys[key] - 1
-                    if left:
-                        keys[key] = left
-                    else:
-                        self._release_key(sub, m, key)
+        for key in released:
+            self._unpin(sub, m, key)
 
     def _member_acked(self, sub: Subscription, m: Member, offset: int) -> None:
         self._let_go(sub, m, offset)
@@ -782,10 +805,7 @@ class Sharing(Delivery):
     def _let_go(self, sub: Subscription, m: Member, offset: int) -> None:
         """``m`` no longer holds ``offset`` (acked, nak'd, termed or dead-lettered): out
         of its window; its key is released once none of it is held."""
-        group = sub.group
-        assert group is not None
         del m.in_flight[offset]
-        del group.holder[offset]
         m.late.discard(offset)
         m.extended.pop(offset, None)
         key = m.key_of.pop(offset, None) if m.key_of else None
@@ -799,9 +819,13 @@ class Sharing(Delivery):
     def _release_key(self, sub: Subscription, m: Member, key: str) -> None:
         """``m`` holds none of ``key`` unacked: the key is released; its waiting messages
         (if any) go to whichever member has room first."""
+        del m.keys[key]
+        self._unpin(sub, m, key)
+
+    def _unpin(self, sub: Subscription, m: Member, key: str) -> None:
+        """:meth:`_release_key` once ``key`` is out of ``m.keys`` (:func:`let_go` took it)."""
         group = sub.group
         assert group is not None
-        del m.keys[key]
         del group.pins[key]
         if key in m.waiting_keys:
             m.waiting_keys.discard(key)
@@ -924,13 +948,15 @@ def _pinned(keys: Sequence[str | None], pins: dict[str, Member], queued: dict[st
             counts: dict[int, int], picks: Sequence[int]) -> list[Member] | None:
     """The member each of ``keys`` is pinned to, if every one is a key, pinned, once in
     ``keys`` and without a queue, and no pick has a push count (else None)."""
-    if None in keys or (queued and not queued.keys().isdisjoint(keys)) \
+    distinct = set(keys)
+    if None in distinct or len(distinct) != len(keys) \
+            or (queued and not queued.keys().isdisjoint(distinct)) \
             or (counts and not counts.keys().isdisjoint(picks)):
         return None
-    targets = list(map(pins.get, keys))  # type: ignore[arg-type]
-    if None in targets or len(set(keys)) != len(keys):
+    try:
+        return list(map(pins.__getitem__, cast(list[str], keys)))
+    except KeyError:  # (a key not pinned)
         return None
-    return cast(list[Member], targets)
 
 
 class _Block:

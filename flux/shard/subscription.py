@@ -114,9 +114,10 @@ class Subscription(PushTimers):
     naks: list[tuple[float, int, int, int]] = field(default_factory=list)
     extended: dict[int, float] = field(default_factory=dict)
     # G11, across attachments: pushes used by each unacked offset (kept only when the
-    # topic has a dead-letter policy, or the subscription is shared: "push counts that
-    # survive"), and the offsets whose dead letter the dead-letter topic refused (full):
-    # not pushed, (pushes, reason) each
+    # topic has a dead-letter policy: "push counts that survive"; a shared subscription's
+    # members and group keep its counts, and this holds only those a restart kept until
+    # a member attaches: surviving_counts), and the offsets whose dead letter the
+    # dead-letter topic refused (full): not pushed, (pushes, reason) each
     push_counts: dict[int, int] = field(default_factory=dict)
     dead_pending: dict[int, tuple[int, str]] = field(default_factory=dict)
     carry_max: int = -1            # the highest offset with a count when it last attached
@@ -140,6 +141,20 @@ class Subscription(PushTimers):
         if group is None:
             return self.session == (conn, sid)
         return (conn, sid) in group.members
+
+    def surviving_counts(self) -> dict[int, int]:
+        """Pushes used by each unacked offset that has a count kept (G11): a shared
+        subscription's are its members' in-flight counts and its group's (handed off,
+        nak'd, from an earlier round), beside those a restart kept."""
+        group = self.group
+        if group is None:
+            return self.push_counts
+        counts = dict(self.push_counts)
+        counts.update(group.pushes)
+        for m in group.members.values():
+            counts.update(m.in_flight)
+        cursor, acked = self.cursor, self.acked
+        return {o: n for o, n in sorted(counts.items()) if o >= cursor and o not in acked}
 
     # -- cursor and acks ---------------------------------------------------------------
 
