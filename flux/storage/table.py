@@ -36,6 +36,10 @@ class OpenSegment:
     def close(self) -> None:
         """Close its file and its lanes."""
         self.file.close()
+        self.close_lanes()
+
+    def close_lanes(self) -> None:
+        """Close the writer's other open files of it (no fsync runs on them)."""
         for lane in self.lanes:
             lane.close()
         self.lanes.clear()

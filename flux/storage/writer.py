@@ -397,10 +397,9 @@ class LogWriter:
             await file.aappend(data, sync=True, on_written=wrote)
         except SyncFailed as e:   # written, not synced: the log fails
             wrote()
-            group.done = True
+            group.done = True   # (a later group that ends meanwhile settles it, unapplied)
             await self._sync_failed(segment, e)
         except OSError as e:
-            group.done = True
             if not self._write_failed(segment, e) and self.failed is None:
                 self._queue[:0] = chunk   # the disk is full: tried again, first
         else:
@@ -602,9 +601,7 @@ class LogWriter:
         self.table.add(segment)
         self.stats.rolls += 1
         if previous is not None:   # written and synced: its other files are done
-            for lane in previous.lanes:
-                lane.close()
-            previous.lanes.clear()
+            previous.close_lanes()
         if self.fsync is FsyncMode.ALWAYS:
             self._open_lanes(segment)
         return True
