@@ -32,6 +32,7 @@ import trio
 StreamHandler = Callable[[trio.abc.Stream], Awaitable[None]]
 T = TypeVar("T")
 SLOW_THREADS = 2   # worker threads one process gives run_slow at once
+_ZEROS = bytes(1 << 20)   # what RealDiskFile writes ahead with (awrite_at's fill_to)
 
 
 class Host(Protocol):
@@ -218,7 +219,7 @@ class SyncFailed(OSError):
 
 
 class DiskFile(Protocol):
-    """An open file of the log: appends at its end, positional reads, fsync off the loop.
+    """An open file of the log: appends at its end, positional writes and reads, fsync off the loop.
 
     Every method raises OSError on an I/O error (``ENOSPC`` when the disk is full,
     ``EIO``, ``EBADF`` once closed or once the process that opened it is gone).
@@ -238,16 +239,33 @@ class DiskFile(Protocol):
         """
         ...
 
-    async def aappend(self, data: bytes, *, sync: bool = False,
-                      on_written: Callable[[], None] | None = None) -> None:
+    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
         """:meth:`append` without blocking the event loop (a worker thread): a write
         may wait on the kernel's writeback or the file system's journal. With ``sync``,
         then :meth:`sync`, in the same call; its error is raised as :class:`SyncFailed`
-        (``data`` was written). ``on_written`` is called on the event loop once the
-        write took, while the fsync may still run (never if the write failed). Never
-        while another call on the same file object is under way: overlapping fsyncs
-        use files of their own (:meth:`Disk.open` again), so that each one learns of
-        a write-back error (Linux reports one to each open file once)."""
+        (``data`` was written)."""
+        ...
+
+    def write_at(self, offset: int, data: bytes) -> None:
+        """Write all of ``data`` at file offset ``offset`` (over what is there, or past the
+        end: a gap reads as zeros). On an error some prefix may have been written."""
+        ...
+
+    async def awrite_at(self, offset: int, data: bytes, *, sync: bool = False,
+                        fill_to: int = 0,
+                        on_written: Callable[[], None] | None = None) -> None:
+        """:meth:`write_at` in a worker thread. ``fill_to``: then write zeros from the
+        file's end (or the end of ``data``, if later) up to that length, best effort (an
+        error there leaves the file shorter, nothing else): space written ahead, so that
+        a later write there changes no file metadata and its fsync needs no journal
+        commit. With ``sync``, then make ``data`` and the zeros durable (``fdatasync``:
+        the data and what reading it back needs, the file's length included; not its
+        times), in the same call; its error is raised as :class:`SyncFailed`.
+        ``on_written`` is called on the event loop once the writes took, while the
+        fsync may still run (never if a write failed). Never while another call on the
+        same file object is under way: overlapping fsyncs use files of their own
+        (:meth:`Disk.open` again), so that each one learns of a write-back error (Linux
+        reports one to each open file once)."""
         ...
 
     def read_at(self, offset: int, length: int) -> bytes:
@@ -292,7 +310,7 @@ class Disk(Protocol):
     """
 
     def open(self, path: str, *, create: bool = False) -> DiskFile:
-        """Open ``path`` for reading and appending; ``create`` makes it if missing."""
+        """Open ``path`` for reading and writing; ``create`` makes it if missing."""
         ...
 
     def exists(self, path: str) -> bool:
@@ -343,7 +361,8 @@ class RealDisk:
     threads (the calls release the GIL)."""
 
     def open(self, path: str, *, create: bool = False) -> RealDiskFile:
-        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        # not O_APPEND: Linux's pwrite(2) on an O_APPEND descriptor appends anyway
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         fd = os.open(path, flags, 0o644)  # seam-ok: the disk seam itself
         return RealDiskFile(path, fd)
 
@@ -404,7 +423,7 @@ def _read_through(path: str, chunk: int = 4 << 20) -> None:
 
 
 class RealDiskFile:
-    """One open file of :class:`RealDisk` (a file descriptor opened with ``O_APPEND``)."""
+    """One open file of :class:`RealDisk` (a file descriptor; appends seek to the end first)."""
 
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
@@ -420,32 +439,63 @@ class RealDiskFile:
 
     def append(self, data: bytes) -> None:
         fd = self._check()
+        os.lseek(fd, 0, os.SEEK_END)
         view = memoryview(data)
         while view:
             n = os.write(fd, view)  # seam-ok: the disk seam itself
             view = view[n:]
 
-    async def aappend(self, data: bytes, *, sync: bool = False,
-                      on_written: Callable[[], None] | None = None) -> None:
+    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
         self._check()
         # abandon_on_cancel=False (the default): a cancelled caller waits for the write
-        if not sync:
-            await trio.to_thread.run_sync(self.append, data)
-            if on_written is not None:
-                on_written()
-            return
-        token = trio.lowlevel.current_trio_token() if on_written is not None else None
-        await trio.to_thread.run_sync(self._append_synced, data, token, on_written)
+        await trio.to_thread.run_sync(self._append_synced if sync else self.append, data)
 
-    def _append_synced(self, data: bytes, token: trio.lowlevel.TrioToken | None = None,
-                       on_written: Callable[[], None] | None = None) -> None:
+    def _append_synced(self, data: bytes) -> None:
         self.append(data)
-        if token is not None and on_written is not None:
-            token.run_sync_soon(on_written)   # the loop learns of the write; the fsync goes on
         try:
             os.fsync(self._check())  # seam-ok: the disk seam itself
         except OSError as e:
             raise SyncFailed(e.errno, e.strerror, self.path) from e
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        fd = self._check()
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, offset)  # seam-ok: the disk seam itself
+            view = view[n:]
+            offset += n
+
+    async def awrite_at(self, offset: int, data: bytes, *, sync: bool = False,
+                        fill_to: int = 0,
+                        on_written: Callable[[], None] | None = None) -> None:
+        self._check()
+        token = trio.lowlevel.current_trio_token() if on_written is not None else None
+        # abandon_on_cancel=False (the default): a cancelled caller waits for the call
+        await trio.to_thread.run_sync(self._write_at_synced, offset, data, sync, fill_to,
+                                      token, on_written)
+
+    def _write_at_synced(self, offset: int, data: bytes, sync: bool, fill_to: int,
+                         token: trio.lowlevel.TrioToken | None,
+                         on_written: Callable[[], None] | None) -> None:
+        self.write_at(offset, data)
+        if fill_to:
+            self._fill(max(offset + len(data), self.size()), fill_to)
+        if token is not None and on_written is not None:
+            token.run_sync_soon(on_written)   # the loop learns of the write; the fsync goes on
+        if sync:
+            try:
+                os.fdatasync(self._check())  # seam-ok: the disk seam itself
+            except OSError as e:
+                raise SyncFailed(e.errno, e.strerror, self.path) from e
+
+    def _fill(self, start: int, end: int) -> None:
+        """Zeros over ``start..end`` (best effort: an error leaves the file shorter)."""
+        zeros = memoryview(_ZEROS)
+        with contextlib.suppress(OSError):
+            while start < end:
+                n = min(end - start, len(zeros))
+                self.write_at(start, zeros[:n])
+                start += n
 
     def read_at(self, offset: int, length: int) -> bytes:
         return os.pread(self._check(), length, offset)

@@ -145,12 +145,20 @@ async def test_the_log_writer_writes_only_in_worker_threads(
     writer = LogWriter(disk, table, owner="t", generation=1, boot_id=disk.boot_id(),
                        fsync=FsyncMode.ALWAYS, segment_bytes=2 << 20)
     main = threading.current_thread()
-    writes: list[tuple[bool, int]] = []   # (on the loop's thread, bytes)
-    real_write = os.write
+    writes: list[tuple[bool, int]] = []   # (on the loop's thread, bytes), zeros written ahead aside
+    real_write, real_pwrite = os.write, os.pwrite
+
+    def note(data: bytes) -> None:
+        if bytes(data).strip(b"\0"):
+            writes.append((threading.current_thread() is main, len(data)))
 
     def write(fd: int, data: bytes) -> int:
-        writes.append((threading.current_thread() is main, len(data)))
+        note(data)
         return real_write(fd, data)
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        note(data)
+        return real_pwrite(fd, data, offset)
 
     bodies = [bytes([i % 256]) * 900 for i in range(4000)]   # 3.6 MB: a roll
     async with trio.open_nursery() as nursery:
@@ -158,6 +166,7 @@ async def test_the_log_writer_writes_only_in_worker_threads(
         first = writer.append(1, b"small")
         await writer.wait_durable(first.end)   # (the segment's header, then the record)
         monkeypatch.setattr(os, "write", write)
+        monkeypatch.setattr(os, "pwrite", pwrite)
         small = writer.append(1, b"small too")
         await writer.wait_durable(small.end)
         assert writes == [(False, small.end - small.position)]
@@ -240,6 +249,7 @@ async def test_with_fsync_always_groups_are_fsynced_at_once_each_on_its_own_desc
         await nursery.start(writer.run)
         await writer.wait_durable(writer.append(1, b"first").end)   # (the segment made)
         monkeypatch.setattr(os, "fsync", slow_fsync)
+        monkeypatch.setattr(os, "fdatasync", slow_fsync)   # (what a group's fsync is)
         ends = []
         for body in bodies:
             ends.append(writer.append(2, body).end)
@@ -271,14 +281,18 @@ async def test_log_on_a_real_disk_survives_reopening_and_cuts_a_torn_tail(tmp_pa
         assert LogReader(table).read(where[1234].position).body == bodies[1234]
         await writer.close()
     assert len(table.segments) > 2
-    with open(table.segments[-1].path, "ab") as f:   # what a crash mid-write leaves
+    last = table.segments[-1]
+    end = last.offset_of(where[-1].end)
+    with open(last.path, "r+b") as f:   # what a crash mid-write leaves (zeros written ahead follow)
+        f.seek(end)
         f.write(encode(1, b"half")[:7])
+        size = f.seek(0, 2)
     seen: list[Record] = []
     table, report = await recover(disk, d, owner="orders", on_record=seen.append)
     assert [r.body for r in seen] == bodies
     assert [r.type for r in seen] == [1 + i % 3 for i in range(2000)]
     assert report.damage is not None and report.damage.kind == "torn-tail"
-    assert report.damage.cut_bytes == 7 and report.end == where[-1].end
+    assert report.damage.cut_bytes == size - end and report.end == where[-1].end
     assert report.records == 2000 and report.seconds >= 0
     table.close()
 
@@ -299,3 +313,43 @@ def test_only_the_seam_touches_files_on_the_data_path() -> None:
                 if STORAGE_CALLS.search(line) and "seam-ok" not in line:
                     offenders.append(f"{source.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not offenders, "file I/O outside flux.host's Disk seam:\n" + "\n".join(offenders)
+
+
+async def test_with_fsync_always_groups_are_fdatasynced_into_zeros_written_ahead(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's fsync is an fdatasync of a write over zeros the file already has: no
+    length change, so no journal commit; the zeros are refilled as they are used."""
+    import os
+
+    from flux.storage.writer import PREWRITE_FIRST
+
+    disk = RealDisk()
+    table, _ = await recover(disk, str(tmp_path / "log"), owner="t")
+    writer = LogWriter(disk, table, owner="t", generation=1, boot_id=disk.boot_id(),
+                       fsync=FsyncMode.ALWAYS)
+    real_fdatasync = os.fdatasync
+    sizes: list[int] = []   # the file's length at each group's fdatasync
+
+    def fdatasync(fd: int) -> None:
+        sizes.append(os.fstat(fd).st_size)
+        real_fdatasync(fd)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"first").end)   # (the segment made)
+        segment = table.segments[0]
+        ahead = os.path.getsize(segment.path)
+        assert ahead == segment.header_size + PREWRITE_FIRST
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        for i in range(50):
+            await writer.wait_durable(writer.append(1, b"r%d" % i).end)
+        for _ in range(3):   # past what was written ahead: the zeros are refilled
+            await writer.wait_durable(writer.append(2, b"x" * PREWRITE_FIRST).end)
+        monkeypatch.undo()
+        await writer.close()
+    assert sizes[:50] == [ahead] * 50
+    assert sizes[-1] > ahead and os.path.getsize(segment.path) >= segment.offset_of(table.end)
+    seen: list[bytes] = []
+    await recover(disk, str(tmp_path / "log"), owner="t", boot_id=disk.boot_id(),
+                  on_record=lambda r: seen.append(r.body) if r.type == 1 else None)
+    assert seen == [b"first"] + [b"r%d" % i for i in range(50)]

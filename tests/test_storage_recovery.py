@@ -246,13 +246,15 @@ def test_a_torn_tail_is_cut_and_the_cut_is_reported() -> None:
         table, entries = await _written(disk, 3, 50)
         path = table.segments[0].path
         file = disk.open(path)
-        file.append(encode(1, b"z" * 200)[:120])          # a write cut by the crash
+        end = table.segments[0].offset_of(entries[-1].end)
+        file.write_at(end, encode(1, b"z" * 200)[:120])   # a write cut by the crash
+        size = len(disk.contents(path))   # (zeros written ahead follow it)
         disk.crash()
         table, report, got = await _recover(disk)
         assert got == entries
         assert report.damage is not None and report.damage.kind == "torn-tail"
-        assert (report.damage.position, report.damage.cut_bytes) == (entries[-1].end, 120)
-        assert len(disk.contents(path)) == table.segments[0].offset_of(entries[-1].end)
+        assert (report.damage.position, report.damage.cut_bytes) == (entries[-1].end, size - end)
+        assert len(disk.contents(path)) == end
     _run(main)
 
 
@@ -266,7 +268,8 @@ def test_what_a_crash_left_unsynced_is_durable_once_recovered() -> None:
         table, entries = await _written(disk, 2, 50)
         path = table.segments[0].path
         body = b"written, never synced"
-        disk.open(path).append(encode(1, body))   # the crash came before its fsync
+        disk.open(path).write_at(table.segments[0].offset_of(entries[-1].end),
+                                 encode(1, body))   # the crash came before its fsync
         entries.append(Entry(entries[-1].end, entries[-1].end + 9 + len(body), 1, body))
         disk.crash()
         table, _, got = await _recover(disk)
@@ -415,4 +418,70 @@ def test_files_that_are_not_segments_are_listed_and_kept() -> None:
         disk.open(DIR + "/README", create=True).append(b"hello")
         _, report, _ = await _recover(disk)
         assert report.ignored == ["README"] and disk.exists(DIR + "/README")
+    _run(main)
+
+
+LOST = ("a block in the middle", "the last record's header")
+
+
+async def _lose_a_header(disk: SimDisk, lost: str) -> tuple[list[Entry], Entry]:
+    """A log of 40 synced records whose records' header ``lost`` now reads as zeros (a
+    write the disk lost), with zeros written ahead after the records; the victim."""
+    table, entries = await _written(disk, 40, 100)
+    segment = table.segments[0]
+    assert len(disk.contents(segment.path)) > segment.offset_of(entries[-1].end)   # zeros ahead
+    victim = entries[20] if lost == LOST[0] else entries[-1]
+    file = disk.open(segment.path)
+    file.write_at(segment.offset_of(victim.position), bytes(9))
+    await file.sync()
+    table.close()
+    disk.crash()
+    return entries, victim
+
+
+async def _zeros_then_data_is_damage(lost: str) -> None:
+    disk = SimDisk(6, DiskFaults(sync_delay=(0.001, 0.002)))
+    entries, victim = await _lose_a_header(disk, lost)
+    seen: list[Record] = []
+    table, report = await recover(disk, DIR, owner=OWNER, on_record=seen.append,
+                                  boot_id=disk.boot_id())
+    table.close()
+    assert [r.position for r in seen] == [e.position for e in entries if e.end <= victim.position]
+    assert report.damage is not None and report.damage.kind == "corrupt", \
+        "zeros with data after them were taken for the end: acked records cut silently"
+    assert report.damage.position == victim.position and report.damage.set_aside
+
+
+@pytest.mark.parametrize("lost", LOST)
+def test_zeros_with_data_after_them_are_damage_never_the_end(lost: str) -> None:
+    """Zeros from the last record to the end of the file are space the writer wrote
+    ahead: the end. Zeros with anything but zeros after them (a block the disk lost,
+    even the last record's header with its body after it) are damage, reported and set
+    aside, never an end that cuts acked records silently."""
+    _run(lambda: _zeros_then_data_is_damage(lost))
+
+
+@pytest.mark.parametrize("lost", LOST)
+def test_planted_bug_recovery_that_stops_at_the_first_zeros_is_caught(
+        lost: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted bug: recovery that takes a zero-filled record header for the end of
+    the log without looking at what follows it. The test above catches it either way."""
+    monkeypatch.setattr(recovery, "_zeros_to_end",
+                        lambda file, rest, offset, size: not bytes(rest[:9]).strip(b"\0"))
+    with pytest.raises(AssertionError, match="taken for the end"):
+        _run(lambda: _zeros_then_data_is_damage(lost))
+
+
+def test_zeros_after_the_records_are_the_end_in_this_boot_and_after_a_reboot() -> None:
+    async def main() -> None:
+        for reboot in (False, True):
+            disk = SimDisk(7, DiskFaults(sync_delay=(0.001, 0.002)))
+            table, entries = await _written(disk, 30, 77, segment_bytes=1 << 20)
+            path = table.segments[0].path
+            table.close()
+            disk.power_loss() if reboot else disk.crash()
+            table, report = await recover(disk, DIR, owner=OWNER, boot_id=disk.boot_id())
+            assert report.damage is None and report.end == entries[-1].end
+            assert len(disk.contents(path)) > table.segments[0].offset_of(report.end)
+            table.close()
     _run(main)

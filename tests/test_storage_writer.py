@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import Any
 from unittest import mock
 
@@ -20,9 +21,11 @@ from flux.storage import (
     NotInLog,
     recover,
 )
+from flux.storage import writer as writer_module
+from flux.storage.record import encode
 from flux.storage.segment import parse_name
 from flux.storage.table import OpenSegment, SegmentTable
-from flux.storage.writer import INLINE_WRITE_BYTES
+from flux.storage.writer import INLINE_WRITE_BYTES, PREWRITE_BYTES, PREWRITE_FIRST
 
 DIR = "/data/orders"
 
@@ -59,7 +62,8 @@ async def test_durable_mark_moves_only_after_the_fsync_and_later_appends_form_th
         first = writer.append(1, b"a")
         await trio.sleep(2.5)               # segment made (2 syncs), record written, its fsync half done
         segment = table.last
-        assert segment is not None and segment.file.size() == segment.offset_of(first.end)
+        assert segment is not None and disk.contents(segment.path)[
+            segment.offset_of(first.position):segment.offset_of(first.end)] == encode(1, b"a")
         assert writer.durable < first.end and writer.synced < first.end
         later = [writer.append(1, b"b") for _ in range(50)]
         assert writer.durable < first.end
@@ -185,7 +189,8 @@ async def test_on_progress_runs_in_the_writer_as_each_fsync_moves_the_durable_ma
 
 
 async def test_a_full_disk_cuts_the_short_write_and_tries_again_in_order_once_there_is_room(
-        autojump_clock: trio.testing.MockClock) -> None:
+        autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_module, "PREWRITE_FIRST", 0)   # (writes into space written ahead take no room)
     disk = _slow_disk(0.01)
     table, writer = await _open(disk)
     changes: list[str | None] = []
@@ -214,7 +219,8 @@ async def test_a_full_disk_cuts_the_short_write_and_tries_again_in_order_once_th
 
 
 async def test_a_full_disk_at_a_segment_roll_starts_the_segment_over_once_there_is_room(
-        autojump_clock: trio.testing.MockClock) -> None:
+        autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_module, "PREWRITE_FIRST", 0)   # (writes into space written ahead take no room)
     disk = _slow_disk(0.001)
     table, writer = await _open(disk, segment_bytes=4096)
     async with trio.open_nursery() as nursery:
@@ -236,7 +242,8 @@ async def test_a_full_disk_at_a_segment_roll_starts_the_segment_over_once_there_
 
 
 async def test_closing_while_the_disk_is_still_full_fails_what_waits(
-        autojump_clock: trio.testing.MockClock) -> None:
+        autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_module, "PREWRITE_FIRST", 0)   # (writes into space written ahead take no room)
     disk = _slow_disk(0.01)
     _, writer = await _open(disk)
     async with trio.open_nursery() as nursery:
@@ -484,3 +491,101 @@ async def test_overlapping_fsyncs_on_one_open_file_lose_acked_records(
             acked, seen = await _acked_then_power_loss(seed)
             lost += not set(acked) <= set(seen)
     assert lost
+
+
+async def test_with_always_groups_overwrite_zeros_written_ahead_never_past_the_segment_size(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """With ``always`` the last segment keeps zeros ahead of its records, so a group's
+    fsync changes no metadata (no journal commit): PREWRITE_FIRST at first, refilled
+    once half is used with twice as much each time up to PREWRITE_BYTES, never past
+    the segment's size (a sealed segment keeps what is left, less than the record that
+    did not fit). Other modes write none."""
+    disk = _slow_disk(0.001)
+    table, writer = await _open(disk, segment_bytes=4 * PREWRITE_BYTES)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        first = writer.append(1, b"a")
+        await writer.wait_durable(first.end)
+        segment = table.last
+        assert segment is not None
+        data = disk.contents(segment.path)
+        assert len(data) == segment.allocated == segment.header_size + PREWRITE_FIRST
+        assert not data[segment.offset_of(first.end):].strip(b"\0")   # zeros after the record
+        body = b"b" * 1000
+        fills = [segment.allocated]
+        while writer.appended < 4 * PREWRITE_BYTES:   # up to a roll
+            last = writer.append(1, body)
+            await writer.wait_durable(last.end)
+            if table.last is not segment:
+                break
+            data = disk.contents(segment.path)
+            end = segment.offset_of(last.end)
+            assert len(data) == segment.allocated <= 4 * PREWRITE_BYTES
+            assert 0 < segment.allocated - end <= PREWRITE_BYTES and not data[end:].strip(b"\0")
+            if segment.allocated != fills[-1]:
+                fills.append(segment.allocated)
+        ahead = [b - a for a, b in itertools.pairwise(fills)]
+        assert len(ahead) > 5 and ahead[0] < ahead[3] and ahead[4] >= PREWRITE_BYTES // 2
+        assert len(table.segments) == 2
+        sealed = table.segments[0]
+        data = disk.contents(sealed.path)
+        assert 0 <= len(data) - sealed.offset_of(sealed.end) < 1009
+        assert not data[sealed.offset_of(sealed.end):].strip(b"\0")
+        await writer.close()
+    seen: list[bytes] = []
+    disk.crash()
+    _, report = await recover(disk, DIR, owner="orders", on_record=lambda r: seen.append(r.body),
+                              boot_id=disk.boot_id())
+    assert report.damage is None and report.end == last.end
+    assert seen == [b"a"] + [body] * (len(seen) - 1)
+    other = SimDisk(2)
+    table, writer = await _open(other, fsync=FsyncMode.INTERVAL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"a").end)
+        segment = table.last
+        assert segment is not None
+        assert len(other.contents(segment.path)) == segment.offset_of(writer.written)
+        await writer.close()
+
+
+async def test_after_a_crash_the_writer_continues_in_the_zeros_it_wrote_ahead(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Recovery in the same boot ends the log where the zeros start (not damage) and
+    the writer goes on writing there, in the same segment; after a reboot a new segment
+    starts, and the old one keeps its zeros (read as its end by every recovery)."""
+    disk = _slow_disk(0.001)
+    table, writer = await _open(disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        ends = [writer.append(1, b"r%d" % i).end for i in range(5)]
+        await writer.wait_durable(ends[-1])
+        nursery.cancel_scope.cancel()   # the process dies
+    table.close()
+    disk.crash()
+    table, report = await recover(disk, DIR, owner="orders", boot_id=disk.boot_id())
+    assert report.damage is None and report.end == ends[-1] and len(table.segments) == 1
+    path = table.segments[0].path
+    size = len(disk.contents(path))
+    writer = LogWriter(disk, table, owner="orders", generation=7, boot_id=disk.boot_id())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        more = writer.append(1, b"after")
+        await writer.wait_durable(more.end)
+        assert more.position == ends[-1] and len(table.segments) == 1
+        assert len(disk.contents(path)) == size   # written into the zeros
+        await writer.close()
+    disk.power_loss()
+    table, report = await recover(disk, DIR, owner="orders", boot_id=disk.boot_id())
+    assert report.damage is None and report.end == more.end
+    writer = LogWriter(disk, table, owner="orders", generation=7, boot_id=disk.boot_id())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.wait_durable(writer.append(1, b"new boot").end)
+        assert len(table.segments) == 2 and len(disk.contents(path)) == size
+        await writer.close()
+    disk.crash()
+    table, report = await recover(disk, DIR, owner="orders", boot_id=disk.boot_id())
+    assert report.damage is None and len(table.segments) == 2
+    assert table.segments[0].end == table.segments[1].first == more.end
+    table.close()

@@ -4,7 +4,9 @@
 made durable, and per directory which entries a directory fsync has made durable.
 Faults: :meth:`SimDisk.crash` (a process dies: everything written survives),
 :meth:`SimDisk.power_loss` (unsynced bytes and entries are lost; a file's unsynced
-tail may survive cut at a random byte, with zeros after the cut), :meth:`SimDisk.flip_bit`
+tail may survive cut at a random byte, with zeros after the cut, and past that what
+the medium held before: an unsynced overwrite of space written ahead is lost or torn,
+never the space), :meth:`SimDisk.flip_bit`
 (in a synced block), a capacity (``ENOSPC``), slow fsyncs and failing fsyncs
 (``EIO``), and a part of the namespace that takes no new file (``EIO``: a dying
 disk, :meth:`SimDisk.refuse_new_files`). A failed fsync behaves as Linux's: the
@@ -56,7 +58,7 @@ class _Flush:
 
 
 class _Inode:
-    __slots__ = ("data", "dirty_from", "durable", "errors", "flushes", "lost_from")
+    __slots__ = ("data", "dirty_from", "durable", "errors", "flushes", "lost_from", "shrunk")
 
     def __init__(self) -> None:
         self.data = bytearray()      # what reads see (the page cache)
@@ -67,6 +69,7 @@ class _Inode:
         # write-back errors so far: each open file reports each one to one fsync (errseq)
         self.errors = 0
         self.flushes: list[_Flush] = []   # fsyncs under way, oldest first
+        self.shrunk = False   # cut below its durable length since the last fsync
 
     def touched(self, offset: int) -> None:
         """Bytes from ``offset`` on were written or cut off."""
@@ -215,11 +218,16 @@ class SimDisk:
             content = base + tail[:cut]
             if self.random.random() < self.faults.zero_fill_chance:
                 content += bytes(self.random.randint(0, len(tail) - cut))
+            if not inode.shrunk and len(content) < len(inode.durable):
+                # an overwrite of synced bytes (space written ahead): past the cut, the
+                # medium still holds what the last fsync left there
+                content += inode.durable[len(content):]
             self.events.append(f"{path}: unsynced tail torn at byte {len(base) + cut}")
         inode.data = bytearray(content)
         inode.durable = bytearray(content)
         inode.dirty_from = len(content)
         inode.lost_from = _NOTHING_LOST
+        inode.shrunk = False
 
     def synced_files(self, suffix: str = "") -> list[str]:
         """The files ending in ``suffix`` that hold synced bytes, sorted."""
@@ -323,17 +331,36 @@ class SimDiskFile:
         return len(self._check().data)
 
     def append(self, data: bytes) -> None:
+        self.write_at(len(self._check().data), data)
+
+    async def aappend(self, data: bytes, *, sync: bool = False) -> None:
+        await self.awrite_at(len(self._check().data), data, sync=sync)
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
         inode = self._check()
         room = self._disk._room()
-        inode.touched(len(inode.data))
-        if len(data) > room:   # a short write, then ENOSPC
-            inode.data += data[:room]
+        inode.touched(min(offset, len(inode.data)))
+        if offset > len(inode.data):   # a gap reads as zeros
+            grow = min(offset - len(inode.data), room)
+            inode.data += bytes(grow)
+            room -= grow
+            if len(inode.data) < offset:
+                raise OSError(errno.ENOSPC, "no space left on device", self.path)
+        end = offset + len(data)
+        new = max(0, end - len(inode.data))   # bytes past the end take room
+        if new > room:   # a short write, then ENOSPC
+            inode.data[offset:] = data[:len(data) - new + room]
             raise OSError(errno.ENOSPC, "no space left on device", self.path)
-        inode.data += data
+        inode.data[offset:end] = data
 
-    async def aappend(self, data: bytes, *, sync: bool = False,
-                      on_written: Callable[[], None] | None = None) -> None:
-        self.append(data)
+    async def awrite_at(self, offset: int, data: bytes, *, sync: bool = False,
+                        fill_to: int = 0,
+                        on_written: Callable[[], None] | None = None) -> None:
+        self.write_at(offset, data)
+        inode = self._inode
+        if fill_to > len(inode.data):   # best effort: as much as the disk has room for
+            inode.touched(len(inode.data))
+            inode.data += bytes(min(fill_to - len(inode.data), self._disk._room()))
         if on_written is not None:
             on_written()
         if not sync:
@@ -404,6 +431,7 @@ class SimDiskFile:
                 del inode.durable[start:]
                 inode.durable += bytes(start - len(inode.durable))   # a hole where pages were lost
                 inode.durable += tail
+                inode.shrunk = len(inode.data) < len(inode.durable)   # (a cut meanwhile)
         finally:
             inode.flushes.remove(flush)
             flush.done.set()
@@ -422,6 +450,8 @@ class SimDiskFile:
     def truncate(self, length: int) -> None:
         inode = self._check()
         inode.touched(min(length, len(inode.data)))
+        if length < len(inode.durable):
+            inode.shrunk = True
         if length <= len(inode.data):
             del inode.data[length:]
         else:

@@ -74,9 +74,11 @@ async def compact_segment(disk: Disk, table: SegmentTable, segment: OpenSegment,
     compacting)."""
     assert segment is not table.last, "the segment being written is never compacted"
     before = segment.offset_of(segment.end)
-    if segment.file.size() != before:  # a sealed segment ends at its last record
-        raise CorruptRecord(segment.path, segment.end, f"{segment.file.size() - before} bytes"
-                            " after the last record of a sealed segment")
+    after_last = segment.file.size() - before
+    if after_last < 0 or (after_last and (await segment.file.aread_at(before, after_last)).strip(b"\0")):
+        # a sealed segment ends at its last record, or in zeros written ahead of it
+        raise CorruptRecord(segment.path, segment.end, f"{after_last} bytes that are not"
+                            " zeros after the last record of a sealed segment")
     temp = segment.path + COMPACTING
     if disk.exists(temp):
         await disk.discard(temp)

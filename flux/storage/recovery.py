@@ -1,7 +1,10 @@
 """Recovery: read a log directory back at start, cut a torn tail, set damage aside, report.
 
 Recovery reads every segment in order and verifies every header and record. The
-log ends at the first bad spot. In the last segment, a bad spot after which no
+log ends at the first bad spot, or where nothing but zeros is left of a segment
+(space the writer wrote ahead of its records, :data:`~flux.storage.writer.PREWRITE_BYTES`:
+zeros from there to the end of the file are the end, not damage; zeros with data after
+them are damage like any other bad spot). In the last segment, a bad spot after which no
 valid record follows is a *torn tail* (a write cut by a crash or power loss): the
 file is truncated there. Anywhere else it is *corruption*: the damaged segment is
 copied to ``<name>.damaged`` before being cut, later segments are renamed to
@@ -246,7 +249,7 @@ async def _recover(disk: Disk, directory: str, owner: str,
                 f"segment starts at position {header.first_position}, the log ends at {expected}",
                 size))
             break
-        segment = OpenSegment(path, file, header, header_size, first)
+        segment = OpenSegment(path, file, header, header_size, first, allocated=size)
         table.add(segment)
         bad = await _scan(segment, size, on_record, report, mark, scratch)
         if mark is not None and (segment.end > mark or (bad is not None and bad[0] >= mark)):
@@ -278,6 +281,7 @@ async def _recover(disk: Disk, directory: str, owner: str,
         else:
             await table.last.file.sync()
         await disk.sync_dir(directory)
+        table.last.allocated = table.last.file.size()   # (after any cut: what the writer finds)
     if report.fsync_failed:   # the cut is durable: the markers have done their work
         for path in report.fsync_failed:
             disk.remove(path)
@@ -373,6 +377,8 @@ async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], N
         if at == len(buf):
             need = CHUNK
             continue
+        if _zeros_to_end(file, buf[at:], offset, size):   # space written ahead: the end
+            return None
         if offset + len(buf) - at >= size:   # what is left of the file is not a record
             return position, _what_is_wrong(buf, at)
         try:
@@ -385,6 +391,23 @@ async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], N
         if len(buf) - at >= record.HEADER_SIZE:   # a record bigger than a chunk
             need = max(need, record.HEADER_SIZE + record.body_length(buf, at))
     return None
+
+
+def _zeros_to_end(file: DiskFile, rest: memoryview, offset: int, size: int) -> bool:
+    """Whether the file holds nothing but zeros from ``offset`` (where ``rest``, read
+    already, starts) to ``size``: space the writer wrote ahead of its records, never
+    damage (a record's type is never 0, and anything else there is not all zeros)."""
+    if _NONZERO.search(rest):
+        return False
+    at = offset + len(rest)
+    while at < size:
+        chunk = file.read_at(at, min(CHUNK, size - at))
+        if not chunk:
+            break
+        if _NONZERO.search(chunk):
+            return False
+        at += len(chunk)
+    return True
 
 
 async def _cut_torn_tail(file: DiskFile, offset: int) -> None:

@@ -32,6 +32,8 @@ class OpenSegment:
     jump_offsets: list[int] = dataclasses.field(default_factory=list)
     # more open files of it, for the writer's overlapping fsyncs (closed with it)
     lanes: list[DiskFile] = dataclasses.field(default_factory=list)
+    # the file's length as last known: its records, then any zeros written ahead (0: unknown)
+    allocated: int = 0
 
     def close(self) -> None:
         """Close its file and its lanes."""

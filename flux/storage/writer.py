@@ -4,11 +4,16 @@
 and queues it (with ``interval`` and ``never``, a small record appended when
 everything before it is written is written at once: its caller finds it durable).
 The writer task (:meth:`LogWriter.run`) takes everything queued, writes it in a
-worker thread (:meth:`~flux.host.DiskFile.aappend`: a write a segment, at most
-:data:`WRITE_SLICE_BYTES` each), and syncs as the fsync mode says (with ``always``,
-in the thread call of the group's last write); one fsync covers
-every record written before it, and records appended while it writes or syncs form
-the next group. With ``always`` a group that fits one write does not wait for the
+worker thread (:meth:`~flux.host.DiskFile.awrite_at`, at the records' place in the
+segment: a write a segment, at most :data:`WRITE_SLICE_BYTES` each), and syncs as the
+fsync mode says (with ``always``, in the thread call of the group's last write); one
+fsync covers every record written before it, and records appended while it writes or
+syncs form the next group. With ``always`` the last segment keeps zeros written ahead
+of its records (up to :data:`PREWRITE_BYTES`), so that a group's fsync changes no metadata;
+recovery takes zeros from a segment's last record to the end of its file for its end
+(a sealed segment keeps what was left of them: at most what the next record did not
+fit in, or the rest of a megabyte when a new generation or boot started a segment).
+With ``always`` a group that fits one write does not wait for the
 fsync before it: once that group's write took, its fsync goes on in its thread and
 the next group is written and fsynced beside it (up to :data:`SYNC_LANES` at once),
 each on an open file of its own, so that each fsync learns of a write-back error
@@ -60,6 +65,14 @@ INLINE_WRITE_BYTES = 64 * 1024
 WRITE_SLICE_BYTES = 1 << 20   # the most the writer task joins and writes at once
 # ``always``: groups whose write+fsync may be under way at once (each on its own open file)
 SYNC_LANES = 2
+# ``always``: zeros written ahead of the records in the last segment, refilled when half
+# is used, so that most groups overwrite space the file already has: their fsync
+# (``fdatasync``) then changes no metadata and waits for no journal commit (measured
+# here: 0.10 ms against 0.14 for an append's). A log writes PREWRITE_FIRST ahead at
+# first and twice as much at each refill, up to PREWRITE_BYTES: a quiet topic's log
+# holds little more than its records, a busy one refills once a megabyte.
+PREWRITE_FIRST = 64 * 1024
+PREWRITE_BYTES = 1 << 20
 
 
 class FsyncMode(enum.StrEnum):
@@ -146,6 +159,8 @@ class LogWriter:
         self.on_progress = on_progress
         # ``always``: how many groups may be fsynced at once (1: one fsync after another)
         self.sync_lanes = max(1, sync_lanes)
+        # ``always``: bytes of zeros the next refill writes ahead of the records
+        self.ahead = min(PREWRITE_FIRST, PREWRITE_BYTES)
         self.stats = WriterStats()
         self.appended = table.end   # after the last record appended (queued or written)
         self.written = table.end    # after the last record write(2) took
@@ -357,6 +372,20 @@ class LogWriter:
             return False
         return self.appended - self.written <= WRITE_SLICE_BYTES
 
+    def _fill_to(self, segment: OpenSegment, end: int) -> int:
+        """With ``always``, the file length to write zeros up to after a write that ends at
+        file offset ``end`` (0: none now): :attr:`ahead` bytes past ``end`` once half of
+        what was written ahead is used, never past the segment's size; each refill
+        doubles :attr:`ahead`, up to :data:`PREWRITE_BYTES`."""
+        ahead = self.ahead
+        if self.fsync is not FsyncMode.ALWAYS or end + ahead // 2 <= segment.allocated:
+            return 0
+        target = min(end + ahead, self.segment_bytes)
+        if target <= max(end, segment.allocated):
+            return 0
+        self.ahead = min(2 * ahead, PREWRITE_BYTES)
+        return target
+
     async def _drain(self) -> None:
         """Wait until no group is under way (each one's end wakes the writer task)."""
         while self._groups:
@@ -378,23 +407,26 @@ class LogWriter:
         chunk, self._queue = self._queue, []
         group = _Group(self.appended, lane)
         self._groups.append(group)
-        nursery.start_soon(self._write_group, group, segment, chunk)
+        nursery.start_soon(self._write_group, group, segment, chunk,
+                           segment.offset_of(self.written))
         await group.written.wait()
 
-    async def _write_group(self, group: _Group, segment: OpenSegment, chunk: list[bytes]) -> None:
+    async def _write_group(self, group: _Group, segment: OpenSegment, chunk: list[bytes],
+                           offset: int) -> None:
         file = segment.file if group.lane == 0 else segment.lanes[group.lane - 1]
         data = b"".join(chunk)
+        fill = self._fill_to(segment, offset + len(data))
         started = self._now()
 
         def wrote() -> None:
             if not group.written.is_set():
-                self._wrote(segment, chunk, data)
+                self._wrote(segment, chunk, data, fill)
                 group.written.set()
                 if self.full is not None:   # the write took: the disk has room again
                     self.full = None
                     self.on_full(None)
         try:
-            await file.aappend(data, sync=True, on_written=wrote)
+            await file.awrite_at(offset, data, sync=True, fill_to=fill, on_written=wrote)
         except SyncFailed as e:   # written, not synced: the log fails
             wrote()
             group.done = True   # (a later group that ends meanwhile settles it, unapplied)
@@ -483,7 +515,7 @@ class LogWriter:
         assert segment is not None
         data = b"".join(chunk)
         try:
-            segment.file.append(data)
+            segment.file.write_at(segment.offset_of(self.written), data)
         except OSError as e:
             return self._write_failed(segment, e)
         return self._wrote(segment, chunk, data)
@@ -496,23 +528,26 @@ class LogWriter:
         segment = self.table.last
         assert segment is not None
         data = b"".join(chunk)
+        offset = segment.offset_of(self.written)
+        fill = self._fill_to(segment, offset + len(data))
         started = self._now()
         try:
-            await segment.file.aappend(data, sync=sync)
+            await segment.file.awrite_at(offset, data, sync=sync, fill_to=fill)
         except SyncFailed as e:   # written, not synced
-            self._wrote(segment, chunk, data)
+            self._wrote(segment, chunk, data, fill)
             await self._sync_failed(segment, e)
             return False
         except OSError as e:
             return self._write_failed(segment, e)
-        self._wrote(segment, chunk, data)
+        self._wrote(segment, chunk, data, fill)
         if sync:
             self._synced(self.written, self._now() - started)
         return True
 
     def _write_failed(self, segment: OpenSegment, e: OSError) -> bool:
         try:  # what a short write left behind would read as a torn tail: cut it now
-            segment.file.truncate(segment.offset_of(self.written))
+            segment.allocated = segment.offset_of(self.written)
+            segment.file.truncate(segment.allocated)
         except OSError as e2:
             self._fail(f"write to {segment.path} failed ({e}); so did cutting it back ({e2})", e)
             return False
@@ -522,9 +557,10 @@ class LogWriter:
             self._fail(f"write to {segment.path} failed: {e}", e)
         return False
 
-    def _wrote(self, segment: OpenSegment, chunk: list[bytes], data: bytes) -> bool:
+    def _wrote(self, segment: OpenSegment, chunk: list[bytes], data: bytes, fill: int = 0) -> bool:
         self.written += len(data)
         segment.end = self.written
+        segment.allocated = max(segment.allocated, segment.offset_of(self.written), fill)
         self.stats.records += len(chunk)
         self.stats.bytes += len(data)
         self.stats.writes += 1
@@ -570,6 +606,8 @@ class LogWriter:
             return False
         path = self.table.path_for(segment_name(position))
         header = self._header(position)
+        fill = min(len(header) + self.ahead, self.segment_bytes) \
+            if self.fsync is FsyncMode.ALWAYS else 0
         try:
             file = self.disk.open(path, create=True)
         except OSError as e:
@@ -581,7 +619,7 @@ class LogWriter:
         try:
             if file.size():   # left by a roll that did not finish
                 file.truncate(0)
-            await file.aappend(header)
+            await file.awrite_at(0, header, fill_to=fill)
         except OSError as e:
             file.close()
             if e.errno in (errno.ENOSPC, errno.EDQUOT):  # tried again: the roll starts over
@@ -597,7 +635,8 @@ class LogWriter:
             self._fail(f"starting segment {path} failed: {e}{await self._mark_fsync_failed()}", e)
             return False
         segment = OpenSegment(path, file, SegmentHeader(self.owner, self.generation, position,
-                                                        self.boot_id), len(header), position)
+                                                        self.boot_id), len(header), position,
+                              allocated=max(len(header), fill))
         self.table.add(segment)
         self.stats.rolls += 1
         if previous is not None:   # written and synced: its other files are done

@@ -131,7 +131,7 @@ async def test_a_subscription_ended_by_damage_read_back_resumes_by_itself(
                 sent.update(zip(ids, payloads, strict=True))
             generation = acks[0].generation
             [segment] = sorted((data / "shard-0" / topic).glob("*.log"))
-            middle = segment.stat().st_size // 2
+            middle = len(segment.read_bytes().rstrip(b"\0")) // 2   # (zeros written ahead follow)
             with open(segment, "r+b") as f:  # a payload byte of a group in the middle
                 f.seek(middle)
                 byte = f.read(1)

@@ -213,10 +213,11 @@ async def test_a_record_damaged_on_disk_is_never_delivered_and_only_its_topic_re
             spared_generation = (await client.publish(spared, b"before", id="s0")).generation
             [segment] = sorted((data / "shard-0" / topic).glob("*.log"))
             raw = bytearray(segment.read_bytes())
-            raw[len(raw) // 2] ^= 0x04  # a payload byte of a group in the middle
+            middle = len(raw.rstrip(b"\0")) // 2  # (zeros written ahead follow the records)
+            raw[middle] ^= 0x04  # a payload byte of a group in the middle
             with open(segment, "r+b") as f:
-                f.seek(len(raw) // 2)
-                f.write(raw[len(raw) // 2:len(raw) // 2 + 1])
+                f.seek(middle)
+                f.write(raw[middle:middle + 1])
             pid = broker.shards[0].pid
             got: dict[str, bytes] = {}
             offset, page_generation = 0, generation
@@ -287,7 +288,8 @@ async def test_damage_found_at_recovery_starts_a_new_generation_for_its_topic_al
             await _killed(broker.shards[0].pid)
             [segment] = sorted((data / "shard-0" / damaged).glob("*.log"))
             raw = bytearray(segment.read_bytes())
-            raw[len(raw) // 2 if flip == "record" else 3] ^= 0x04   # magic "FLUX" -> "FLU\\"
+            middle = len(raw.rstrip(b"\0")) // 2   # (zeros written ahead follow the records)
+            raw[middle if flip == "record" else 3] ^= 0x04   # magic "FLUX" -> "FLU\\"
             segment.write_bytes(bytes(raw))
             kept = await client.fetch(spared, 0, max_messages=1000)
             assert kept.generation == generations[spared] and len(kept.messages) == 1000
