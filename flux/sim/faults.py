@@ -28,7 +28,10 @@ from dataclasses import dataclass
 #             or FETCH of an evicted payload, compaction) or a later recovery finds it
 #   eio       the next fsync on a shard machine's disk fails (EIO): the log stops, the
 #             shard exits and the router restarts it (G9); as on Linux, what it did not
-#             write still reads back, until a power loss
+#             write still reads back, until a power loss. With a duration
+#             (``FaultMix.eio_joined``: scenario busy-disk) it waits up to that long for
+#             an fsync that starts while another of its file is under way, and fails
+#             the write-back of the one under way: each overlapping fsync must see it
 #   nofiles   a shard machine's data directory takes no new file for `duration` (EIO):
 #             drawn only with an eio at the same moment (``FaultMix.nofiles_with_eio``:
 #             scenario dead-disk),
@@ -114,6 +117,10 @@ class FaultMix:
     # so a seed's other faults stay what they were
     power_after_eio: float = 0.0
     power_delay: tuple[float, float] = (2.0, 10.0)
+    # seconds an eio waits for an fsync to start beside another of its file, whose
+    # write-back it then fails (0: it fails the next fsync); given to each eio as its
+    # duration, so a seed's faults are drawn as without it
+    eio_joined: float = 0.0
     # chance that an eio comes with a "nofiles" spell of this many seconds on its machine
     # (drawn after the power losses, so they stay what they were)
     nofiles_with_eio: float = 0.0
@@ -135,7 +142,8 @@ def draw_plan(rng: random.Random, mix: FaultMix, *, shards: int, clients: Sequen
         kind = rng.choices(kinds, weights)[0]
         at = round(rng.uniform(start, end), 3)
         if kind in SHARD_INSTANT:
-            faults.append(Fault(at, kind, rng.choice(shard_hosts)))
+            faults.append(Fault(at, kind, rng.choice(shard_hosts),
+                                mix.eio_joined if kind == "eio" else 0.0))
         elif kind in SHARD_SPAN:
             faults.append(Fault(at, kind, rng.choice(shard_hosts), _dur(rng, mix.pause)))
         elif kind == "router":

@@ -355,6 +355,28 @@ def dead_disk(rng: random.Random) -> Workload:
     return replace(w, scenario="dead-disk", mix=replace(w.mix, nofiles_with_eio=1.0))
 
 
+def busy_disk(rng: random.Random) -> Workload:
+    """``disk-errors`` where a log's fsyncs overlap: every topic on disk with fsync
+    always, producers publishing to one or two topics every 20-50 ms through most of
+    the fault phase (a group's fsync takes 2-10 ms, so the next group's often starts
+    beside it; in slow spells, 0.2-2 s, every one does), and fsync errors that wait
+    for two fsyncs of a log to be under way and fail the write-back of the earlier
+    one, each followed by a power loss: each overlapping fsync must report the error,
+    or an acked record is lost (G9)."""
+    w = disk_errors(rng)
+    config = dict(w.config)
+    config["storage"] = {**w.config["storage"], "fsync": "always"}  # type: ignore[dict-item]
+    topics = w.topics[:rng.randint(1, 2)]
+    producers = []
+    for i in range(rng.randint(3, 4)):   # publishing for most of the fault phase
+        gap = rng.uniform(0.02, 0.05)
+        producers.append(ProducerSpec(f"p{i}", topics, count=int(0.7 * w.fault_phase / gap),
+                                      gap=gap))
+    return replace(w, scenario="busy-disk", config=config, producers=tuple(producers),
+                   mix=FaultMix((("eio", 1.0), ("slowdisk", 1.0), ("crash", 0.2)),
+                                count=(5, 10), power_after_eio=1.0, eio_joined=5.0))
+
+
 def auth(rng: random.Random) -> Workload:
     """Auth on (G13): the workload's clients log in as "app" (a token) or "ops" (a
     password: the router's login and session tokens), and an intruder whose user may
@@ -552,7 +574,7 @@ SCENARIOS: dict[str, Callable[[random.Random], Workload]] = {
     "default": default, "no-faults": no_faults, "crashes": crashes, "network": network,
     "strict": strict, "cleanup": cleanup, "dedup": dedup, "backpressure": backpressure,
     "topics": topics, "policies": policies, "disk": disk, "storage-faults": storage_faults,
-    "disk-errors": disk_errors, "dead-disk": dead_disk, "auth": auth, "delays": delays,
-    "delays-disk": delays_disk, "kept-disk": kept_disk, "shared": shared,
+    "disk-errors": disk_errors, "dead-disk": dead_disk, "busy-disk": busy_disk, "auth": auth,
+    "delays": delays, "delays-disk": delays_disk, "kept-disk": kept_disk, "shared": shared,
     "deadletters": dead_letters,
 }

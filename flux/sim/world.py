@@ -180,7 +180,10 @@ class World:
         disk = self.disk_of(fault.target)
         now = trio.current_time
         if fault.kind == "eio":
-            disk.fail_next_syncs(1)
+            if fault.duration:   # joined to overlapping fsyncs (scenario busy-disk)
+                disk.fail_next_syncs(joined_within=fault.duration)
+            else:
+                disk.fail_next_syncs(1)
             self.record(h.FaultInjected(now(), "eio", fault.target, "instant"))
             return
         if fault.kind == "rot":
