@@ -31,7 +31,7 @@ import trio
 from flux import errors, process_log
 from flux.host import RealHost, ShardSpec
 from flux.shard.dedup import load_compact
-from flux.shard.server import StorageFailed, run_shard
+from flux.shard.server import ShardServer, StorageFailed, run_shard
 from flux.shard.stalls import StallWatch, watch_lag
 
 
@@ -60,8 +60,16 @@ def once_serving(cpu: int | None) -> None:
     threading.Thread(target=load_compact, name="flux-imports", daemon=True).start()
 
 
+# the process's stall watch (set by main): STATS reports its collector figures (``gc``)
+watch: StallWatch | None = None
+
+
 async def serve(spec: ShardSpec) -> None:
     """Run the shard until drained; SIGTERM/SIGINT start the drain."""
+    def on_start(server: ShardServer) -> None:
+        if watch is not None:
+            server.core.process_stats = watch.stats
+
     stop = trio.Event()
 
     async def on_signal(signals: AsyncIterator[int]) -> None:
@@ -75,7 +83,7 @@ async def serve(spec: ShardSpec) -> None:
             nursery.start_soon(watch_lag, host, spec.index)  # logs a loop busy for long
             # pinned once serving: recovering disk topics before it may use every CPU
             # (reading the log ahead on one while checking records on another)
-            await run_shard(host, spec, pid=os.getpid(), stop=stop,
+            await run_shard(host, spec, pid=os.getpid(), stop=stop, on_start=on_start,
                             on_serving=functools.partial(once_serving, spec.cpu))
             nursery.cancel_scope.cancel()
 
@@ -106,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     # cycles of closed connections wait for in the meantime is small).
     gen0, gen1, _ = gc.get_threshold()
     gc.set_threshold(gen0, gen1, FULL_COLLECTION_EVERY)
+    global watch
     watch = StallWatch(spec.index)  # logs what held the loop for long (a latency spike)
     watch.install()
     try:
