@@ -119,6 +119,11 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                                                      "read back", "evicted"),
                     caption="payloads kept in memory once durable (storage.cache_bytes);"
                             " read back: records read from disk")
+    collector = _table("Garbage collector", ("shard", "tracked", "frozen", "full GCs", "last",
+                                             "longest"),
+                       caption="objects it tracks and those frozen at start-up; full"
+                               " collections since the shard started, the last and the"
+                               " longest (ms: the shard's loop waited that long)")
     subs = _table("Subscriptions", ("topic", "name", "mode", "state", "cursor", "lag",
                                     "delayed", "in flight"),
                   left=("topic", "name", "mode", "state"),
@@ -146,6 +151,12 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
             caches.add_row(str(index), _bytes(cache.get("bytes", 0)),
                            _bytes(cache.get("max_bytes", 0)), f"{cache.get('chunks', 0):,}",
                            f"{cache.get('reads', 0):,}", f"{cache.get('evicted', 0):,}")
+        collected = reply.get("gc")
+        if collected is not None:
+            collector.add_row(str(index), f"{collected['tracked']:,}", f"{collected['frozen']:,}",
+                              f"{collected['full_collections']:,}",
+                              f"{collected['last_full_ms']:.1f}",
+                              f"{collected['longest_full_ms']:.1f}")
         counted = reply.get("counters", {})
         counters.add_row(str(index), *(f"{counted.get(key, 0):,}" for key in COUNTERS))
         for name, why in sorted(reply.get("topics_recovering", {}).items()):
@@ -189,7 +200,8 @@ def tables(stats: dict[int, dict[str, Any]]) -> list[Table]:
                   if "unavailable" not in reply)
     if retired:
         topics.title = f"Topics ({retired:,} more retired: empty, only their next offset kept)"
-    return [t for t in (shards, counters, topics, policies, disk, caches, subs, members, dead)
+    return [t for t in (shards, counters, topics, policies, disk, caches, subs, members, dead,
+                        collector)
             if t.row_count]
 
 

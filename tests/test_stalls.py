@@ -80,3 +80,28 @@ def test_the_lag_probe_logs_a_loop_kept_busy_by_many_short_steps(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("shard 5: the event loop woke a 1 ms sleep")
     assert "ms of CPU meanwhile)" in lines[0]   # (little: the tasks slept, a busy loop would not)
+
+
+def test_stats_count_full_collections_and_time_the_last_and_the_longest() -> None:
+    watch = StallWatch(0)
+    watch.install()
+    try:
+        gc.collect(0)  # a young collection is not counted
+        gc.collect()
+        gc.collect()
+    finally:
+        watch.uninstall()
+    figures = watch.stats()
+    assert figures["full_collections"] == 2
+    assert 0 < figures["last_full_ms"] <= figures["longest_full_ms"]
+    assert figures["tracked"] > 0 and figures["frozen"] == gc.get_freeze_count()
+
+
+def test_a_shards_stats_carry_the_collector_figures_its_process_gives() -> None:
+    from flux.config import Config
+    from flux.shard.driver import LocalShard
+
+    shard = LocalShard(Config())
+    assert "gc" not in shard.stats()  # (the simulator's shards: nothing of the process)
+    shard.core.process_stats = lambda: {"full_collections": 3}
+    assert shard.stats()["gc"] == {"full_collections": 3}

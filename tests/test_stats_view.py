@@ -130,3 +130,12 @@ def test_disk_topics_table_shows_a_topic_recovering_or_refused_and_damage_read_b
     disk = disk[disk.index("Disk topics"):]
     assert "REFUSED" in next(line for line in disk.splitlines() if "orders.uk" in line)
     assert "recovered while" in next(line for line in disk.splitlines() if "orders.eu" in line)
+
+
+def test_the_collector_table_shows_a_shards_full_collections_only_when_reported() -> None:
+    assert "Garbage collector" not in printed(STATS)  # (a simulated shard reports none)
+    collected = {"tracked": 31234, "frozen": 27314, "full_collections": 12,
+                 "last_full_ms": 2.25, "longest_full_ms": 7.5}
+    text = printed({0: {**STATS[0], "gc": collected}, 1: STATS[1]})
+    row = next(line for line in text.splitlines() if "31,234" in line).split("│")
+    assert [c.strip() for c in row[1:7]] == ["0", "31,234", "27,314", "12", "2.2", "7.5"]

@@ -31,7 +31,7 @@ import trio
 from flux import errors, process_log
 from flux.host import RealHost, ShardSpec
 from flux.shard.dedup import load_compact
-from flux.shard.server import StorageFailed, run_shard
+from flux.shard.server import ShardServer, StorageFailed, run_shard
 from flux.shard.stalls import StallWatch, watch_lag
 
 
@@ -54,14 +54,32 @@ def pin_to_cpu(cpu: int | None) -> None:
         pass
 
 
+def import_and_freeze() -> None:
+    """Import what a compact dedup window needs, then move what that import made (some
+    7,000 objects numpy keeps for the process's life) out of the collector's view, as
+    :func:`main` does with the start-up heap. Done once, so what it freezes cannot grow:
+    the few cyclic objects alive at that moment (or garbage then) are never collected,
+    once; everything else frozen is still freed by its reference count."""
+    load_compact()
+    gc.freeze()
+
+
 def once_serving(cpu: int | None) -> None:
     """Pin the shard to its CPU, then import ahead what a compact dedup window needs."""
     pin_to_cpu(cpu)
-    threading.Thread(target=load_compact, name="flux-imports", daemon=True).start()
+    threading.Thread(target=import_and_freeze, name="flux-imports", daemon=True).start()
+
+
+# the process's stall watch (set by main): STATS reports its collector figures (``gc``)
+watch: StallWatch | None = None
 
 
 async def serve(spec: ShardSpec) -> None:
     """Run the shard until drained; SIGTERM/SIGINT start the drain."""
+    def on_start(server: ShardServer) -> None:
+        if watch is not None:
+            server.core.process_stats = watch.stats
+
     stop = trio.Event()
 
     async def on_signal(signals: AsyncIterator[int]) -> None:
@@ -75,7 +93,7 @@ async def serve(spec: ShardSpec) -> None:
             nursery.start_soon(watch_lag, host, spec.index)  # logs a loop busy for long
             # pinned once serving: recovering disk topics before it may use every CPU
             # (reading the log ahead on one while checking records on another)
-            await run_shard(host, spec, pid=os.getpid(), stop=stop,
+            await run_shard(host, spec, pid=os.getpid(), stop=stop, on_start=on_start,
                             on_serving=functools.partial(once_serving, spec.cpu))
             nursery.cancel_scope.cancel()
 
@@ -100,12 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     # (measured: 25k startup objects, 12 ms; the p99 latency followed them).
     gc.freeze()
     # A serving shard makes next to no cyclic garbage (a 5-minute soak: every full
-    # collection found none), yet each full collection walks every held chunk's
-    # columns: ~20 ms of CPU every ~7 s at 80 % load, a pause that pushed that much of
-    # the traffic past its p99.9. Ten times fewer full collections (what the few
-    # cycles of closed connections wait for in the meantime is small).
+    # collection found none), and each full collection holds the loop for as long as it
+    # walks what the shard tracks (its held runs' columns no longer: flux.shard.columns).
+    # Ten times fewer full collections (what the few cycles of closed connections wait
+    # for in the meantime is small).
     gen0, gen1, _ = gc.get_threshold()
     gc.set_threshold(gen0, gen1, FULL_COLLECTION_EVERY)
+    global watch
     watch = StallWatch(spec.index)  # logs what held the loop for long (a latency spike)
     watch.install()
     try:

@@ -211,19 +211,23 @@ class ShardCore(Publishing, Subscribing, Pull, Delivery, Cleanup, Access):
             if source is not None:
                 info["dead_letter_of"] = source
             topics[name] = info
-        return {"index": self.index, "generation": self.generation,
-                "shard_count": self.shard_count, "uptime": now - self._started,
-                "sessions": len(self.sessions), "counters": dict(self.counters),
-                "memory": self.memory, "max_memory": self.max_memory,
-                "payload_cache": self.cache.stats(),
-                "retired_topics": len(self.retired),
-                "publish_ack_seconds": self.publish_acks.as_dict(),
-                "fsync_seconds": self.fsync_times.as_dict(), "recovering": self.recovering,
-                "topics_recovering": dict(self.down),
-                "topics_refused": {name: why for name, why in self.refused.items()
-                                   if visible is None or visible(dead_letter_source(name)
-                                                                 or name)},
-                "topics": topics}
+        reply: dict[str, Any] = {
+            "index": self.index, "generation": self.generation,
+            "shard_count": self.shard_count, "uptime": now - self._started,
+            "sessions": len(self.sessions), "counters": dict(self.counters),
+            "memory": self.memory, "max_memory": self.max_memory,
+            "payload_cache": self.cache.stats(),
+            "retired_topics": len(self.retired),
+            "publish_ack_seconds": self.publish_acks.as_dict(),
+            "fsync_seconds": self.fsync_times.as_dict(), "recovering": self.recovering,
+            "topics_recovering": dict(self.down),
+            "topics_refused": {name: why for name, why in self.refused.items()
+                               if visible is None or visible(dead_letter_source(name)
+                                                             or name)},
+            "topics": topics}
+        if self.process_stats is not None:
+            reply["gc"] = self.process_stats()
+        return reply
 
     def _subscription_stats(self, topic: Topic, s: Subscription, now: float) -> dict[str, Any]:
         # lag is exact: offsets above the cursor acked already are not lag, and delayed

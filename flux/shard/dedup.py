@@ -17,6 +17,8 @@ from heapq import heappop, heappush
 from itertools import accumulate, chain, islice, repeat
 from typing import TYPE_CHECKING, Any
 
+from flux.shard.columns import column
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -68,7 +70,8 @@ class DedupWindow:
 
     A topic's accepted ids take consecutive offsets, so the window keeps them in
     acceptance order, as *marks*: the ids remembered together, with their first
-    offset, expiry time and id bytes in flat lists beside them.
+    offset, expiry time and id bytes in flat lists beside them (columns the garbage
+    collector does not walk, :mod:`flux.shard.columns`).
 
     A small window (up to ``compact_ids`` ids) keeps a dict id -> mark number (one
     int shared by the mark's ids) and each mark's ids as a tuple (the one the log
@@ -116,12 +119,12 @@ class DedupWindow:
         # the last ids known_any looked up and their hashes (compact, until remember_all)
         self._asked: tuple[object, Any] = (None, None)
         # lists, not deques: a deque costs 760 bytes even empty, and a topic has several
-        self._ids: list[Any] = []               # mark k: these ids (tuple, or packed str), ...
-        self._width: list[int | array[int]] = []  # ... compact: each id's length or their ends
-        self._serial: list[int] = []            # ... compact: the first id's serial, ...
-        self._offset: list[int] = []            # ... at consecutive offsets from this one, ...
-        self._at: list[float] = []              # ... forgotten at this time, ...
-        self._bytes: list[int] = []             # ... holding this many id bytes
+        self._ids: list[Any] = column()         # mark k: these ids (tuple, or packed str), ...
+        self._width: list[int | array[int]] = column()  # ... compact: each id's length or their ends
+        self._serial: list[int] = column()      # ... compact: the first id's serial, ...
+        self._offset: list[int] = column()      # ... at consecutive offsets from this one, ...
+        self._at: list[float] = column()        # ... forgotten at this time, ...
+        self._bytes: list[int] = column()       # ... holding this many id bytes
         self._base = 0                          # the number of the mark at index 0
         self._head = 0                          # the oldest mark still remembered
         self._due = 0                           # marks _head.._due-1 are past their window,
@@ -511,9 +514,9 @@ class DedupWindow:
     def _trim(self, k: int) -> None:
         """Drop marks 0..k-1 (all forgotten)."""
         self._base += k
-        for column in (self._ids, self._width, self._serial, self._offset, self._at,
+        for values in (self._ids, self._width, self._serial, self._offset, self._at,
                        self._bytes):
-            del column[:k]
+            del values[:k]
         self._due = max(self._due - k, 0)
         self._head = 0
 

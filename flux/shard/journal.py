@@ -30,6 +30,7 @@ import msgpack
 
 from flux import errors
 from flux import protocol as P
+from flux.shard.columns import untracked
 from flux.shard.publish_record import array_header
 from flux.storage.errors import StorageError
 from flux.storage.record import HEADER_SIZE, Record
@@ -122,8 +123,10 @@ class TopicJournal:
     failed: str | None = None              # why the log stopped taking records
     _waits: deque[tuple[int, Held | None, int]] = field(default_factory=deque)
     # each PUBLISH record still in the log: (its end position, the offset after its
-    # messages, its wall time); the log before ``droppable`` holds nothing live
-    published: deque[tuple[int, int, float]] = field(default_factory=deque)
+    # messages, its wall time); the log before ``droppable`` holds nothing live (one
+    # entry a record: not walked by the garbage collector, flux.shard.columns)
+    published: deque[tuple[int, int, float]] = field(
+        default_factory=lambda: untracked(deque()))
     droppable: int = 0
     # reads records back (evicted payloads); None: nothing can be evicted
     reader: RecordReader | None = None

@@ -11,6 +11,8 @@ from typing import overload
 
 import msgpack
 
+from flux.shard.columns import untracked
+
 
 class PackedIds(Sequence[str]):
     """Ids kept as their packed MessagePack array until first wanted: a PUBLISH record's
@@ -24,6 +26,7 @@ class PackedIds(Sequence[str]):
         self._packed = packed
         self._count = count
         self._ids: tuple[str, ...] | None = None
+        untracked(self)  # one per evicted run, held long: not walked by collections
 
     def _all(self) -> tuple[str, ...]:
         ids = self._ids

@@ -41,6 +41,9 @@ class StallWatch(trio.abc.Instrument):
         self._gc = 0.0
         self._next_line = 0.0
         self._unlogged = 0
+        self.full_collections = 0  # generation-2 collections since install
+        self.last_full = 0.0       # seconds the last one held the loop
+        self.longest_full = 0.0    # ... and the longest
 
     def install(self) -> None:
         """Also time garbage collections (call once; :meth:`uninstall` undoes it)."""
@@ -49,6 +52,16 @@ class StallWatch(trio.abc.Instrument):
     def uninstall(self) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+
+    def stats(self) -> dict[str, Any]:
+        """STATS ``gc``: the objects the collector tracks now (counted when asked: a
+        pass over them, about a millisecond for the tens of thousands a shard has) and
+        those frozen out of its view at start-up, the full collections since the shard
+        started and how long the last and the longest held the loop (ms)."""
+        return {"tracked": len(gc.get_objects()), "frozen": gc.get_freeze_count(),
+                "full_collections": self.full_collections,
+                "last_full_ms": round(self.last_full * 1000, 3),
+                "longest_full_ms": round(self.longest_full * 1000, 3)}
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._step = time.perf_counter()  # seam-ok: this process's own loop, not the broker's time
@@ -63,6 +76,10 @@ class StallWatch(trio.abc.Instrument):
             self._gc = time.perf_counter()  # seam-ok
             return
         held = time.perf_counter() - self._gc  # seam-ok
+        if info.get("generation") == 2:
+            self.full_collections += 1
+            self.last_full = held
+            self.longest_full = max(self.longest_full, held)
         if held >= self.threshold:
             self._report(f"a generation-{info.get('generation')} garbage collection"
                          f" ({info.get('collected', 0)} objects freed)", held)

@@ -179,6 +179,9 @@ class ShardState:
         self.disk_full: str | None = None
         # optional observer of internal events, e.g. ("deleted", topic, offset, count)
         self.on_event: Callable[[tuple[Any, ...]], None] | None = None
+        # the process's garbage collector figures for STATS ``gc`` (set by a real shard
+        # process, flux.shard.__main__; None: no such field, as in the simulator)
+        self.process_stats: Callable[[], dict[str, Any]] | None = None
         self.counters = {"published": 0, "duplicates": 0, "delivered": 0, "redelivered": 0,
                          "acked": 0, "trimmed": 0, "bytes_in": 0, "dead_lettered": 0,
                          "dead_letter_refused": 0}

@@ -25,6 +25,7 @@ from flux import errors
 from flux import protocol as P
 from flux.acks import sorted_runs
 from flux.message_meta import Meta, columns
+from flux.shard.columns import column
 from flux.shard.kept import Entry, KeptMessages, Placed, Resident
 from flux.shard.packed_ids import PackedIds
 
@@ -106,7 +107,8 @@ class TopicLog:
     carry, so pushes splice them in without encoding them again) and their
     lengths (one byte each when all are under 256 bytes), with the run's first
     offset and store time in flat lists beside them. None of it is walked by the
-    garbage collector, and a held small message costs a tuple slot, its id and its
+    garbage collector (the lists are columns it does not track,
+    :mod:`flux.shard.columns`), and a held small message costs a tuple slot, its id and its
     payload with a two-byte header and a length byte, not a bytes object. Runs of
     large payloads (over ``PACK_BELOW`` bytes on average) keep their bytes objects
     in a tuple instead: packing them would cost copies and save nothing worth it.
@@ -123,17 +125,17 @@ class TopicLog:
         """An empty log whose first message gets offset ``start`` (a topic retired
         at that next offset and used again: offsets are never reused, G1); ``placed``:
         a disk topic's, whose chunks record where their PUBLISH records are."""
-        self._first: list[int] = []                  # chunk k holds offsets from _first[k] ...
-        self._ids: list[Sequence[str]] = []          # ... with these ids (a tuple, or
+        self._first: list[int] = column()            # chunk k holds offsets from _first[k] ...
+        self._ids: list[Sequence[str]] = column()    # ... with these ids (a tuple, or
         #                                              packed ones recovery kept) ...
         # ... these payloads (a MessagePack array, or a tuple of large ones) ...
-        self._packed: list[bytes | tuple[bytes, ...] | None] = []  # None: evicted
-        self._lens: list[bytes | array[int]] = []    # ... of these lengths ...
-        self._at: list[float] = []                   # ... stored at this time ...
-        self._meta: list[Meta | None] = []           # ... with these keys and headers ...
+        self._packed: list[bytes | tuple[bytes, ...] | None] = column()  # None: evicted
+        self._lens: list[bytes | array[int]] = column()  # ... of these lengths ...
+        self._at: list[float] = column()             # ... stored at this time ...
+        self._meta: list[Meta | None] = column()     # ... with these keys and headers ...
         # ... in the record at (position, end) of the topic's log on disk, its payloads
         # taking this many bytes (placed logs; position -1: not known yet, never evicted)
-        self._where: list[tuple[int, int, int]] | None = [] if placed else None
+        self._where: list[tuple[int, int, int]] | None = column() if placed else None
         self._store: ChunkStore | None = None  # set once the topic's log can be read back
         self._head = 0       # index of the oldest chunk still held
         self._skip = 0       # messages of the head chunk already trimmed
@@ -758,12 +760,12 @@ class TopicLog:
         if self._where is not None:
             held.append(self._where)
         if k == len(firsts):
-            for column in held:
-                column.clear()
+            for values in held:
+                values.clear()
             k = 0
         elif k > 64 and k * 2 > len(firsts):
-            for column in held:
-                del column[:k]
+            for values in held:
+                del values[:k]
             k = 0
         self._head, self._skip = k, skip
         return dropped

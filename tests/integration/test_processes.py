@@ -159,3 +159,23 @@ async def test_shard_that_stops_heartbeating_is_killed_and_replaced(broker: Brok
         if pid_alive(frozen.pid):
             os.kill(frozen.pid, signal.SIGCONT)
     broker.note_pids()
+
+
+async def test_a_shard_process_reports_its_garbage_collector_in_stats(broker: Broker) -> None:
+    """STATS ``gc``: what the shard's collector tracks, what it froze and its full
+    collections (the simulator's shards have no such field). Once it serves and has
+    imported what a large dedup window needs, an idle shard's collector tracks next to
+    nothing: that import (numpy) is frozen out of its view like the start-up heap."""
+    collected: dict[str, Any] = {}
+    with trio.fail_after(TIMEOUT):
+        async with await RawConn.open(broker.shards[0].address) as conn:
+            await conn.hello()
+            while not collected or collected["tracked"] >= 2000:  # (the import's thread)
+                await trio.sleep(0.05)
+                reply = await conn.request([P.STATS, conn.rid()])
+                assert reply[0] == P.STATS_OK
+                collected = reply[2]["gc"]
+    assert set(collected) == {"tracked", "frozen", "full_collections", "last_full_ms",
+                              "longest_full_ms"}
+    assert collected["frozen"] > 20000
+    assert 0 <= collected["last_full_ms"] <= collected["longest_full_ms"]
