@@ -86,6 +86,7 @@ async def test_recovery_cuts_what_a_failed_fsync_left_in_the_page_cache_and_a_po
     assert [r.body for r in records] == [b"kept"]
     assert writer.table.end == mark
     assert report.synced_mark == mark and not report.exposed_past_mark
+    assert report.unsynced_bytes == 5 * (9 + len(b"lost"))   # the records, not the zeros after
     names = disk.listdir(DIR)
     assert any(n.endswith(UNSYNCED) for n in names)  # set aside, not wiped
     assert not any(parse_fsync_failed(n) for n in names)   # the cut is durable: it went

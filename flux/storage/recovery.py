@@ -410,6 +410,21 @@ def _zeros_to_end(file: DiskFile, rest: memoryview, offset: int, size: int) -> b
     return True
 
 
+def _bytes_before_zeros(file: DiskFile, start: int) -> int:
+    """Bytes of the file from ``start`` to where nothing but zeros is left (zeros written
+    ahead of the records are not data: what recovery reports as set aside)."""
+    size = file.size()
+    end = at = start
+    while at < size:
+        chunk = file.read_at(at, min(CHUNK, size - at))
+        if not chunk:
+            break
+        if kept := len(chunk.rstrip(b"\0")):
+            end = at + kept
+        at += len(chunk)
+    return end - start
+
+
 async def _cut_torn_tail(file: DiskFile, offset: int) -> None:
     """Cut a torn tail off the last segment, durably, so appends follow the last record."""
     file.truncate(offset)
@@ -471,7 +486,7 @@ async def _cut_corrupt(disk: Disk, table: SegmentTable, segment: OpenSegment, po
 async def _cut_unsynced(disk: Disk, table: SegmentTable, segment: OpenSegment, mark: int,
                         later: list[tuple[int, str]], report: RecoveryReport) -> None:
     """Copy ``segment`` aside, cut it at the synced mark, set later segments aside."""
-    report.unsynced_bytes += segment.file.size() - segment.offset_of(mark)
+    report.unsynced_bytes += _bytes_before_zeros(segment.file, segment.offset_of(mark))
     await _copy_aside_and_cut(disk, table, segment, mark,
                               _unsynced_suffix(report, segment.header))
     await _set_unsynced(disk, table, later, report)
@@ -501,7 +516,7 @@ async def _set_unsynced(disk: Disk, table: SegmentTable, names: list[tuple[int, 
         path = table.path_for(name)
         file = disk.open(path)
         try:
-            report.unsynced_bytes += file.size()
+            report.unsynced_bytes += _bytes_before_zeros(file, 0)
             header: SegmentHeader | None = decode_header(file.read_at(0, MAX_HEADER))[0]
         except (record.Torn, record.Bad):
             header = None
