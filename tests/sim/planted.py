@@ -1050,21 +1050,6 @@ def torn_tail_kept() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(recovery, "_cut_torn_tail", keep)
 
 
-def fsyncs_share_one_file() -> contextlib.AbstractContextManager[Any]:
-    """G9 ("fsyncgate"): the writer's overlapping fsyncs run on one open file, so a
-    write-back error is reported once, to whichever fsync looks first: a later group's
-    fsync may take the error of an earlier group's pages, the earlier one report
-    success and its records be acked, and a power loss lose them."""
-    from flux.storage.table import OpenSegment
-    from flux.storage.writer import LogWriter
-
-    def one_file(self: LogWriter, segment: OpenSegment | None) -> None:
-        if segment is not None:
-            while len(segment.lanes) < self.sync_lanes - 1:
-                segment.lanes.append(segment.file)
-    return mock.patch.object(LogWriter, "_open_lanes", one_file)
-
-
 def replay_payloads_rotated() -> contextlib.AbstractContextManager[Any]:
     """G9: payloads read back from a PUBLISH record (an evicted chunk's; after a recovery,
     every chunk's) come one place off their id column (the columns of a group
@@ -1290,7 +1275,6 @@ PLANTED: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
     "ack-before-durable": ack_before_durable,
     "no-checksum-on-read": no_checksum_on_read,
     "torn-tail-kept": torn_tail_kept,
-    "fsyncs-share-one-file": fsyncs_share_one_file,
     "dedup-not-recovered": dedup_not_recovered,
     "compaction-ignores-held": compaction_ignores_held,
     "full-disk-fails-log": full_disk_fails_log,
@@ -1318,8 +1302,7 @@ SCENARIO = {"skip-dedup": "dedup", "merged-id-misplaced": "dedup", "duplicate-wr
             "restart-forgets-shards": "crashes", "resubscribe-forgotten": "crashes",
             "storage-end-surfaced": "storage-faults",
             "ack-before-durable": "disk", "no-checksum-on-read": "storage-faults",
-            "torn-tail-kept": "storage-faults", "fsyncs-share-one-file": "busy-disk",
-            "dedup-not-recovered": "disk-errors",
+            "torn-tail-kept": "storage-faults", "dedup-not-recovered": "disk-errors",
             "compaction-ignores-held": "disk",
             "full-disk-fails-log": "disk-errors",
             "damage-stops-shard": "storage-faults", "ack-timeout-from-held-push": "disk-errors",
@@ -1387,7 +1370,6 @@ EXPECT: dict[str, tuple[str, ...]] = {
     "no-checksum-on-read": ("G9/payload-changed",),
     "replay-payloads-rotated": ("G9/payload-changed",),
     "torn-tail-kept": ("G9/generation-kept",),
-    "fsyncs-share-one-file": ("G9/generation-kept",),
     "dedup-not-recovered": ("G3/stored-twice",),
     "compaction-ignores-held": ("G5/gone-unacked",),
     "damage-stops-shard": ("G9/storage-failed-unexplained",),
