@@ -467,7 +467,7 @@ def test_planted_bug_recovery_that_stops_at_the_first_zeros_is_caught(
     """The planted bug: recovery that takes a zero-filled record header for the end of
     the log without looking at what follows it. The test above catches it either way."""
     monkeypatch.setattr(recovery, "_zeros_to_end",
-                        lambda file, rest, offset, size: not bytes(rest[:9]).strip(b"\0"))
+                        lambda file, rest, offset: not bytes(rest[:9]).strip(b"\0"))
     with pytest.raises(AssertionError, match="taken for the end"):
         _run(lambda: _zeros_then_data_is_damage(lost))
 

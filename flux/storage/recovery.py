@@ -377,7 +377,7 @@ async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], N
         if at == len(buf):
             need = CHUNK
             continue
-        if _zeros_to_end(file, buf[at:], offset, size):   # space written ahead: the end
+        if _zeros_to_end(file, buf[at:], offset):   # space written ahead: the end
             return None
         if offset + len(buf) - at >= size:   # what is left of the file is not a record
             return position, _what_is_wrong(buf, at)
@@ -393,21 +393,11 @@ async def _scan(segment: OpenSegment, size: int, on_record: Callable[[Record], N
     return None
 
 
-def _zeros_to_end(file: DiskFile, rest: memoryview, offset: int, size: int) -> bool:
+def _zeros_to_end(file: DiskFile, rest: memoryview, offset: int) -> bool:
     """Whether the file holds nothing but zeros from ``offset`` (where ``rest``, read
-    already, starts) to ``size``: space the writer wrote ahead of its records, never
+    already, starts) to its end: space the writer wrote ahead of its records, never
     damage (a record's type is never 0, and anything else there is not all zeros)."""
-    if _NONZERO.search(rest):
-        return False
-    at = offset + len(rest)
-    while at < size:
-        chunk = file.read_at(at, min(CHUNK, size - at))
-        if not chunk:
-            break
-        if _NONZERO.search(chunk):
-            return False
-        at += len(chunk)
-    return True
+    return not _NONZERO.search(rest) and _bytes_before_zeros(file, offset + len(rest)) == 0
 
 
 def _bytes_before_zeros(file: DiskFile, start: int) -> int:
