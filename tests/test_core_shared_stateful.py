@@ -405,3 +405,26 @@ def test_a_released_keys_waiting_message_goes_where_it_was_placed() -> None:
     for name, args in steps:
         getattr(pool, name)(**args)
         pool.work_conserving()
+
+
+def test_two_messages_nakd_on_their_last_push_end_two_rounds_one_after_the_other() -> None:
+    """Found by the machine above: a member naks two hand-offs, each on its last push
+    (no dead-letter policy). The pool ends on the first; the second kept no count, so the
+    next round pushed it as a first push (attempt 1, and a first push waited on credit
+    with a member's window free). It keeps its count now and ends the next round."""
+    pool = SharedPool()
+    pool.setup(key_ordered=False, dead_letter=False)
+    pool.join(credit=2, window=2)
+    pool.publish(delays=[], keys=["a", "a"])
+    pool.wait(dt=10.0)
+    pool.join(credit=0, window=2)
+    pool.leave(disconnect=False, i=0)   # its two messages go to the other, third pushes
+    assert pool.counts == {0: 1 + RETRY_COUNT, 1: 1 + RETRY_COUNT}
+    pool.settle(delay=0.0, i=0, items=[("nak", 0), ("nak", 1)])
+    assert not pool.members and pool.counts == {1: 1 + RETRY_COUNT}
+    pool.join(credit=2, window=2)       # offset 1 ends this round (the model checks it)
+    pool.work_conserving()
+    assert pool.counts == {} and not pool.members
+    pool.join(credit=0, window=1)
+    pool.work_conserving()
+    pool.teardown()

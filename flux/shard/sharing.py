@@ -877,6 +877,10 @@ class Sharing(Delivery):
             if topic.settings.dead_letter:
                 self._dead_letter(topic, sub, offset, count, "exhausted", now)
             else:
+                # the group ends on the frame's first; the others keep their counts (out
+                # of every window now), so each ends a later round in its turn rather
+                # than going out again as a first push
+                group.pushes[offset] = count
                 exhausted.append((offset, count))
             return
         self._let_go(sub, m, offset)
